@@ -1,0 +1,50 @@
+package redsem
+
+import (
+	"context"
+	"errors"
+	"time"
+)
+
+// releaseTimeout bounds the release that Do makes after fn returns; it runs
+// even when ctx has already ended.
+const releaseTimeout = 5 * time.Second
+
+// Do acquires a slot, runs fn with a context that is cancelled if the lease
+// is lost, and always releases the slot afterwards (also when fn panics or
+// returns an error). It is the Go form of the seed's context manager.
+//
+// Do returns the error of Acquire if no slot was granted, otherwise fn's
+// error joined with any error from Release. If the lease was lost while fn
+// ran, the result matches ErrLeaseLost, and context.Cause of fn's context is
+// ErrLeaseLost. A panic in fn is re-raised after the release.
+func Do(ctx context.Context, s Semaphore, fn func(ctx context.Context, l Lease) error) (err error) {
+	l, err := s.Acquire(ctx)
+	if err != nil {
+		return err
+	}
+	fnCtx, cancel := context.WithCancelCause(ctx)
+	watchDone := make(chan struct{})
+	go func() {
+		defer close(watchDone)
+		select {
+		case <-l.Done():
+			if l.Err() != nil {
+				cancel(l.Err())
+			}
+		case <-fnCtx.Done():
+		}
+	}()
+	defer func() {
+		cancel(context.Canceled)
+		<-watchDone
+		rctx, rcancel := context.WithTimeout(context.WithoutCancel(ctx), releaseTimeout)
+		relErr := l.Release(rctx)
+		rcancel()
+		if r := recover(); r != nil {
+			panic(r)
+		}
+		err = errors.Join(err, relErr)
+	}()
+	return fn(fnCtx, l)
+}

@@ -1,0 +1,57 @@
+package redsem
+
+import (
+	"errors"
+	"fmt"
+)
+
+var (
+	// ErrNoSlot is returned by TryAcquire when no slot may be taken now:
+	// all slots are held, or (fair) live waiters are queued ahead.
+	ErrNoSlot = errors.New("redsem: no slot available")
+	// ErrLeaseLost is returned by Renew and Release, and by Lease.Err, once
+	// the lease expired or was removed before it was released.
+	ErrLeaseLost = errors.New("redsem: lease lost")
+	// ErrLimitMismatch is returned by Acquire and TryAcquire when this client
+	// was built with a limit other than the one that live clients of the same
+	// name established in Redis, and no SetLimit settled it. The error is a
+	// *LimitMismatchError that names both limits.
+	ErrLimitMismatch = errors.New("redsem: limit mismatch")
+	// ErrInvalidConfig is matched by every error that New returns for bad
+	// input; the concrete error is a *ConfigError naming the field.
+	ErrInvalidConfig = errors.New("redsem: invalid configuration")
+	// ErrEvicted is returned by a fair Acquire when its queue entry was
+	// evicted (its process missed heart-beats for longer than QueueTTL) and
+	// it could not queue again before ctx ended.
+	ErrEvicted = errors.New("redsem: waiter evicted from the queue")
+)
+
+// LimitMismatchError tells which limits disagree. It matches ErrLimitMismatch.
+type LimitMismatchError struct {
+	Name        string // the semaphore's name
+	Client      int    // the limit this client was built with
+	Established int    // the limit live clients established in Redis
+}
+
+func (e *LimitMismatchError) Error() string {
+	return fmt.Sprintf("redsem: limit mismatch for %q: this client was built with limit %d, "+
+		"but live clients established limit %d (use SetLimit to change it for all)",
+		e.Name, e.Client, e.Established)
+}
+
+// Is reports whether target is ErrLimitMismatch.
+func (e *LimitMismatchError) Is(target error) bool { return target == ErrLimitMismatch }
+
+// ConfigError is returned by New for invalid configuration. It matches
+// ErrInvalidConfig.
+type ConfigError struct {
+	Field  string // the argument or Options field, e.g. "limit", "Options.LeaseTTL"
+	Reason string // what is wrong with it
+}
+
+func (e *ConfigError) Error() string {
+	return fmt.Sprintf("redsem: invalid %s: %s", e.Field, e.Reason)
+}
+
+// Is reports whether target is ErrInvalidConfig.
+func (e *ConfigError) Is(target error) bool { return target == ErrInvalidConfig }

@@ -1,0 +1,96 @@
+package core
+
+import (
+	"fmt"
+	"reflect"
+	"strings"
+	"time"
+	"unicode/utf8"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/redsem/redsem"
+)
+
+// Defaults shared by both variants.
+const (
+	DefaultPrefix   = "redsem"
+	DefaultLeaseTTL = 30 * time.Second
+	DefaultQueueTTL = 10 * time.Second
+	DefaultFallback = time.Second
+	MaxLimit        = 1 << 20
+	MaxNameLen      = 512
+)
+
+// Config is what an Engine is built from; fair.New and unfair.New fill it
+// from their Options.
+type Config struct {
+	Client redis.UniversalClient
+	Name   string
+	Limit  int
+	Fair   bool
+
+	Prefix           string
+	LeaseTTL         time.Duration
+	QueueTTL         time.Duration // fair only
+	DisableAutoRenew bool
+	// Fallback bounds how long a waiter waits without a wake-up message
+	// before it checks again.
+	Fallback time.Duration
+}
+
+func cfgErr(field, format string, args ...any) error {
+	return &redsem.ConfigError{Field: field, Reason: fmt.Sprintf(format, args...)}
+}
+
+// validate checks cfg and fills in defaults.
+func (c *Config) validate() error {
+	if c.Client == nil || isNilPointer(c.Client) {
+		return cfgErr("client", "nil Redis client")
+	}
+	if c.Name == "" {
+		return cfgErr("name", "empty name")
+	}
+	if len(c.Name) > MaxNameLen {
+		return cfgErr("name", "longer than %d bytes", MaxNameLen)
+	}
+	if !utf8.ValidString(c.Name) {
+		return cfgErr("name", "not valid UTF-8")
+	}
+	if c.Limit < 1 || c.Limit > MaxLimit {
+		return cfgErr("limit", "%d is outside [1, %d]", c.Limit, MaxLimit)
+	}
+	if c.Prefix == "" {
+		c.Prefix = DefaultPrefix
+	}
+	if strings.ContainsAny(c.Prefix, "{}") {
+		return cfgErr("Options.KeyPrefix", "%q contains a brace, which would break the key hash tag", c.Prefix)
+	}
+	var err error
+	if c.LeaseTTL, err = ttl("Options.LeaseTTL", c.LeaseTTL, DefaultLeaseTTL); err != nil {
+		return err
+	}
+	if c.QueueTTL, err = ttl("Options.QueueTTL", c.QueueTTL, DefaultQueueTTL); err != nil {
+		return err
+	}
+	if c.Fallback, err = ttl("Options.FallbackInterval", c.Fallback, DefaultFallback); err != nil {
+		return err
+	}
+	return nil
+}
+
+func ttl(field string, d, def time.Duration) (time.Duration, error) {
+	switch {
+	case d < 0:
+		return 0, cfgErr(field, "negative duration %v", d)
+	case d == 0:
+		return def, nil
+	case d < time.Millisecond:
+		return 0, cfgErr(field, "%v is below the 1ms resolution of Redis", d)
+	}
+	return d.Truncate(time.Millisecond), nil
+}
+
+func isNilPointer(v any) bool {
+	rv := reflect.ValueOf(v)
+	return rv.Kind() == reflect.Pointer && rv.IsNil()
+}

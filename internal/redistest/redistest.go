@@ -1,0 +1,327 @@
+// Package redistest gives tests a real Redis: a throw-away redis-server
+// started from PATH on a free loopback port, the server named by REDIS_URL,
+// or (when neither can be had but a Docker engine can) a container started
+// with testcontainers-go. Every test in this module gets its Redis here.
+//
+// Use Client for a client of the package's shared server (started once per
+// test binary, stopped by Main), Start for a dedicated server that the test
+// may restart or kill, and Name for a semaphore name unique to the test.
+package redistest
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// HowToGetRedis is the one line printed when no Redis can be had.
+const HowToGetRedis = "redistest: no Redis available: install redis-server (apt-get install redis-server), " +
+	"or set REDIS_URL=redis://host:port/db, or run a Docker engine"
+
+// Server is one redis-server process owned by a test (or by the test binary).
+type Server struct {
+	Addr string // host:port
+
+	mu   sync.Mutex
+	port int
+	dir  string
+	args []string
+	cmd  *exec.Cmd
+	// exited is closed once cmd has exited and been reaped.
+	exited chan struct{}
+	// external is set when the server is not ours (REDIS_URL or a
+	// container): it cannot be restarted or killed.
+	external bool
+	url      string
+	stopFn   func()
+}
+
+var (
+	sharedOnce sync.Once
+	shared     *Server
+	sharedErr  error
+)
+
+// Main runs the tests of a package and stops the shared server afterwards.
+// Use it from TestMain: func TestMain(m *testing.M) { os.Exit(redistest.Main(m)) }.
+func Main(m *testing.M) int {
+	code := m.Run()
+	if shared != nil {
+		shared.Stop()
+	}
+	return code
+}
+
+// Shared returns the test binary's shared server, starting it on first use.
+// With REDIS_URL set it is that server. It fails the test with one clear line
+// when no Redis can be had.
+func Shared(t testing.TB) *Server {
+	t.Helper()
+	sharedOnce.Do(func() {
+		if u := os.Getenv("REDIS_URL"); u != "" {
+			opt, err := redis.ParseURL(u)
+			if err != nil {
+				sharedErr = fmt.Errorf("redistest: REDIS_URL: %w", err)
+				return
+			}
+			shared = &Server{Addr: opt.Addr, external: true, url: u}
+			return
+		}
+		shared, sharedErr = startLocal()
+		if sharedErr != nil {
+			if s, err := startContainer(); err == nil {
+				shared, sharedErr = s, nil
+			}
+		}
+	})
+	if sharedErr != nil {
+		t.Fatalf("%s (%v)", HowToGetRedis, sharedErr)
+	}
+	return shared
+}
+
+// Client returns a client of the shared server, closed when the test ends.
+func Client(t testing.TB) *redis.Client {
+	t.Helper()
+	return Shared(t).Client(t)
+}
+
+// Start starts a dedicated redis-server for this test (stopped when the test
+// ends), so that the test may Restart, Kill or Pause it. extraArgs are passed
+// to redis-server, e.g. "--maxmemory", "1mb". It never uses REDIS_URL.
+func Start(t testing.TB, extraArgs ...string) *Server {
+	t.Helper()
+	s, err := startLocal(extraArgs...)
+	if err != nil {
+		t.Fatalf("%s (%v)", HowToGetRedis, err)
+	}
+	t.Cleanup(s.Stop)
+	return s
+}
+
+// Options returns go-redis options for this server: loopback address, short
+// timeouts, and contexts honoured for every read and write.
+func (s *Server) Options() *redis.Options {
+	if s.url != "" {
+		opt, err := redis.ParseURL(s.url)
+		if err == nil {
+			opt.ContextTimeoutEnabled = true
+			return opt
+		}
+	}
+	return &redis.Options{
+		Addr:                  s.Addr,
+		ContextTimeoutEnabled: true,
+		DialTimeout:           2 * time.Second,
+		ReadTimeout:           3 * time.Second,
+		WriteTimeout:          3 * time.Second,
+	}
+}
+
+// Client returns a new client of s, closed when the test ends.
+func (s *Server) Client(t testing.TB) *redis.Client {
+	t.Helper()
+	c := redis.NewClient(s.Options())
+	t.Cleanup(func() { _ = c.Close() })
+	return c
+}
+
+// Restart stops the server and starts a fresh one (no data survives) on the
+// same port, waiting until it answers.
+func (s *Server) Restart(t testing.TB) {
+	t.Helper()
+	if s.external {
+		t.Fatalf("redistest: cannot restart a server this test does not own (%s)", s.Addr)
+	}
+	s.Kill(t)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var err error
+	for i := 0; i < 50; i++ { // the port may take a moment to free up
+		if err = s.launchLocked(); err == nil {
+			return
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	t.Fatalf("redistest: restart on port %d: %v", s.port, err)
+}
+
+// Kill stops the server with SIGKILL and waits for it to exit.
+func (s *Server) Kill(t testing.TB) {
+	t.Helper()
+	if s.external {
+		t.Fatalf("redistest: cannot kill a server this test does not own (%s)", s.Addr)
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.killLocked()
+}
+
+// Pause stops the server process with SIGSTOP; Resume continues it.
+func (s *Server) Pause(t testing.TB)  { s.signal(t, syscall.SIGSTOP) }
+func (s *Server) Resume(t testing.TB) { s.signal(t, syscall.SIGCONT) }
+
+func (s *Server) signal(t testing.TB, sig syscall.Signal) {
+	t.Helper()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.cmd == nil || s.cmd.Process == nil {
+		t.Fatalf("redistest: server %s is not running", s.Addr)
+	}
+	if err := s.cmd.Process.Signal(sig); err != nil {
+		t.Fatalf("redistest: signal %v: %v", sig, err)
+	}
+}
+
+// Stop ends the server and removes its directory. It is safe to call twice.
+func (s *Server) Stop() {
+	if s.stopFn != nil {
+		s.stopFn()
+		s.stopFn = nil
+		return
+	}
+	if s.external {
+		return
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.killLocked()
+	if s.dir != "" {
+		_ = os.RemoveAll(s.dir)
+		s.dir = ""
+	}
+}
+
+func (s *Server) killLocked() {
+	if s.cmd == nil {
+		return
+	}
+	_ = s.cmd.Process.Signal(syscall.SIGCONT) // a paused server must be able to die
+	_ = s.cmd.Process.Kill()
+	<-s.exited
+	s.cmd = nil
+}
+
+// startLocal starts redis-server from PATH on a free loopback port.
+func startLocal(extraArgs ...string) (*Server, error) {
+	bin, err := exec.LookPath("redis-server")
+	if err != nil {
+		return nil, err
+	}
+	dir, err := os.MkdirTemp("", "redistest-")
+	if err != nil {
+		return nil, err
+	}
+	var lastErr error
+	for attempt := 0; attempt < 5; attempt++ {
+		port, err := FreePort()
+		if err != nil {
+			return nil, err
+		}
+		s := &Server{Addr: net.JoinHostPort("127.0.0.1", strconv.Itoa(port)), port: port, dir: dir}
+		s.args = append([]string{bin,
+			"--port", strconv.Itoa(port), "--bind", "127.0.0.1",
+			"--save", "", "--appendonly", "no", "--dir", dir,
+			"--daemonize", "no", "--logfile", filepath.Join(dir, "redis.log"),
+		}, extraArgs...)
+		if lastErr = s.launchLocked(); lastErr == nil {
+			return s, nil
+		}
+	}
+	_ = os.RemoveAll(dir)
+	return nil, lastErr
+}
+
+// launchLocked starts the process and waits until it answers PING.
+func (s *Server) launchLocked() error {
+	cmd := exec.Command(s.args[0], s.args[1:]...)
+	cmd.Dir = s.dir
+	// The server dies with the test binary even if no cleanup runs.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	if err := cmd.Start(); err != nil {
+		return err
+	}
+	exited := make(chan struct{})
+	go func() { _ = cmd.Wait(); close(exited) }()
+	deadline := time.Now().Add(5 * time.Second)
+	for time.Now().Before(deadline) {
+		if pingAddr(s.Addr) == nil {
+			s.cmd, s.exited = cmd, exited
+			return nil
+		}
+		select {
+		case <-exited:
+			deadline = time.Now()
+		case <-time.After(10 * time.Millisecond):
+		}
+	}
+	_ = cmd.Process.Kill()
+	<-exited
+	log, _ := os.ReadFile(filepath.Join(s.dir, "redis.log"))
+	return fmt.Errorf("redis-server on %s did not start: %s", s.Addr, lastLine(string(log)))
+}
+
+func pingAddr(addr string) error {
+	c, err := net.DialTimeout("tcp", addr, 200*time.Millisecond)
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	_ = c.SetDeadline(time.Now().Add(500 * time.Millisecond))
+	if _, err := c.Write([]byte("PING\r\n")); err != nil {
+		return err
+	}
+	buf := make([]byte, 64)
+	n, err := c.Read(buf)
+	if err != nil {
+		return err
+	}
+	if !strings.HasPrefix(string(buf[:n]), "+PONG") {
+		return errors.New(strings.TrimSpace(string(buf[:n])))
+	}
+	return nil
+}
+
+func lastLine(s string) string {
+	lines := strings.Split(strings.TrimSpace(s), "\n")
+	return lines[len(lines)-1]
+}
+
+// FreePort returns a TCP port on 127.0.0.1 that was free a moment ago.
+func FreePort() (int, error) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return 0, err
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port, nil
+}
+
+// Name returns a semaphore name unique to this test and run.
+func Name(t testing.TB) string {
+	var b [4]byte
+	_, _ = rand.Read(b[:])
+	n := strings.NewReplacer("/", ".", " ", "_").Replace(t.Name())
+	return n + "-" + hex.EncodeToString(b[:])
+}
+
+// Ctx returns a context that ends with the test or after d, whichever first.
+func Ctx(t testing.TB, d time.Duration) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), d)
+	t.Cleanup(cancel)
+	return ctx
+}

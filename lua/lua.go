@@ -1,0 +1,52 @@
+// Package lua holds redsem's Redis scripts. Each script is a .lua file in
+// this directory whose header states its KEYS, ARGV and reply; lib.lua holds
+// the functions they share and is prepended to each one. All scripts take
+// time from the Redis server (TIME), never from the client, and touch only
+// the keys of one semaphore, which share a {hash-tag} so that Redis Cluster
+// keeps them in one slot.
+//
+// The scripts are exposed as *redis.Script values; call them with Run, which
+// sends EVALSHA and falls back to EVAL when the server's script cache was
+// emptied (restart, failover, SCRIPT FLUSH).
+package lua
+
+import (
+	_ "embed"
+
+	"github.com/redis/go-redis/v9"
+)
+
+var (
+	//go:embed lib.lua
+	lib string
+	//go:embed acquire.lua
+	acquireSrc string
+	//go:embed renew.lua
+	renewSrc string
+	//go:embed release.lua
+	releaseSrc string
+	//go:embed heartbeat.lua
+	heartbeatSrc string
+	//go:embed status.lua
+	statusSrc string
+	//go:embed setlimit.lua
+	setLimitSrc string
+)
+
+var (
+	// Acquire takes a slot, or (queue mode) joins the fair queue.
+	Acquire = redis.NewScript(lib + acquireSrc)
+	// Renew extends a live lease and never re-creates a lost one.
+	Renew = redis.NewScript(lib + renewSrc)
+	// Release gives a slot back or removes a queue entry, then admits waiters.
+	Release = redis.NewScript(lib + releaseSrc)
+	// Heartbeat keeps a process's fair waiters alive and reports on them.
+	Heartbeat = redis.NewScript(lib + heartbeatSrc)
+	// Status reads the live state without writing.
+	Status = redis.NewScript(lib + statusSrc)
+	// SetLimit sets the limit for every client of a name.
+	SetLimit = redis.NewScript(lib + setLimitSrc)
+)
+
+// KeyCount is the number of KEYS every script takes (see lib.lua).
+const KeyCount = 8

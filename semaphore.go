@@ -1,0 +1,76 @@
+package redsem
+
+import (
+	"context"
+	"time"
+)
+
+// Semaphore bounds how many holders use a shared resource at once, across
+// goroutines, processes and machines.
+type Semaphore interface {
+	// Acquire blocks until a slot is granted or ctx ends. On ctx end it
+	// returns an error that satisfies errors.Is(err, ctx.Err()) and leaves
+	// nothing behind in Redis (no queue entry, no slot).
+	Acquire(ctx context.Context) (Lease, error)
+	// TryAcquire makes one attempt and never waits. When no slot can be
+	// granted now it returns ErrNoSlot. For the fair variant a TryAcquire
+	// never jumps the queue: with live waiters queued it returns ErrNoSlot.
+	TryAcquire(ctx context.Context) (Lease, error)
+	// Status reads the live state (expired holders and waiters not counted).
+	Status(ctx context.Context) (Status, error)
+	// SetLimit changes the limit for every client of this name at run time,
+	// with no restart: once set, it overrides the limit that each client was
+	// built with, and outlives idle periods (it is not lost when the
+	// semaphore's other keys expire).
+	SetLimit(ctx context.Context, limit int) error
+	// Name is the semaphore's name as given to New.
+	Name() string
+}
+
+// Lease is one granted slot.
+type Lease interface {
+	// ID is unique per acquisition (a UUID), never reused.
+	ID() string
+	// Slot is which of the limit's slots this lease holds, in [0, limit) at
+	// the time of the grant: no two live leases share a slot.
+	Slot() int
+	// Token is the fencing token: strictly greater than every token issued
+	// before it for this semaphore name, so also greater than every earlier
+	// token of the same slot.
+	Token() int64
+	// Deadline is when the slot expires unless renewed (a local estimate,
+	// taken before the request that set it was sent, so never late).
+	Deadline() time.Time
+	// Renew extends the lease by its TTL. It returns ErrLeaseLost if the
+	// lease is gone; it never re-creates a lost lease.
+	Renew(ctx context.Context) error
+	// Release frees the slot. A second call returns nil. It returns
+	// ErrLeaseLost if the slot was lost before it.
+	Release(ctx context.Context) error
+	// Done is closed once the lease is released or lost.
+	Done() <-chan struct{}
+	// Err is nil while held or after Release; ErrLeaseLost once lost.
+	Err() error
+}
+
+// Status is a snapshot of a semaphore's live state.
+type Status struct {
+	Limit   int      // the limit in force (SetLimit's, else the established one)
+	Holders []Holder // ordered by deadline
+	Waiters []Waiter // fair only: in admission order; empty for unfair
+}
+
+// Holder is one live lease as seen in Redis.
+type Holder struct {
+	ID       string
+	Slot     int
+	Token    int64
+	Deadline time.Time // by the Redis server's clock
+}
+
+// Waiter is one live queue entry of a fair semaphore.
+type Waiter struct {
+	ID       string
+	Position int       // 0 is the head: the next to be admitted
+	Deadline time.Time // when it is evicted unless its process heart-beats
+}

@@ -1,0 +1,87 @@
+package unfair
+
+import (
+	"context"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/redsem/redsem"
+	"github.com/redsem/redsem/internal/core"
+)
+
+// Options configures a Semaphore. The zero value is valid.
+type Options struct {
+	// LeaseTTL is how long a slot is held without renewal; zero: 30s.
+	// Leases renew themselves every LeaseTTL/3 unless DisableAutoRenew.
+	LeaseTTL time.Duration
+	// DisableAutoRenew turns off the background renewal of leases; holders
+	// then call Lease.Renew themselves before Lease.Deadline.
+	DisableAutoRenew bool
+	// KeyPrefix is the first part of every Redis key; zero: "redsem". It may
+	// not contain braces.
+	KeyPrefix string
+	// FallbackInterval bounds how long a blocked Acquire waits for a
+	// wake-up message (pub/sub is at-most-once) before it tries again;
+	// zero: 1s. It also wakes just after the earliest holder deadline.
+	FallbackInterval time.Duration
+}
+
+// Semaphore is the unfair (sorted-set) semaphore. It is safe for concurrent
+// use; create one per name and process and share it.
+type Semaphore struct {
+	e *core.Engine
+}
+
+var _ redsem.Semaphore = (*Semaphore)(nil)
+
+// New returns an unfair semaphore called name that admits at most limit
+// holders at once. client may be a *redis.Client, *redis.ClusterClient or a
+// failover client. New does no I/O; it returns a *redsem.ConfigError
+// (matching redsem.ErrInvalidConfig) for a nil client, an empty or too long
+// name, a limit outside [1, 2^20], or a negative or sub-millisecond TTL.
+func New(client redis.UniversalClient, name string, limit int, opts Options) (*Semaphore, error) {
+	e, err := core.New(core.Config{
+		Client: client, Name: name, Limit: limit,
+		Prefix: opts.KeyPrefix, LeaseTTL: opts.LeaseTTL,
+		DisableAutoRenew: opts.DisableAutoRenew, Fallback: opts.FallbackInterval,
+	})
+	if err != nil {
+		return nil, err
+	}
+	return &Semaphore{e: e}, nil
+}
+
+// Acquire blocks until a slot is granted or ctx ends. It tries once; if no
+// slot is free it subscribes to release notices and tries again on each
+// notice, just after the earliest holder deadline, and at least every
+// FallbackInterval. On ctx end it returns an error matching ctx.Err() and
+// holds nothing. A limit mismatch or a Redis error is returned at once.
+func (s *Semaphore) Acquire(ctx context.Context) (redsem.Lease, error) {
+	return s.e.Acquire(ctx)
+}
+
+// TryAcquire makes one attempt and never waits: it returns redsem.ErrNoSlot
+// when all slots are held (or when fair waiters of the same name are
+// queued: it never jumps a queue).
+func (s *Semaphore) TryAcquire(ctx context.Context) (redsem.Lease, error) {
+	return s.e.TryAcquire(ctx)
+}
+
+// Status reads the live holders, ordered by deadline, and the limit in force.
+func (s *Semaphore) Status(ctx context.Context) (redsem.Status, error) {
+	return s.e.Status(ctx)
+}
+
+// SetLimit sets the limit for every client of this name, overriding the
+// limit each was built with, until set again. It never expires. Lowering it
+// revokes no lease: new grants wait until fewer than limit are held.
+func (s *Semaphore) SetLimit(ctx context.Context, limit int) error {
+	return s.e.SetLimit(ctx, limit)
+}
+
+// Name is the semaphore's name as given to New.
+func (s *Semaphore) Name() string { return s.e.Name() }
+
+// Close stops the background wake-up subscription, which otherwise ends by
+// itself shortly after the last waiter. Leases keep working after Close.
+func (s *Semaphore) Close() error { return s.e.Close() }
