@@ -355,4 +355,3 @@ func toStr(v any) string {
 	}
 	return ""
 }
-

@@ -355,4 +355,3 @@ func (h *hub) beat() {
 		}
 	}
 }
-

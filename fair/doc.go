@@ -1,0 +1,13 @@
+// Package fair is the FIFO semaphore: waiters queue in a Redis ZSET in
+// arrival order, holders live in an owner ZSET scored by deadline, and Lua
+// scripts admit only the earliest live waiters, however often a later one
+// asks.
+//
+// Liveness costs one heartbeat per process, not per waiter: each process
+// has one session that keeps all of its waiters queued; a session that
+// stops heart-beating for QueueTTL is evicted with all its waiters, wherever
+// they stand. Freed slots are granted inside the script that frees them
+// (release, cancel, expiry, SetLimit) and the grantee is told on its
+// session's sharded pub/sub channel, or directly by the releaser's reply
+// when both are in one process; the session heartbeat is the fallback.
+package fair

@@ -1,0 +1,99 @@
+package fair
+
+import (
+	"context"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/redsem/redsem"
+	"github.com/redsem/redsem/internal/core"
+)
+
+// Options configures a Semaphore. The zero value is valid.
+type Options struct {
+	// LeaseTTL is how long a slot is held without renewal; zero: 30s.
+	// Leases renew themselves every LeaseTTL/3 unless DisableAutoRenew.
+	LeaseTTL time.Duration
+	// QueueTTL is how long a waiter keeps its place in the queue after its
+	// process last heart-beat; zero: 10s. Each process heart-beats once for
+	// all its waiters, every min(QueueTTL/3, FallbackInterval). A process
+	// that dies (or pauses longer than QueueTTL) loses its places, and its
+	// grants not yet claimed by a heartbeat or renewal.
+	QueueTTL time.Duration
+	// DisableAutoRenew turns off the background renewal of leases; holders
+	// then call Lease.Renew themselves before Lease.Deadline.
+	DisableAutoRenew bool
+	// KeyPrefix is the first part of every Redis key; zero: "redsem". It may
+	// not contain braces.
+	KeyPrefix string
+	// FallbackInterval bounds how long a waiter relies on pub/sub alone
+	// (at-most-once) before its session asks Redis directly; zero: 1s.
+	FallbackInterval time.Duration
+}
+
+// Semaphore is the fair (FIFO) semaphore. It is safe for concurrent use;
+// create one per name and process and share it, so that all of the
+// process's waiters share one heartbeat and one subscription.
+type Semaphore struct {
+	e *core.Engine
+}
+
+var _ redsem.Semaphore = (*Semaphore)(nil)
+
+// New returns a fair semaphore called name that admits at most limit holders
+// at once, in arrival order. client may be a *redis.Client,
+// *redis.ClusterClient or a failover client. New does no I/O; it returns a
+// *redsem.ConfigError (matching redsem.ErrInvalidConfig) for a nil client,
+// an empty or too long name, a limit outside [1, 2^20], or a negative or
+// sub-millisecond duration.
+func New(client redis.UniversalClient, name string, limit int, opts Options) (*Semaphore, error) {
+	e, err := core.New(core.Config{
+		Client: client, Name: name, Limit: limit, Fair: true,
+		Prefix: opts.KeyPrefix, LeaseTTL: opts.LeaseTTL, QueueTTL: opts.QueueTTL,
+		DisableAutoRenew: opts.DisableAutoRenew, Fallback: opts.FallbackInterval,
+	})
+	if err != nil {
+		return nil, err
+	}
+	return &Semaphore{e: e}, nil
+}
+
+// Acquire joins the queue and blocks until this waiter is granted a slot or
+// ctx ends. Waiters are admitted strictly in arrival order; a slot freed by
+// a release is granted inside the release script to the head waiter, which
+// learns it from the releaser's reply (same process) or a message on its
+// session's channel. On ctx end it leaves the queue (or hands back a slot
+// granted in the race), wakes whoever may now enter, and returns an error
+// matching ctx.Err(). If its queue entry is evicted (its process missed
+// heartbeats for QueueTTL) it queues again at the back.
+func (s *Semaphore) Acquire(ctx context.Context) (redsem.Lease, error) {
+	return s.e.Acquire(ctx)
+}
+
+// TryAcquire makes one attempt and never waits. It never jumps the queue:
+// with live waiters queued it returns redsem.ErrNoSlot even if a slot is
+// free (that slot is being handed to the head waiter).
+func (s *Semaphore) TryAcquire(ctx context.Context) (redsem.Lease, error) {
+	return s.e.TryAcquire(ctx)
+}
+
+// Status reads the live holders (by deadline), the live waiters (in
+// admission order, Position 0 first) and the limit in force.
+func (s *Semaphore) Status(ctx context.Context) (redsem.Status, error) {
+	return s.e.Status(ctx)
+}
+
+// SetLimit sets the limit for every client of this name, overriding the
+// limit each was built with, until set again. It never expires. Raising it
+// admits the head waiters at once; lowering it revokes no lease.
+func (s *Semaphore) SetLimit(ctx context.Context, limit int) error {
+	return s.e.SetLimit(ctx, limit)
+}
+
+// Name is the semaphore's name as given to New.
+func (s *Semaphore) Name() string { return s.e.Name() }
+
+// Close stops the background subscription and session heartbeat, which
+// otherwise end by themselves shortly after the last waiter leaves. Leases
+// keep working after Close.
+func (s *Semaphore) Close() error { return s.e.Close() }
