@@ -31,6 +31,8 @@ var (
 	statusSrc string
 	//go:embed setlimit.lua
 	setLimitSrc string
+	//go:embed naive_zset_acquire.lua
+	naiveZSetAcquireSrc string
 )
 
 var (
@@ -46,7 +48,13 @@ var (
 	Status = redis.NewScript(lib + statusSrc)
 	// SetLimit sets the limit for every client of a name.
 	SetLimit = redis.NewScript(lib + setLimitSrc)
+
+	// NaiveZSetAcquire is a baseline for the bench tool, not part of
+	// redsem: the seed's sorted-set acquire (one key, no lib.lua; see its
+	// header). Nothing in the library calls it.
+	NaiveZSetAcquire = redis.NewScript(naiveZSetAcquireSrc)
 )
 
-// KeyCount is the number of KEYS every script takes (see lib.lua).
+// KeyCount is the number of KEYS every redsem script takes (see lib.lua);
+// the baseline NaiveZSetAcquire takes one.
 const KeyCount = 8

@@ -1,0 +1,205 @@
+package bench
+
+import (
+	"math"
+	"sort"
+	"time"
+)
+
+// Record is one hold by one worker, in Unix nanoseconds of one clock (the
+// machine's wall clock, shared by all processes of a run).
+type Record struct {
+	Worker int   `json:"w"` // worker index in [0, workers)
+	Start  int64 `json:"s"` // Acquire called
+	Got    int64 `json:"g"` // Acquire returned (the hold begins)
+	Rel    int64 `json:"r"` // Release called (the hold ends)
+}
+
+// Metrics are the numbers computed from a trace of records; see Analyze.
+type Metrics struct {
+	Holds       int     `json:"holds"`
+	HoldsPerSec float64 `json:"holds_per_s"`
+	// Utilisation is the sum of measured holds inside the window over
+	// limit x window: 1 means every slot was busy all the time.
+	Utilisation float64 `json:"utilisation"`
+	MeanHoldMs  float64 `json:"mean_hold_ms"`
+	WaitP50Ms   float64 `json:"wait_p50_ms"`
+	WaitP90Ms   float64 `json:"wait_p90_ms"`
+	WaitP99Ms   float64 `json:"wait_p99_ms"`
+	WaitMaxMs   float64 `json:"wait_max_ms"`
+	// IdealWaitMs is the mean wait of a perfect FIFO semaphore with no
+	// handoff cost: (workers - limit) / limit x mean hold (0 when workers <= limit).
+	IdealWaitMs float64 `json:"ideal_wait_ms"`
+	// WaitP99OverIdeal is WaitP99Ms / IdealWaitMs (0 when the ideal is 0).
+	WaitP99OverIdeal float64 `json:"wait_p99_over_ideal"`
+	// Handoffs counts acquires paired with a release (see Handoffs).
+	Handoffs     int     `json:"handoffs"`
+	HandoffP50Ms float64 `json:"handoff_p50_ms"`
+	HandoffP99Ms float64 `json:"handoff_p99_ms"`
+	// Jain is Jain's fairness index over holds per worker, in [1/workers, 1].
+	Jain float64 `json:"jain"`
+	// MaxHolders is the largest number of measured holds that overlapped.
+	MaxHolders int `json:"max_holders"`
+}
+
+// Analyze computes the metrics of a run of workers on a semaphore of limit
+// slots, observed in the window [start, end) (Unix ns). Holds are clipped to
+// the window for utilisation; every record counts for the other metrics.
+func Analyze(recs []Record, limit, workers int, start, end int64) Metrics {
+	m := Metrics{Holds: len(recs)}
+	window := end - start
+	if window <= 0 || limit <= 0 {
+		return m
+	}
+	m.HoldsPerSec = float64(len(recs)) / (float64(window) / 1e9)
+	m.Utilisation = Utilisation(recs, limit, start, end)
+	waits := make([]float64, 0, len(recs))
+	var holdSum float64
+	for _, r := range recs {
+		waits = append(waits, ms(r.Got-r.Start))
+		holdSum += ms(r.Rel - r.Got)
+	}
+	if len(recs) > 0 {
+		m.MeanHoldMs = holdSum / float64(len(recs))
+	}
+	sort.Float64s(waits)
+	m.WaitP50Ms = Percentile(waits, 50)
+	m.WaitP90Ms = Percentile(waits, 90)
+	m.WaitP99Ms = Percentile(waits, 99)
+	m.WaitMaxMs = Percentile(waits, 100)
+	m.IdealWaitMs = IdealWait(workers, limit, m.MeanHoldMs)
+	if m.IdealWaitMs > 0 {
+		m.WaitP99OverIdeal = m.WaitP99Ms / m.IdealWaitMs
+	}
+	h := Handoffs(recs)
+	sort.Float64s(h)
+	m.Handoffs = len(h)
+	m.HandoffP50Ms = Percentile(h, 50)
+	m.HandoffP99Ms = Percentile(h, 99)
+	per := make([]float64, workers)
+	for _, r := range recs {
+		if r.Worker >= 0 && r.Worker < workers {
+			per[r.Worker]++
+		}
+	}
+	m.Jain = Jain(per)
+	m.MaxHolders = MaxOverlap(recs)
+	return m
+}
+
+func ms(ns int64) float64 { return float64(ns) / 1e6 }
+
+// Utilisation is the sum of the holds [Got, Rel) clipped to [start, end),
+// over limit x (end - start).
+func Utilisation(recs []Record, limit int, start, end int64) float64 {
+	if end <= start || limit <= 0 {
+		return 0
+	}
+	var busy float64
+	for _, r := range recs {
+		a, b := max(r.Got, start), min(r.Rel, end)
+		if b > a {
+			busy += float64(b - a)
+		}
+	}
+	return busy / (float64(limit) * float64(end-start))
+}
+
+// Percentile returns the p-th percentile (0 < p <= 100) of sorted values by
+// the nearest-rank method: the smallest value with at least p% of the values
+// at or below it. It returns 0 for no values.
+func Percentile(sorted []float64, p float64) float64 {
+	if len(sorted) == 0 {
+		return 0
+	}
+	rank := int(math.Ceil(p / 100 * float64(len(sorted))))
+	rank = min(max(rank, 1), len(sorted))
+	return sorted[rank-1]
+}
+
+// IdealWait is the mean wait in a perfect FIFO semaphore where each of
+// workers loops acquire-hold-release with mean hold meanHold and no handoff
+// cost: each worker waits for (workers - limit) / limit holds.
+func IdealWait(workers, limit int, meanHold float64) float64 {
+	if workers <= limit || limit <= 0 {
+		return 0
+	}
+	return float64(workers-limit) / float64(limit) * meanHold
+}
+
+// Handoffs returns, in ms, the handoff latency of every acquire that was
+// waiting when a slot was released: each Acquire return is paired with the
+// most recent Release call before it (on the same semaphore), and counts
+// only if that Acquire had started before the Release (it was waiting).
+func Handoffs(recs []Record) []float64 {
+	rels := make([]int64, 0, len(recs))
+	for _, r := range recs {
+		rels = append(rels, r.Rel)
+	}
+	sort.Slice(rels, func(i, j int) bool { return rels[i] < rels[j] })
+	out := make([]float64, 0, len(recs))
+	for _, r := range recs {
+		// index of the first release at or after Got; the one before it is
+		// the most recent release strictly before Got.
+		i := sort.Search(len(rels), func(i int) bool { return rels[i] >= r.Got })
+		if i == 0 {
+			continue
+		}
+		rel := rels[i-1]
+		if r.Start < rel {
+			out = append(out, ms(r.Got-rel))
+		}
+	}
+	return out
+}
+
+// Jain returns Jain's fairness index (sum x)^2 / (n sum x^2): 1 when every
+// value is equal, 1/n when one takes all. It returns 0 for no values or all
+// zeros.
+func Jain(x []float64) float64 {
+	var s, s2 float64
+	for _, v := range x {
+		s += v
+		s2 += v * v
+	}
+	if s2 == 0 {
+		return 0
+	}
+	return s * s / (float64(len(x)) * s2)
+}
+
+// MaxOverlap returns the largest number of holds [Got, Rel) that overlap at
+// one instant. A hold that ends exactly when another begins does not
+// overlap it.
+func MaxOverlap(recs []Record) int {
+	type ev struct {
+		t int64
+		d int
+	}
+	evs := make([]ev, 0, 2*len(recs))
+	for _, r := range recs {
+		evs = append(evs, ev{r.Got, +1}, ev{r.Rel, -1})
+	}
+	sort.Slice(evs, func(i, j int) bool {
+		if evs[i].t != evs[j].t {
+			return evs[i].t < evs[j].t
+		}
+		return evs[i].d < evs[j].d // ends before starts at the same instant
+	})
+	cur, best := 0, 0
+	for _, e := range evs {
+		cur += e.d
+		best = max(best, cur)
+	}
+	return best
+}
+
+// Median returns the median of ds (the lower middle for an even count), or
+// 0 for none. It sorts ds.
+func Median(ds []time.Duration) time.Duration {
+	if len(ds) == 0 {
+		return 0
+	}
+	sort.Slice(ds, func(i, j int) bool { return ds[i] < ds[j] })
+	return ds[(len(ds)-1)/2]
+}
