@@ -1,0 +1,304 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/redsem/redsem/internal/bench"
+)
+
+// progress prints a progress line on stderr until the returned func is called.
+func (b *bencher) progress(s runSpec, start, end time.Time) func(errors int) {
+	if b.f.quiet {
+		return func(int) {}
+	}
+	b.holds.Store(0)
+	done := make(chan struct{})
+	finished := make(chan struct{})
+	label := fmt.Sprintf("%s limit=%d workers=%d procs=%d hold=%s", s.variant, s.limit, s.workers, s.procs, s.hold)
+	go func() {
+		defer close(finished)
+		t := time.NewTicker(250 * time.Millisecond)
+		defer t.Stop()
+		for {
+			select {
+			case <-done:
+				return
+			case <-t.C:
+			}
+			el := time.Since(start).Seconds()
+			if el < 0 {
+				fmt.Fprintf(b.stderr, "\r%s: starting...          ", label)
+				continue
+			}
+			el = min(el, end.Sub(start).Seconds())
+			if s.procs > 1 {
+				fmt.Fprintf(b.stderr, "\r%s: %.1fs/%.1fs          ", label, el, end.Sub(start).Seconds())
+			} else {
+				fmt.Fprintf(b.stderr, "\r%s: %.1fs/%.1fs holds=%d   ", label, el, end.Sub(start).Seconds(), b.holds.Load())
+			}
+		}
+	}()
+	return func(errors int) {
+		close(done)
+		<-finished
+		fmt.Fprintf(b.stderr, "\r%s: done (%d errors)                    \n", label, errors)
+	}
+}
+
+func printTable(w io.Writer, rs []runResult) {
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(tw, "variant\tprocs\tworkers\tholds/s\tutil\tmean hold ms\twait p50\tp90\tp99\tmax\tideal\tp99/ideal\thandoff p50\tp99\tjain\tmax holders\tcmds/hold\tredis calls/hold\tcpu µs/hold\t")
+	for _, r := range rs {
+		fmt.Fprintf(tw, "%s\t%d\t%d\t%.0f\t%.3f\t%.2f\t%.2f\t%.2f\t%.2f\t%.2f\t%.2f\t%.2f\t%.3f\t%.3f\t%.4f\t%d\t%.2f\t%.1f\t%.1f\t\n",
+			r.Variant, r.Procs, r.Workers, r.HoldsPerSec, r.Utilisation, r.MeanHoldMs, r.WaitP50Ms, r.WaitP90Ms,
+			r.WaitP99Ms, r.WaitMaxMs, r.IdealWaitMs, r.WaitP99OverIdeal, r.HandoffP50Ms, r.HandoffP99Ms,
+			r.Jain, r.MaxHolders, r.CommandsPerHold, r.RedisCallsPerHold, r.RedisCPUUsPerHold)
+	}
+	_ = tw.Flush()
+	for _, r := range rs {
+		if r.PingRTTUs > 0 {
+			fmt.Fprintf(w, "%s: PING RTT %.1f µs", r.Variant, r.PingRTTUs)
+			if r.UncontendedUs > 0 {
+				fmt.Fprintf(w, "; uncontended TryAcquire+Release %.1f µs = %.2f RTT (%.0f cycles/s, %.2f commands/cycle)",
+					r.UncontendedUs, r.UncontendedOverRTT, r.UncontendedPerSec, r.UncontendedCmdsCycle)
+			}
+			fmt.Fprintln(w)
+		}
+		if r.Errors > 0 {
+			fmt.Fprintf(w, "%s: %d errors, last: %s\n", r.Variant, r.Errors, r.LastError)
+		}
+	}
+}
+
+// sweepPoint is one run of a sweep over the number of workers.
+type sweepPoint struct {
+	variant string
+	workers int
+	r       runResult
+}
+
+// writeCharts writes the SVG charts for the results it has data for.
+func writeCharts(dir string, contended []runResult, sweep []sweepPoint) error {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return err
+	}
+	write := func(name string, c bench.Chart) error {
+		return os.WriteFile(filepath.Join(dir, name), []byte(c.SVG()), 0o644)
+	}
+	if len(contended) > 0 {
+		c := bench.Chart{Title: "Wait time distribution (limit 5, 50 workers, hold 2ms)",
+			XLabel: "wait (ms, log scale)", YLabel: "fraction of acquires waiting at most x", LogX: true, YMin: 0, YMax: 1}
+		for _, r := range contended {
+			if r.Procs != 1 {
+				continue
+			}
+			x, y := bench.CDF(r.waits, 400)
+			c.Series = append(c.Series, bench.Series{Name: r.Variant, X: x, Y: y})
+		}
+		if err := write("wait-cdf.svg", c); err != nil {
+			return err
+		}
+	}
+	if len(sweep) == 0 {
+		return nil
+	}
+	util := bench.Chart{Title: "Slot utilisation vs workers (limit 5, hold 2ms)",
+		XLabel: "workers", YLabel: "utilisation", YMin: 0, YMax: 1}
+	hand := bench.Chart{Title: "Handoff latency vs queue length (limit 5, hold 2ms)",
+		XLabel: "waiters queued (workers - limit)", YLabel: "handoff latency (ms)"}
+	byVariant := map[string][]sweepPoint{}
+	var order []string
+	for _, p := range sweep {
+		if _, ok := byVariant[p.variant]; !ok {
+			order = append(order, p.variant)
+		}
+		byVariant[p.variant] = append(byVariant[p.variant], p)
+	}
+	for _, v := range order {
+		var x, u, qx, h50, h99 []float64
+		for _, p := range byVariant[v] {
+			x = append(x, float64(p.workers))
+			u = append(u, p.r.Utilisation)
+			if p.workers > p.r.Limit && v != "local" {
+				qx = append(qx, float64(p.workers-p.r.Limit))
+				h50 = append(h50, p.r.HandoffP50Ms)
+				h99 = append(h99, p.r.HandoffP99Ms)
+			}
+		}
+		util.Series = append(util.Series, bench.Series{Name: v, X: x, Y: u})
+		if len(qx) > 0 {
+			hand.Series = append(hand.Series, bench.Series{Name: v + " p50", X: qx, Y: h50},
+				bench.Series{Name: v + " p99", X: qx, Y: h99})
+		}
+	}
+	if err := write("utilisation-vs-workers.svg", util); err != nil {
+		return err
+	}
+	return write("handoff-vs-queue.svg", hand)
+}
+
+// suite runs everything docs/benchmarks.md quotes, in one run, and prints
+// Markdown tables.
+func (b *bencher) suite() error {
+	w := b.stdout
+	ctx := context.Background()
+	fmt.Fprintf(w, "## Run of %s\n\n", time.Now().UTC().Format("2006-01-02 15:04 UTC"))
+	fmt.Fprintf(w, "Machine: %s; %s\n\n", machine(), redisVersion(ctx, b))
+
+	// 1. Quick benchmark: uncontended cycles next to redis-benchmark's PING rate.
+	fmt.Fprintf(w, "### Quick benchmark (uncontended)\n\n")
+	fmt.Fprintln(w, "| what | rate | per op | Redis commands per op |")
+	fmt.Fprintln(w, "|---|---:|---:|---:|")
+	for _, c := range []int{1, 50} {
+		rate, err := redisBenchmarkPing(b.url, c)
+		if err != nil {
+			fmt.Fprintf(w, "| redis-benchmark PING, %d client(s) | n/a (%v) | | |\n", c, err)
+			continue
+		}
+		fmt.Fprintf(w, "| `redis-benchmark -t ping -c %d` | %.0f PING/s | %.1f µs | 1 |\n", c, rate, 1e6/rate*float64(c))
+	}
+	rtt, err := bench.PingRTT(ctx, b.client, 500)
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(w, "| go-redis PING, 1 goroutine (median RTT) | %.0f PING/s | %.1f µs | 1 |\n", 1e6/us(rtt), us(rtt))
+	var quick []runResult
+	for _, v := range []string{"unfair", "fair"} {
+		r := runResult{Variant: v, PingRTTUs: us(rtt)}
+		if err := b.uncontended(ctx, v, &r); err != nil {
+			return err
+		}
+		quick = append(quick, r)
+		fmt.Fprintf(w, "| %s TryAcquire+Release, 1 goroutine | %.0f cycles/s | %.1f µs median = %.2f PING RTT | %.2f |\n",
+			v, r.UncontendedPerSec, r.UncontendedUs, r.UncontendedOverRTT, r.UncontendedCmdsCycle)
+	}
+	fmt.Fprintln(w)
+
+	// 2. Contended: limit 5, 50 workers, hold 2ms, 5s; all variants, then fair
+	// and unfair over 4 processes.
+	var contended []runResult
+	for _, s := range []runSpec{
+		{variant: "local", procs: 1}, {variant: "fair", procs: 1}, {variant: "unfair", procs: 1},
+		{variant: "naive-zset", procs: 1}, {variant: "naive-counter", procs: 1},
+		{variant: "fair", procs: 4}, {variant: "unfair", procs: 4},
+	} {
+		s.limit, s.workers, s.hold, s.duration = 5, 50, "2ms", b.f.duration
+		r, err := b.run(s)
+		if err != nil {
+			return err
+		}
+		contended = append(contended, r)
+	}
+	fmt.Fprintf(w, "### Contended: limit 5, 50 workers, hold 2ms, %v per run\n\n", b.f.duration)
+	markdownTable(w, contended)
+
+	// 3. Sweep over workers (queue length) for the charts.
+	var sweep []sweepPoint
+	for _, v := range []string{"local", "fair", "unfair"} {
+		for _, n := range []int{10, 25, 50, 100, 200} {
+			r, err := b.run(runSpec{variant: v, limit: 5, workers: n, procs: 1, hold: "2ms", duration: 3 * time.Second})
+			if err != nil {
+				return err
+			}
+			sweep = append(sweep, sweepPoint{variant: v, workers: n, r: r})
+		}
+	}
+	fmt.Fprintf(w, "### Sweep: limit 5, hold 2ms, 3s per point\n\n")
+	var rs []runResult
+	for _, p := range sweep {
+		rs = append(rs, p.r)
+	}
+	markdownTable(w, rs)
+	if b.f.svgDir != "" {
+		return writeCharts(b.f.svgDir, contended, sweep)
+	}
+	return nil
+}
+
+func markdownTable(w io.Writer, rs []runResult) {
+	fmt.Fprintln(w, "| variant | procs | workers | holds/s | utilisation | mean hold ms | wait p50 / p90 / p99 / max ms | ideal wait ms | p99 / ideal | handoff p50 / p99 ms | Jain | max holders | cmds / hold | Redis calls / hold | Redis CPU µs / hold | errors |")
+	fmt.Fprintln(w, "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+	for _, r := range rs {
+		cost := "| - | - | -"
+		if r.Variant != "local" {
+			cost = fmt.Sprintf("| %.2f | %.1f | %.1f", r.CommandsPerHold, r.RedisCallsPerHold, r.RedisCPUUsPerHold)
+		}
+		fmt.Fprintf(w, "| %s | %d | %d | %.0f | %.3f | %.2f | %.1f / %.1f / %.1f / %.1f | %.1f | %.2f | %.2f / %.2f | %.4f | %d %s | %d |\n",
+			r.Variant, r.Procs, r.Workers, r.HoldsPerSec, r.Utilisation, r.MeanHoldMs,
+			r.WaitP50Ms, r.WaitP90Ms, r.WaitP99Ms, r.WaitMaxMs, r.IdealWaitMs, r.WaitP99OverIdeal,
+			r.HandoffP50Ms, r.HandoffP99Ms, r.Jain, r.MaxHolders, cost, r.Errors)
+	}
+	fmt.Fprintln(w)
+}
+
+// redisBenchmarkPing runs redis-benchmark's PING test with c clients and
+// returns its requests per second.
+func redisBenchmarkPing(url string, c int) (float64, error) {
+	host, port := "127.0.0.1", "6379"
+	if rest, ok := strings.CutPrefix(url, "redis://"); ok {
+		rest, _, _ = strings.Cut(rest, "/")
+		if i := strings.LastIndex(rest, "@"); i >= 0 {
+			rest = rest[i+1:]
+		}
+		if h, p, ok := strings.Cut(rest, ":"); ok {
+			host, port = h, p
+		}
+	}
+	n := "20000"
+	if c > 1 {
+		n = "200000"
+	}
+	out, err := exec.Command("redis-benchmark", "-h", host, "-p", port, "-t", "ping", "-c", fmt.Sprint(c),
+		"-n", n, "--csv").Output()
+	if err != nil {
+		return 0, err
+	}
+	// "test","rps",...  then "PING_INLINE","55555.56",... and "PING_MBULK",...
+	var best float64
+	for _, line := range strings.Split(string(out), "\n") {
+		f := strings.Split(line, ",")
+		if len(f) >= 2 && strings.HasPrefix(f[0], `"PING_MBULK"`) {
+			fmt.Sscanf(strings.Trim(f[1], `"`), "%g", &best)
+		}
+	}
+	if best == 0 {
+		return 0, fmt.Errorf("no PING_MBULK line in %q", out)
+	}
+	return best, nil
+}
+
+func machine() string {
+	b, _ := os.ReadFile("/proc/cpuinfo")
+	model := ""
+	n := 0
+	for _, l := range strings.Split(string(b), "\n") {
+		if strings.HasPrefix(l, "model name") {
+			n++
+			if _, v, ok := strings.Cut(l, ":"); ok {
+				model = strings.TrimSpace(v)
+			}
+		}
+	}
+	return fmt.Sprintf("%d x %s", n, model)
+}
+
+func redisVersion(ctx context.Context, b *bencher) string {
+	s, err := b.client.Info(ctx, "server").Result()
+	if err != nil {
+		return "redis ?"
+	}
+	for _, l := range strings.Split(s, "\n") {
+		if v, ok := strings.CutPrefix(strings.TrimSpace(l), "redis_version:"); ok {
+			return "Redis " + v
+		}
+	}
+	return "redis ?"
+}
