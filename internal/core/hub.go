@@ -52,8 +52,9 @@ type hub struct {
 	waiters   map[string]*waiter
 	unfair    []*waiter // unfair waiters, oldest first
 	refs      int
-	hint      int64 // ms to the earliest holder deadline at the last reply, -1 none
-	claims    bool  // grants were delivered that the session has not claimed yet
+	hint      int64     // ms to the earliest holder deadline at the last reply, -1 none
+	nextBeat  time.Time // when the heartbeat loop runs next unless kicked; zero: not started
+	claims    bool      // grants were delivered that the session has not claimed yet
 	idle      *time.Timer
 	closed    bool
 	kick      chan struct{}
@@ -136,7 +137,12 @@ func (h *hub) unregister(w *waiter) {
 func (h *hub) queued(w *waiter, hint int64) {
 	h.mu.Lock()
 	w.inQueue = true
-	earlier := hint >= 0 && (h.hint < 0 || hint < h.hint)
+	// Kick only if this holder expiry comes before the beat already
+	// scheduled: comparing with the last hint instead would kick on almost
+	// every call (the same deadline, measured later, is always sooner),
+	// turning the heartbeat into a busy loop under contention.
+	due := time.Now().Add(time.Duration(hint+1) * time.Millisecond)
+	earlier := hint >= 0 && (h.nextBeat.IsZero() || due.Before(h.nextBeat))
 	h.hint = hint
 	h.mu.Unlock()
 	if earlier {
@@ -288,6 +294,9 @@ func (h *hub) heartbeats() {
 	every := h.e.heartbeatEvery()
 	t := time.NewTimer(every)
 	defer t.Stop()
+	h.mu.Lock()
+	h.nextBeat = time.Now().Add(every)
+	h.mu.Unlock()
 	for {
 		select {
 		case <-h.quit:
@@ -302,6 +311,7 @@ func (h *hub) heartbeats() {
 		if h.hint >= 0 && len(h.waiters) > 0 {
 			d = min(d, time.Duration(h.hint+1)*time.Millisecond)
 		}
+		h.nextBeat = time.Now().Add(d)
 		h.mu.Unlock()
 		if !t.Stop() {
 			select {
