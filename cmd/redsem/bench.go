@@ -41,6 +41,7 @@ type benchFlags struct {
 	svgDir     string
 	suite      bool
 	quiet      bool
+	validated  bool // the flags parsed; later errors are validation errors
 
 	// child mode: run a share of the workers and print a bench.Trace.
 	child      bool
@@ -99,6 +100,7 @@ func parseBenchFlags(args []string, stderr io.Writer) (benchFlags, *flag.FlagSet
 	if err := fs.Parse(args); err != nil {
 		return f, fs, err
 	}
+	f.validated = true // errors from here on are ours to print
 	if fs.NArg() > 0 {
 		return f, fs, fmt.Errorf("unexpected argument %q", fs.Arg(0))
 	}
@@ -139,6 +141,9 @@ func runBench(args []string, stdout, stderr io.Writer) int {
 	f, fs, err := parseBenchFlags(args, stderr)
 	if errors.Is(err, flag.ErrHelp) {
 		return 0
+	}
+	if fs.Parsed() && err != nil && !f.validated {
+		return 2 // the flag package has printed the error and the usage
 	}
 	if err != nil {
 		fmt.Fprintf(stderr, "redsem bench: %v\n", err)
