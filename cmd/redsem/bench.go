@@ -40,6 +40,7 @@ type benchFlags struct {
 	jsonOut    bool
 	svgDir     string
 	suite      bool
+	repeat     int
 	quiet      bool
 	validated  bool // the flags parsed; later errors are validation errors
 
@@ -90,6 +91,7 @@ func parseBenchFlags(args []string, stderr io.Writer) (benchFlags, *flag.FlagSet
 	fs.BoolVar(&f.jsonOut, "json", false, "print one JSON object per run instead of a table")
 	fs.StringVar(&f.svgDir, "svg", "", "write SVG charts to this directory")
 	fs.BoolVar(&f.suite, "suite", false, "run the docs/benchmarks.md suite")
+	fs.IntVar(&f.repeat, "repeat", 1, "--suite: run each contended workload this many times and show the median")
 	fs.BoolVar(&f.quiet, "quiet", false, "no progress line")
 	fs.BoolVar(&f.child, "child", false, "internal: run as a worker process")
 	fs.StringVar(&f.name, "name", "", "internal: semaphore name (child)")
@@ -111,6 +113,8 @@ func parseBenchFlags(args []string, stderr io.Writer) (benchFlags, *flag.FlagSet
 		return f, fs, fmt.Errorf("--workers %d: want >= 1", f.workers)
 	case f.procs < 1 || f.procs > f.workers:
 		return f, fs, fmt.Errorf("--procs %d: want 1..workers", f.procs)
+	case f.repeat < 1:
+		return f, fs, fmt.Errorf("--repeat %d: want >= 1", f.repeat)
 	case f.duration <= 0:
 		return f, fs, fmt.Errorf("--duration %v: want > 0", f.duration)
 	}

@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"sort"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -182,36 +183,75 @@ func (b *bencher) suite() error {
 	}
 	fmt.Fprintln(w)
 
-	// 2. Contended: limit 5, 50 workers, hold 2ms, 5s; all variants, then fair
-	// and unfair over 4 processes.
-	var contended []runResult
-	for _, s := range []runSpec{
+	// 2. Contended: limit 5, 50 workers, hold 2ms; all variants, then fair
+	// and unfair over 4 processes. With --repeat n each is run n times,
+	// round robin (so that a burst of load on the machine hits all
+	// variants alike), and the run with the median utilisation is shown.
+	specs := []runSpec{
 		{variant: "local", procs: 1}, {variant: "fair", procs: 1}, {variant: "unfair", procs: 1},
 		{variant: "naive-zset", procs: 1}, {variant: "naive-counter", procs: 1},
 		{variant: "fair", procs: 4}, {variant: "unfair", procs: 4},
-	} {
-		s.limit, s.workers, s.hold, s.duration = 5, 50, "2ms", b.f.duration
-		r, err := b.run(s)
-		if err != nil {
-			return err
-		}
-		contended = append(contended, r)
 	}
-	fmt.Fprintf(w, "### Contended: limit 5, 50 workers, hold 2ms, %v per run\n\n", b.f.duration)
+	runs := make([][]runResult, len(specs))
+	for rep := 0; rep < b.f.repeat; rep++ {
+		for i, s := range specs {
+			s.limit, s.workers, s.hold, s.duration = 5, 50, "2ms", b.f.duration
+			s.uncontended = true
+			r, err := b.run(s)
+			if err != nil {
+				return err
+			}
+			runs[i] = append(runs[i], r)
+		}
+	}
+	var contended []runResult
+	for _, rs := range runs {
+		contended = append(contended, medianRun(rs))
+	}
+	fmt.Fprintf(w, "### Contended: limit 5, 50 workers, hold 2ms, %v per run", b.f.duration)
+	if b.f.repeat > 1 {
+		fmt.Fprintf(w, " (median of %d runs by utilisation)", b.f.repeat)
+	}
+	fmt.Fprint(w, "\n\n")
 	markdownTable(w, contended)
+	if b.f.repeat > 1 {
+		fmt.Fprintln(w, "| variant | procs | utilisation, every run | p99 / ideal wait, every run | handoff p50 ms, every run | Redis CPU µs / hold, every run |")
+		fmt.Fprintln(w, "|---|---:|---|---|---|---|")
+		for i, rs := range runs {
+			var u, p, h, c []string
+			for _, r := range rs {
+				u = append(u, fmt.Sprintf("%.3f", r.Utilisation))
+				p = append(p, fmt.Sprintf("%.2f", r.WaitP99OverIdeal))
+				h = append(h, fmt.Sprintf("%.2f", r.HandoffP50Ms))
+				c = append(c, fmt.Sprintf("%.0f", r.RedisCPUUsPerHold))
+			}
+			fmt.Fprintf(w, "| %s | %d | %s | %s | %s | %s |\n", specs[i].variant, specs[i].procs,
+				strings.Join(u, ", "), strings.Join(p, ", "), strings.Join(h, ", "), strings.Join(c, ", "))
+		}
+		fmt.Fprintln(w)
+	}
+	fmt.Fprintln(w, "PING round trip and uncontended TryAcquire+Release measured just before each run shown above:")
+	fmt.Fprintln(w)
+	for _, r := range contended {
+		if r.UncontendedUs > 0 {
+			fmt.Fprintf(w, "- %s (procs %d): PING %.1f µs; TryAcquire+Release %.1f µs = %.2f PING RTT\n",
+				r.Variant, r.Procs, r.PingRTTUs, r.UncontendedUs, r.UncontendedOverRTT)
+		}
+	}
+	fmt.Fprintln(w)
 
 	// 3. Sweep over workers (queue length) for the charts.
 	var sweep []sweepPoint
 	for _, v := range []string{"local", "fair", "unfair"} {
 		for _, n := range []int{10, 25, 50, 100, 200} {
-			r, err := b.run(runSpec{variant: v, limit: 5, workers: n, procs: 1, hold: "2ms", duration: 3 * time.Second})
+			r, err := b.run(runSpec{variant: v, limit: 5, workers: n, procs: 1, hold: "2ms", duration: b.f.duration * 3 / 5})
 			if err != nil {
 				return err
 			}
 			sweep = append(sweep, sweepPoint{variant: v, workers: n, r: r})
 		}
 	}
-	fmt.Fprintf(w, "### Sweep: limit 5, hold 2ms, 3s per point\n\n")
+	fmt.Fprintf(w, "### Sweep: limit 5, hold 2ms, %v per point\n\n", b.f.duration*3/5)
 	var rs []runResult
 	for _, p := range sweep {
 		rs = append(rs, p.r)
@@ -221,6 +261,14 @@ func (b *bencher) suite() error {
 		return writeCharts(b.f.svgDir, contended, sweep)
 	}
 	return nil
+}
+
+// medianRun returns the run with the median utilisation (the lower middle
+// for an even count).
+func medianRun(rs []runResult) runResult {
+	c := append([]runResult(nil), rs...)
+	sort.Slice(c, func(i, j int) bool { return c[i].Utilisation < c[j].Utilisation })
+	return c[(len(c)-1)/2]
 }
 
 func markdownTable(w io.Writer, rs []runResult) {
