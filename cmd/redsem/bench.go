@@ -191,7 +191,11 @@ type bencher struct {
 }
 
 func newBencher(f benchFlags, stdout, stderr io.Writer) (*bencher, error) {
-	b := &bencher{f: f, stdout: stdout, stderr: stderr, url: f.redisURL, count: &bench.CommandCounter{}}
+	// The progress line and the children write to stderr at once.
+	b := &bencher{f: f, stdout: stdout, stderr: &lockedWriter{w: stderr}, url: f.redisURL, count: &bench.CommandCounter{}}
+	if f.variants == "local" && !f.suite {
+		return b, nil // no Redis needed
+	}
 	if b.url == "" {
 		p, err := redisproc.Start()
 		if err != nil {
@@ -327,9 +331,11 @@ func (b *bencher) run(s runSpec) (runResult, error) {
 			}
 		}
 	}
-	before, err := bench.ReadStats(ctx, b.client)
-	if err != nil && s.variant != "local" {
-		return r, err
+	var before bench.ServerStats
+	if s.variant != "local" {
+		if before, err = bench.ReadStats(ctx, b.client); err != nil {
+			return r, err
+		}
 	}
 	lead := 200 * time.Millisecond
 	if s.procs > 1 {
@@ -483,6 +489,18 @@ func (b *bencher) children(s runSpec, name string, start, end time.Time) (bench.
 	}
 	wg.Wait()
 	return merged, errors.Join(errs...)
+}
+
+// lockedWriter serialises writes to w.
+type lockedWriter struct {
+	mu sync.Mutex
+	w  io.Writer
+}
+
+func (l *lockedWriter) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.w.Write(p)
 }
 
 // runChild is one worker process of a --procs run: it prints its trace as JSON.

@@ -96,7 +96,7 @@ func writeCharts(dir string, contended []runResult, sweep []sweepPoint) error {
 	}
 	if len(contended) > 0 {
 		c := bench.Chart{Title: "Wait time distribution (limit 5, 50 workers, hold 2ms)",
-			XLabel: "wait (ms, log scale)", YLabel: "fraction of acquires waiting at most x", LogX: true, YMin: 0, YMax: 1}
+			XLabel: "wait (ms, log scale)", YLabel: "fraction of acquires waiting at most x", LogX: true, XMin: 0.01, YMin: 0, YMax: 1}
 		for _, r := range contended {
 			if r.Procs != 1 {
 				continue

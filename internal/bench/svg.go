@@ -19,6 +19,7 @@ type Series struct {
 type Chart struct {
 	Title, XLabel, YLabel string
 	LogX                  bool    // logarithmic x axis (x values must be > 0)
+	XMin                  float64 // with LogX: smaller x values are drawn at XMin; 0: none
 	YMin, YMax            float64 // fixed y range when YMax > YMin; else from the data
 	Series                []Series
 }
@@ -37,7 +38,7 @@ func (c Chart) SVG() string {
 				if x <= 0 {
 					continue
 				}
-				x = math.Log10(x)
+				x = math.Log10(math.Max(x, c.XMin))
 			}
 			xmin, xmax = math.Min(xmin, x), math.Max(xmax, x)
 			ymin, ymax = math.Min(ymin, s.Y[i]), math.Max(ymax, s.Y[i])
@@ -61,9 +62,13 @@ func (c Chart) SVG() string {
 	if ymax == ymin {
 		ymax = ymin + 1
 	}
+	if !c.LogX {
+		xmin = math.Min(xmin, 0)
+		xmax = niceCeil(xmax)
+	}
 	px := func(x float64) float64 {
 		if c.LogX {
-			x = math.Log10(x)
+			x = math.Log10(math.Max(x, c.XMin))
 		}
 		return left + (x-xmin)/(xmax-xmin)*pw
 	}
