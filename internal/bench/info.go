@@ -17,6 +17,9 @@ type ServerStats struct {
 	// ScriptCalls is the calls of evalsha + eval (+ the *_ro forms) from
 	// INFO commandstats: the top-level script invocations.
 	ScriptCalls int64
+	// ScriptUsec is the usec of those calls: the time Redis spent running
+	// scripts, unaffected by client scheduling and network.
+	ScriptUsec int64
 	// CPU is used_cpu_sys + used_cpu_user in seconds (all server threads).
 	CPU float64
 }
@@ -43,6 +46,10 @@ func ParseInfo(text string) ServerStats {
 					c, _ := strconv.ParseInt(n, 10, 64)
 					s.ScriptCalls += c
 				}
+				if n, ok := strings.CutPrefix(f, "usec="); ok {
+					c, _ := strconv.ParseInt(n, 10, 64)
+					s.ScriptUsec += c
+				}
 			}
 		}
 	}
@@ -54,6 +61,7 @@ func (s ServerStats) Sub(before ServerStats) ServerStats {
 	return ServerStats{
 		Commands:    s.Commands - before.Commands,
 		ScriptCalls: s.ScriptCalls - before.ScriptCalls,
+		ScriptUsec:  s.ScriptUsec - before.ScriptUsec,
 		CPU:         s.CPU - before.CPU,
 	}
 }

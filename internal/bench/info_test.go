@@ -14,7 +14,7 @@ const infoText = "# Stats\r\ntotal_connections_received:3\r\ntotal_commands_proc
 
 func TestParseInfo(t *testing.T) {
 	s := bench.ParseInfo(infoText)
-	if s.Commands != 1234 || s.ScriptCalls != 102 {
+	if s.Commands != 1234 || s.ScriptCalls != 102 || s.ScriptUsec != 5300 {
 		t.Errorf("got %+v, want commands 1234 and script calls 102", s)
 	}
 	near(t, "cpu", s.CPU, 3.75)
