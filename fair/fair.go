@@ -2,6 +2,7 @@ package fair
 
 import (
 	"context"
+	"log/slog"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -29,6 +30,12 @@ type Options struct {
 	// FallbackInterval bounds how long a waiter relies on pub/sub alone
 	// (at-most-once) before its session asks Redis directly; zero: 1s.
 	FallbackInterval time.Duration
+	// Observer, if set, receives every event (acquired, released, lease
+	// lost, ...) synchronously; see redsem.Event. Nil costs nothing.
+	Observer redsem.Observer
+	// Logger, if set, logs events with log/slog: lost leases, evictions and
+	// warnings at Warn, the rest at Debug. Nil: silent.
+	Logger *slog.Logger
 }
 
 // Semaphore is the fair (FIFO) semaphore. It is safe for concurrent use;
@@ -51,6 +58,7 @@ func New(client redis.UniversalClient, name string, limit int, opts Options) (*S
 		Client: client, Name: name, Limit: limit, Fair: true,
 		Prefix: opts.KeyPrefix, LeaseTTL: opts.LeaseTTL, QueueTTL: opts.QueueTTL,
 		DisableAutoRenew: opts.DisableAutoRenew, Fallback: opts.FallbackInterval,
+		Observer: opts.Observer, Logger: opts.Logger,
 	})
 	if err != nil {
 		return nil, err

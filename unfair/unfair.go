@@ -2,6 +2,7 @@ package unfair
 
 import (
 	"context"
+	"log/slog"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -24,6 +25,12 @@ type Options struct {
 	// wake-up message (pub/sub is at-most-once) before it tries again;
 	// zero: 1s. It also wakes just after the earliest holder deadline.
 	FallbackInterval time.Duration
+	// Observer, if set, receives every event (acquired, released, lease
+	// lost, ...) synchronously; see redsem.Event. Nil costs nothing.
+	Observer redsem.Observer
+	// Logger, if set, logs events with log/slog: lost leases, evictions and
+	// warnings at Warn, the rest at Debug. Nil: silent.
+	Logger *slog.Logger
 }
 
 // Semaphore is the unfair (sorted-set) semaphore. It is safe for concurrent
@@ -44,6 +51,7 @@ func New(client redis.UniversalClient, name string, limit int, opts Options) (*S
 		Client: client, Name: name, Limit: limit,
 		Prefix: opts.KeyPrefix, LeaseTTL: opts.LeaseTTL,
 		DisableAutoRenew: opts.DisableAutoRenew, Fallback: opts.FallbackInterval,
+		Observer: opts.Observer, Logger: opts.Logger,
 	})
 	if err != nil {
 		return nil, err

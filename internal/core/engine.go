@@ -31,6 +31,9 @@ type Engine struct {
 
 	clock serverClock
 
+	policyOnce sync.Once
+	policy     string
+
 	hubMu sync.Mutex
 	hub   *hub
 }
@@ -118,16 +121,35 @@ func (e *Engine) tryOnce(ctx context.Context, id string, queue bool, sid string)
 
 // TryAcquire makes one attempt and never waits.
 func (e *Engine) TryAcquire(ctx context.Context) (redsem.Lease, error) {
+	start := time.Now()
+	e.checkEvictionPolicy(ctx)
 	id := uuid.NewString()
 	a, err := e.tryOnce(ctx, id, false, "")
 	if err != nil {
 		e.undo(ctx, id, err)
+		e.failed(err)
 		return nil, err
 	}
 	if a.code != 1 {
 		return nil, redsem.ErrNoSlot
 	}
-	return e.newLease(id, a.slot, a.token, a.deadline), nil
+	return e.granted(start, id, a.slot, a.token, a.deadline), nil
+}
+
+// granted makes the lease of a grant and reports it.
+func (e *Engine) granted(start time.Time, id string, slot int, token int64, deadline time.Time) *Lease {
+	l := e.newLease(id, slot, token, deadline)
+	e.emit(redsem.Event{Kind: redsem.EventAcquired, LeaseID: id, Slot: slot, Token: token, Wait: time.Since(start)})
+	return l
+}
+
+// failed reports an acquire that failed with err.
+func (e *Engine) failed(err error) {
+	kind := redsem.EventAcquireFailed
+	if errors.Is(err, redsem.ErrLimitMismatch) {
+		kind = redsem.EventLimitMismatch
+	}
+	e.emit(redsem.Event{Kind: kind, Err: err})
 }
 
 // undo releases id after a failed or abandoned acquire: a reply lost on the
@@ -145,10 +167,23 @@ func (e *Engine) undo(ctx context.Context, id string, cause error) {
 
 // Acquire blocks until a slot is granted or ctx ends.
 func (e *Engine) Acquire(ctx context.Context) (redsem.Lease, error) {
+	start := time.Now()
+	e.checkEvictionPolicy(ctx)
+	var l redsem.Lease
+	var err error
 	if e.cfg.Fair {
-		return e.acquireFair(ctx)
+		l, err = e.acquireFair(ctx, start)
+	} else {
+		l, err = e.acquireUnfair(ctx, start)
 	}
-	return e.acquireUnfair(ctx)
+	if err != nil {
+		if ctx.Err() != nil {
+			e.emit(redsem.Event{Kind: redsem.EventAcquireTimedOut, Wait: time.Since(start), Err: err})
+		} else {
+			e.failed(err)
+		}
+	}
+	return l, err
 }
 
 func (e *Engine) gaveUp(ctx context.Context) error {
@@ -165,7 +200,7 @@ func (e *Engine) fail(ctx context.Context, id string, err error) error {
 	return err
 }
 
-func (e *Engine) acquireUnfair(ctx context.Context) (redsem.Lease, error) {
+func (e *Engine) acquireUnfair(ctx context.Context, start time.Time) (redsem.Lease, error) {
 	id := uuid.NewString()
 	var w *waiter
 	defer func() {
@@ -179,7 +214,7 @@ func (e *Engine) acquireUnfair(ctx context.Context) (redsem.Lease, error) {
 			return nil, e.fail(ctx, id, err)
 		}
 		if a.code == 1 {
-			return e.newLease(id, a.slot, a.token, a.deadline), nil
+			return e.granted(start, id, a.slot, a.token, a.deadline), nil
 		}
 		if w == nil {
 			// Subscribe, then try again at once: a slot freed between the
@@ -213,7 +248,7 @@ func (e *Engine) waitFor(hint int64) time.Duration {
 	return time.Duration(float64(d) * (0.8 + 0.4*rand.Float64()))
 }
 
-func (e *Engine) acquireFair(ctx context.Context) (redsem.Lease, error) {
+func (e *Engine) acquireFair(ctx context.Context, start time.Time) (redsem.Lease, error) {
 	id := uuid.NewString()
 	w, err := e.register(ctx, id, true)
 	if err != nil {
@@ -226,7 +261,7 @@ func (e *Engine) acquireFair(ctx context.Context) (redsem.Lease, error) {
 			return nil, e.fail(ctx, id, err)
 		}
 		if a.code == 1 {
-			return e.newLease(id, a.slot, a.token, a.deadline), nil
+			return e.granted(start, id, a.slot, a.token, a.deadline), nil
 		}
 		w.h.queued(w, a.hint)
 	wait:
@@ -234,8 +269,9 @@ func (e *Engine) acquireFair(ctx context.Context) (redsem.Lease, error) {
 		case ev := <-w.events:
 			switch ev.kind {
 			case evGrant:
-				return e.newLease(id, ev.slot, ev.token, ev.deadline), nil
+				return e.granted(start, id, ev.slot, ev.token, ev.deadline), nil
 			case evGone: // evicted: queue again, at the back
+				e.emit(redsem.Event{Kind: redsem.EventWaiterEvicted, LeaseID: id})
 				continue
 			default:
 				goto wait
