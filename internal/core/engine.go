@@ -10,6 +10,7 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"net"
 	"strconv"
 	"sync"
 	"time"
@@ -106,6 +107,7 @@ func (e *Engine) tryOnce(ctx context.Context, id string, queue bool, sid string)
 		return attempt{}, e.wrap(fmt.Errorf("unexpected acquire reply %v", v))
 	}
 	e.clock.observe(sent, toInt(v[4]))
+	e.checkEvictionPolicy(ctx)
 	a := attempt{code: toInt(v[0])}
 	switch a.code {
 	case 1:
@@ -122,7 +124,6 @@ func (e *Engine) tryOnce(ctx context.Context, id string, queue bool, sid string)
 // TryAcquire makes one attempt and never waits.
 func (e *Engine) TryAcquire(ctx context.Context) (redsem.Lease, error) {
 	start := time.Now()
-	e.checkEvictionPolicy(ctx)
 	id := uuid.NewString()
 	a, err := e.tryOnce(ctx, id, false, "")
 	if err != nil {
@@ -154,8 +155,12 @@ func (e *Engine) failed(err error) {
 
 // undo releases id after a failed or abandoned acquire: a reply lost on the
 // wire may have granted or queued it. A limit mismatch wrote nothing.
+//
+// When the last error was a failed dial, the server could not be reached and
+// undo does not try either (it would only wait for the same failure); a
+// grant made by an earlier, retried attempt then expires after LeaseTTL.
 func (e *Engine) undo(ctx context.Context, id string, cause error) {
-	if errors.Is(cause, redsem.ErrLimitMismatch) {
+	if errors.Is(cause, redsem.ErrLimitMismatch) || isDialError(cause) {
 		return
 	}
 	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cleanupTimeout)
@@ -165,10 +170,15 @@ func (e *Engine) undo(ctx context.Context, id string, cause error) {
 	}
 }
 
+// isDialError reports whether err is a failure to connect.
+func isDialError(err error) bool {
+	var op *net.OpError
+	return errors.As(err, &op) && op.Op == "dial"
+}
+
 // Acquire blocks until a slot is granted or ctx ends.
 func (e *Engine) Acquire(ctx context.Context) (redsem.Lease, error) {
 	start := time.Now()
-	e.checkEvictionPolicy(ctx)
 	var l redsem.Lease
 	var err error
 	if e.cfg.Fair {
