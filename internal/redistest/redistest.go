@@ -94,6 +94,26 @@ func Shared(t testing.TB) *Server {
 	return shared
 }
 
+// SharedAddr returns the address of the shared server, starting it on first
+// use; for examples, which have no *testing.T.
+func SharedAddr() (string, error) {
+	var ft failTB
+	s := Shared(&ft)
+	if ft.msg != "" {
+		return "", errors.New(ft.msg)
+	}
+	return s.Addr, nil
+}
+
+// failTB records Fatalf for SharedAddr.
+type failTB struct {
+	testing.TB
+	msg string
+}
+
+func (f *failTB) Helper()                        {}
+func (f *failTB) Fatalf(format string, a ...any) { f.msg = fmt.Sprintf(format, a...) }
+
 // Client returns a client of the shared server, closed when the test ends.
 func Client(t testing.TB) *redis.Client {
 	t.Helper()
