@@ -432,3 +432,59 @@ func TestHammerIntervals(t *testing.T) {
 		}
 	})
 }
+
+// Close makes blocked Acquire calls return ErrClosed and leave nothing
+// queued; leases granted before keep working.
+func TestCloseUnblocksWaiters(t *testing.T) {
+	forEach(t, func(t *testing.T, v variant) {
+		ctx := redistest.Ctx(t, 20*time.Second)
+		name := redistest.Name(t)
+		s := mustNew(t, v, redistest.Client(t), name, 1, opts{})
+		other := mustNew(t, v, redistest.Client(t), name, 1, opts{})
+		l, err := s.Acquire(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		errc := make(chan error, 1)
+		go func() {
+			_, err := other.Acquire(ctx)
+			errc <- err
+		}()
+		if v.name == "fair" { // wait until it is queued
+			for {
+				st, err := s.Status(ctx)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if len(st.Waiters) == 1 {
+					break
+				}
+				time.Sleep(time.Millisecond)
+			}
+		}
+		if err := other.(interface{ Close() error }).Close(); err != nil {
+			t.Fatal(err)
+		}
+		select {
+		case err := <-errc:
+			if !errors.Is(err, redsem.ErrClosed) {
+				t.Fatalf("blocked Acquire after Close: %v", err)
+			}
+		case <-ctx.Done():
+			t.Fatal("blocked Acquire did not return after Close")
+		}
+		if _, err := other.TryAcquire(ctx); !errors.Is(err, redsem.ErrClosed) {
+			t.Errorf("TryAcquire after Close: %v", err)
+		}
+		st, err := s.Status(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(st.Waiters) != 0 || len(st.Holders) != 1 {
+			t.Errorf("status after Close: %+v", st)
+		}
+		if err := l.Release(ctx); err != nil {
+			t.Fatal(err)
+		}
+	})
+}

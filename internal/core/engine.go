@@ -35,8 +35,9 @@ type Engine struct {
 	policyOnce sync.Once
 	policy     string
 
-	hubMu sync.Mutex
-	hub   *hub
+	hubMu  sync.Mutex
+	hub    *hub
+	closed bool // under hubMu
 }
 
 // New validates cfg and returns an Engine.
@@ -59,6 +60,7 @@ func (e *Engine) Close() error {
 	e.hubMu.Lock()
 	h := e.hub
 	e.hub = nil
+	e.closed = true
 	e.hubMu.Unlock()
 	if h != nil {
 		h.shutdown()
@@ -123,6 +125,9 @@ func (e *Engine) tryOnce(ctx context.Context, id string, queue bool, sid string)
 
 // TryAcquire makes one attempt and never waits.
 func (e *Engine) TryAcquire(ctx context.Context) (redsem.Lease, error) {
+	if e.isClosed() {
+		return nil, redsem.ErrClosed
+	}
 	start := time.Now()
 	id := uuid.NewString()
 	a, err := e.tryOnce(ctx, id, false, "")
@@ -170,6 +175,12 @@ func (e *Engine) undo(ctx context.Context, id string, cause error) {
 	}
 }
 
+func (e *Engine) isClosed() bool {
+	e.hubMu.Lock()
+	defer e.hubMu.Unlock()
+	return e.closed
+}
+
 // isDialError reports whether err is a failure to connect.
 func isDialError(err error) bool {
 	var op *net.OpError
@@ -178,6 +189,9 @@ func isDialError(err error) bool {
 
 // Acquire blocks until a slot is granted or ctx ends.
 func (e *Engine) Acquire(ctx context.Context) (redsem.Lease, error) {
+	if e.isClosed() {
+		return nil, redsem.ErrClosed
+	}
 	start := time.Now()
 	var l redsem.Lease
 	var err error
@@ -238,6 +252,9 @@ func (e *Engine) acquireUnfair(ctx context.Context, start time.Time) (redsem.Lea
 		select {
 		case <-w.events:
 		case <-t.C:
+		case <-w.h.quit:
+			t.Stop()
+			return nil, redsem.ErrClosed
 		case <-ctx.Done():
 			t.Stop()
 			return nil, e.gaveUp(ctx)
@@ -286,6 +303,9 @@ func (e *Engine) acquireFair(ctx context.Context, start time.Time) (redsem.Lease
 			default:
 				goto wait
 			}
+		case <-w.h.quit: // Close: leave the queue
+			e.undo(ctx, id, nil)
+			return nil, redsem.ErrClosed
 		case <-ctx.Done():
 			// Leave the queue, or hand back a slot granted in the race.
 			e.undo(ctx, id, nil)

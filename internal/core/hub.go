@@ -8,6 +8,7 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/redis/go-redis/v9"
+	"github.com/redsem/redsem"
 	"github.com/redsem/redsem/lua"
 )
 
@@ -72,6 +73,10 @@ func (e *Engine) heartbeatEvery() time.Duration {
 // returns once the wake-up subscription is confirmed.
 func (e *Engine) register(ctx context.Context, id string, fair bool) (*waiter, error) {
 	e.hubMu.Lock()
+	if e.closed {
+		e.hubMu.Unlock()
+		return nil, redsem.ErrClosed
+	}
 	h := e.hub
 	if h == nil {
 		h = &hub{
