@@ -11,13 +11,7 @@ import (
 	"github.com/redsem/redsem/internal/redistest"
 )
 
-func redisAddr() string {
-	addr, err := redistest.SharedAddr()
-	if err != nil {
-		log.Fatal(err)
-	}
-	return addr
-}
+func redisAddr() string { return redistest.SharedAddr() }
 
 // Waiters are admitted in arrival order.
 func Example() {

@@ -95,14 +95,16 @@ func Shared(t testing.TB) *Server {
 }
 
 // SharedAddr returns the address of the shared server, starting it on first
-// use; for examples, which have no *testing.T.
-func SharedAddr() (string, error) {
+// use; for examples, which have no *testing.T. It exits the test binary with
+// one clear line when no Redis can be had.
+func SharedAddr() string {
 	var ft failTB
 	s := Shared(&ft)
 	if ft.msg != "" {
-		return "", errors.New(ft.msg)
+		fmt.Fprintln(os.Stderr, ft.msg)
+		os.Exit(1)
 	}
-	return s.Addr, nil
+	return s.Addr
 }
 
 // failTB records Fatalf for SharedAddr.
