@@ -291,6 +291,7 @@ func (h *hub) heartbeats() {
 		return
 	}
 	every := h.e.heartbeatEvery()
+	next := time.Now().Add(every)
 	t := time.NewTimer(every)
 	defer t.Stop()
 	for {
@@ -299,13 +300,16 @@ func (h *hub) heartbeats() {
 			h.beat()
 			return
 		case <-t.C:
-		case <-h.kick:
+			h.beat()
+			next = time.Now().Add(every)
+		case <-h.kick: // a new hint: maybe beat earlier, no beat now
 		}
-		h.beat()
 		h.mu.Lock()
-		d := every
+		at := next
 		if h.hint >= 0 && len(h.waiters) > 0 {
-			d = min(d, time.Duration(h.hint+1)*time.Millisecond)
+			if due := time.Now().Add(time.Duration(h.hint+1) * time.Millisecond); due.Before(at) {
+				at = due
+			}
 		}
 		h.mu.Unlock()
 		if !t.Stop() {
@@ -314,7 +318,7 @@ func (h *hub) heartbeats() {
 			default:
 			}
 		}
-		t.Reset(d)
+		t.Reset(time.Until(at))
 	}
 }
 
