@@ -23,7 +23,7 @@ const defaultPGURL = "postgres://postgres@127.0.0.1:5432/test?sslmode=disable"
 // test with a loud message, except in CI (env CI=true), where it fails.
 func pgDB(t *testing.T) *sql.DB {
 	t.Helper()
-	url := os.Getenv("PGURL")
+	url := envPGURL()
 	if url == "" {
 		url = defaultPGURL
 	}
@@ -44,6 +44,8 @@ func pgDB(t *testing.T) *sql.DB {
 	}
 	return db
 }
+
+func envPGURL() string { return os.Getenv("PGURL") }
 
 // redisClient returns a client of the package's shared Redis for examples,
 // which have no *testing.T.
