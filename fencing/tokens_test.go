@@ -3,6 +3,7 @@ package fencing_test
 import (
 	"context"
 	"errors"
+	"math"
 	"math/rand/v2"
 	"runtime"
 	"slices"
@@ -15,6 +16,7 @@ import (
 	"github.com/redsem/redsem/fair"
 	"github.com/redsem/redsem/internal/core"
 	"github.com/redsem/redsem/internal/redistest"
+	"github.com/redsem/redsem/lua"
 	"github.com/redsem/redsem/unfair"
 )
 
@@ -251,4 +253,82 @@ func TestTokensSurviveMetaDel(t *testing.T) {
 			t.Fatalf("DEL %s: %d, %v", meta, n, err)
 		}
 	})
+}
+
+// TestCounterNotAheadOfClock checks assumption (2) of docs/fencing.md: even a
+// script that grants many tokens at once (SetLimit admitting queued fair
+// waiters) ends with the server clock past the last token it issued, so a
+// loss of the counter right afterwards cannot make tokens go back.
+func TestCounterNotAheadOfClock(t *testing.T) {
+	const waiters = 200
+	ctx := redistest.Ctx(t, 40*time.Second)
+	c := redistest.Client(t)
+	name := redistest.Name(t)
+	sem, err := fair.New(c, name, 1, fair.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sem.Close()
+	first, err := sem.Acquire(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	leases := make(chan redsem.Lease, waiters)
+	errs := make(chan error, waiters)
+	for i := 0; i < waiters; i++ {
+		go func() {
+			l, err := sem.Acquire(ctx)
+			if err != nil {
+				errs <- err
+				return
+			}
+			leases <- l
+		}()
+	}
+	waitFor(t, 30*time.Second, func() bool {
+		st, err := sem.Status(ctx)
+		return err == nil && len(st.Waiters) == waiters
+	})
+	// SetLimit's script (what Semaphore.SetLimit runs) and TIME back to
+	// back in one pipeline: TIME runs right after the script ends.
+	keys := core.KeysFor("redsem", name)
+	var reply *redis.Cmd
+	var now *redis.TimeCmd
+	if _, err := c.Pipelined(ctx, func(p redis.Pipeliner) error {
+		reply = lua.SetLimit.Eval(ctx, p, keys.List, keys.Chan, waiters+1)
+		now = p.Time(ctx)
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	v, err := reply.Slice()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(v) != 1+4*waiters {
+		t.Fatalf("SetLimit granted %d, want %d", (len(v)-1)/4, waiters)
+	}
+	lo, hi := int64(math.MaxInt64), int64(0)
+	for i := 3; i < len(v); i += 4 {
+		tok, _ := v[i].(int64)
+		lo, hi = min(lo, tok), max(hi, tok)
+	}
+	clock := now.Val().UnixMicro()
+	t.Logf("%d tokens in one script: %d..%d; server clock after it: %d (%d µs past the last token)",
+		waiters, lo, hi, clock, clock-hi)
+	if hi-lo != waiters-1 || lo <= first.Token() {
+		t.Fatalf("tokens %d..%d after %d: not consecutive", lo, hi, first.Token())
+	}
+	if clock <= hi {
+		t.Fatalf("counter %d ahead of the server clock %d after the script", hi, clock)
+	}
+	for i := 0; i < waiters; i++ {
+		select {
+		case l := <-leases:
+			_ = l.Release(ctx)
+		case err := <-errs:
+			t.Fatal(err)
+		}
+	}
+	_ = first.Release(ctx)
 }
