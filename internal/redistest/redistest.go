@@ -107,23 +107,13 @@ func startShared() {
 // use; for examples, which have no *testing.T. It exits the test binary with
 // one clear line when no Redis can be had.
 func SharedAddr() string {
-	var ft failTB
-	s := Shared(&ft)
-	if ft.msg != "" {
-		fmt.Fprintln(os.Stderr, ft.msg)
+	s, err := SharedServer()
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "%s (%v)\n", HowToGetRedis, err)
 		os.Exit(1)
 	}
 	return s.Addr
 }
-
-// failTB records Fatalf for SharedAddr.
-type failTB struct {
-	testing.TB
-	msg string
-}
-
-func (f *failTB) Helper()                        {}
-func (f *failTB) Fatalf(format string, a ...any) { f.msg = fmt.Sprintf(format, a...) }
 
 // Client returns a client of the shared server, closed when the test ends.
 func Client(t testing.TB) *redis.Client {
