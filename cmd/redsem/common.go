@@ -163,6 +163,7 @@ func (t *target) client() redis.UniversalClient {
 		o := *t.cluster
 		o.ContextTimeoutEnabled = true
 		o.DialTimeout, o.ReadTimeout, o.WriteTimeout = 3*time.Second, 3*time.Second, 3*time.Second
+		o.MaxRetries, o.DialerRetries = 1, 2
 		return redis.NewClusterClient(&o)
 	}
 	o := *t.url
@@ -175,6 +176,13 @@ func (t *target) client() redis.UniversalClient {
 	}
 	if o.WriteTimeout == 0 {
 		o.WriteTimeout = 3 * time.Second
+	}
+	// A person waits for the answer: fail fast rather than retry for long.
+	if o.MaxRetries == 0 {
+		o.MaxRetries = 1
+	}
+	if o.DialerRetries == 0 {
+		o.DialerRetries = 2
 	}
 	return redis.NewClient(&o)
 }
@@ -201,5 +209,15 @@ func timeout(ctx context.Context) (context.Context, context.CancelFunc) {
 
 // reachErr explains a failure to talk to Redis.
 func reachErr(t *target, err error) error {
+	var op *net.OpError
+	if errors.As(err, &op) {
+		return fmt.Errorf("cannot reach Redis at %s: %w", t.display, op)
+	}
 	return fmt.Errorf("redis at %s: %w", t.display, err)
 }
+
+// quietLogger drops go-redis's internal log lines: the command reports
+// errors itself, in one line.
+type quietLogger struct{}
+
+func (quietLogger) Printf(context.Context, string, ...any) {}

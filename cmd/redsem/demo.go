@@ -334,7 +334,7 @@ func (d *demo) live(ctx context.Context, vs []*variant, start time.Time) {
 		if d.tty {
 			fmt.Fprint(d.out, "\033[H\033[2J")
 		}
-		fmt.Fprintf(d.out, "--- t=%.0fs (read from Redis with Status; who = instance.worker) ---\n", time.Since(start).Seconds())
+		fmt.Fprintf(d.out, "--- t=%.1fs (read from Redis with Status; who = instance.worker) ---\n", time.Since(start).Seconds())
 		for _, line := range sideBySide(cols, 50) {
 			fmt.Fprintln(d.out, line)
 		}

@@ -20,6 +20,8 @@ import (
 	"io"
 	"os"
 	"sort"
+
+	"github.com/redis/go-redis/v9"
 )
 
 // Exit codes.
@@ -66,6 +68,7 @@ Exit codes: 0 ok, 1 error, 2 usage.
 `
 
 func main() {
+	redis.SetLogger(quietLogger{})
 	os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
 }
 
