@@ -488,16 +488,24 @@ func TestBinary(t *testing.T) {
 		code   int
 		stdout string
 		stderr string
+		env    string // an extra environment variable
 	}{
-		{nil, 2, "", "Usage:"},
-		{[]string{"-h"}, 0, "Commands:", ""},
-		{[]string{"status", name, "--redis", "redis://" + srv.Addr}, 0, "limit:   unknown", ""},
-		{[]string{"status", name, "--redis", "redis://127.0.0.1:1"}, 1, "", "redsem status: cannot reach Redis at redis://127.0.0.1:1: dial tcp"},
-		{[]string{"status"}, 2, "", "missing arguments"},
-		{[]string{"purge", name, "--redis", "redis://" + srv.Addr}, 0, "nothing to purge", ""},
+		{nil, 2, "", "Usage:", ""},
+		{[]string{"-h"}, 0, "Commands:", "", ""},
+		{[]string{"status", name, "--redis", "redis://" + srv.Addr}, 0, "limit:   unknown", "", ""},
+		{[]string{"status", name, "--redis", "redis://127.0.0.1:1"}, 1, "", "redsem status: cannot reach Redis at redis://127.0.0.1:1: dial tcp", ""},
+		{[]string{"status"}, 2, "", "missing arguments", ""},
+		{[]string{"purge", name, "--redis", "redis://" + srv.Addr}, 0, "nothing to purge", "", ""},
+		// No --redis, no REDIS_URL: the demo starts its own redis-server.
+		{[]string{"demo", "--duration", "1s", "--instances", "1", "--workers", "2", "--limit", "1"}, 0, "redis: started redis-server", "", ""},
+		// ... and without one on PATH it says what to do, in one line.
+		{[]string{"demo"}, 1, "", "no Redis to run on: install redis-server", "PATH=" + t.TempDir()},
 	} {
 		cmd := exec.Command(bin, tc.args...)
 		cmd.Env = append(os.Environ(), "REDIS_URL=")
+		if tc.env != "" {
+			cmd.Env = append(cmd.Env, tc.env)
+		}
 		var out, errb bytes.Buffer
 		cmd.Stdout, cmd.Stderr = &out, &errb
 		err := cmd.Run()
