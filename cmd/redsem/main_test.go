@@ -527,3 +527,96 @@ func TestBinary(t *testing.T) {
 
 func itoa(n int) string     { return strconv.Itoa(n) }
 func itoa64(n int64) string { return strconv.FormatInt(n, 10) }
+
+// startCluster starts a three-node Redis Cluster on loopback and returns its
+// addresses once every node reports cluster_state:ok.
+func startCluster(t *testing.T) []string {
+	t.Helper()
+	ctx := redistest.Ctx(t, 30*time.Second)
+	var addrs []string
+	var nodes []*redis.Client
+	for i := 0; i < 3; i++ {
+		s := redistest.Start(t, "--cluster-enabled", "yes", "--cluster-node-timeout", "2000")
+		addrs = append(addrs, s.Addr)
+		nodes = append(nodes, s.Client(t))
+	}
+	const slots = 16384
+	for i, n := range nodes {
+		lo, hi := i*slots/3, (i+1)*slots/3-1
+		if err := n.Do(ctx, "CLUSTER", "ADDSLOTSRANGE", lo, hi).Err(); err != nil {
+			t.Fatalf("ADDSLOTSRANGE: %v", err)
+		}
+	}
+	for _, a := range addrs[1:] {
+		host, port, _ := strings.Cut(a, ":")
+		if err := nodes[0].ClusterMeet(ctx, host, port).Err(); err != nil {
+			t.Fatalf("CLUSTER MEET: %v", err)
+		}
+	}
+	waitFor(t, 20*time.Second, "the cluster to form", func() bool {
+		for _, n := range nodes {
+			info, err := n.ClusterInfo(ctx).Result()
+			if err != nil || !strings.Contains(info, "cluster_state:ok") || !strings.Contains(info, "cluster_known_nodes:3") {
+				return false
+			}
+		}
+		return true
+	})
+	return addrs
+}
+
+func TestCluster(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts a three-node cluster")
+	}
+	addrs := startCluster(t)
+	ctx := redistest.Ctx(t, 30*time.Second)
+	cc := redis.NewClusterClient(&redis.ClusterOptions{Addrs: addrs})
+	defer cc.Close()
+	waitFor(t, 10*time.Second, "the client to see the slots", func() bool {
+		cc.ReloadState(ctx)
+		return cc.Ping(ctx).Err() == nil && cc.Set(ctx, "probe{x}", 1, time.Second).Err() == nil
+	})
+	name := redistest.Name(t) + "{braces}"
+	sem, err := fair.New(cc, name, 2, fair.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sem.Close()
+	l, err := sem.Acquire(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	seeds := strings.Join(addrs, ",")
+	runC := func(args ...string) (int, string, string) {
+		var out, errb bytes.Buffer
+		code := run(append(args, "--redis", seeds), &out, &errb)
+		return code, out.String(), errb.String()
+	}
+	code, out, errs := runC("status", name, "--json")
+	if code != exitOK {
+		t.Fatalf("status on a cluster: exit %d, stderr %q", code, errs)
+	}
+	var s snapshot
+	if err := json.Unmarshal([]byte(out), &s); err != nil || len(s.Holders) != 1 || s.Holders[0].ID != l.ID() || *s.Limit != 2 {
+		t.Fatalf("status on a cluster: %s (%v)", out, err)
+	}
+	if code, _, errs := runC("set-limit", name, "3"); code != exitOK {
+		t.Fatalf("set-limit on a cluster: exit %d, %q", code, errs)
+	}
+	if st, err := sem.Status(ctx); err != nil || st.Limit != 3 {
+		t.Fatalf("limit after set-limit: %v %v", st.Limit, err)
+	}
+	if code, _, errs := runC("release", name, l.ID()); code != exitOK {
+		t.Fatalf("release on a cluster: exit %d, %q", code, errs)
+	}
+	if err := l.Renew(ctx); !errors.Is(err, redsem.ErrLeaseLost) {
+		t.Fatalf("Renew after forced release = %v", err)
+	}
+	if code, out, errs := runC("purge", name, "--yes"); code != exitOK || !strings.Contains(out, "purged") {
+		t.Fatalf("purge on a cluster: exit %d, %q %q", code, out, errs)
+	}
+	if n := cc.Exists(ctx, core.KeysFor(core.DefaultPrefix, name).List...).Val(); n != 0 {
+		t.Fatalf("%d keys left after purge", n)
+	}
+}
