@@ -123,6 +123,11 @@ func TestStatusHoldersAndWaiters(t *testing.T) {
 	if strings.Contains(out, "past 0.8 x LeaseTTL") {
 		t.Errorf("fresh holders flagged as past 0.8 x LeaseTTL")
 	}
+	// Without --lease-ttl, the TTL comes from the queued waiter's record.
+	_, out, _ = cli(t, "status", name)
+	if !strings.Contains(out, "holders checked against LeaseTTL 30s: the LeaseTTL that the queued fair clients asked for") {
+		t.Errorf("no LeaseTTL from the queue:\n%s", out)
+	}
 
 	code, out, _ = cli(t, "status", name, "--json")
 	if code != exitOK {
@@ -273,7 +278,7 @@ func TestSetLimit(t *testing.T) {
 func TestReleaseForce(t *testing.T) {
 	ctx := redistest.Ctx(t, 30*time.Second)
 	name := redistest.Name(t)
-	sem, err := unfair.New(redistest.Client(t), name, 1, unfair.Options{LeaseTTL: 600 * time.Millisecond})
+	sem, err := unfair.New(redistest.Client(t), name, 1, unfair.Options{LeaseTTL: 3 * time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -289,7 +294,7 @@ func TestReleaseForce(t *testing.T) {
 	if !strings.Contains(out, "released holder "+l.ID()) {
 		t.Fatalf("output: %s", out)
 	}
-	// The holder's watchdog (every 200ms) finds the lease gone.
+	// The holder's watchdog (every second) finds the lease gone.
 	select {
 	case <-l.Done():
 	case <-time.After(10 * time.Second):

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -29,6 +30,11 @@ type snapshot struct {
 
 	Holders []holderInfo `json:"holders"`
 	Waiters []waiterInfo `json:"waiters"`
+
+	// LeaseTTLMs is the LeaseTTL that holders were checked against, 0 if
+	// unknown; LeaseTTLSource says where it came from.
+	LeaseTTLMs     int64  `json:"lease_ttl_ms,omitempty"`
+	LeaseTTLSource string `json:"lease_ttl_source,omitempty"`
 
 	MaxMemoryPolicy string   `json:"maxmemory_policy,omitempty"`
 	Warnings        []string `json:"warnings"`
@@ -58,6 +64,26 @@ type waiterInfo struct {
 	// queued: a lower bound of its wait. The queue stores arrival order, not
 	// arrival time, so status cannot tell a waiter's age.
 	SeenForMs *int64 `json:"seen_for_ms,omitempty"`
+}
+
+// queuedLeaseTTL returns the LeaseTTL that the fair semaphore's waiting
+// clients asked for: each queue record is "session lease_ms". It returns 0
+// when there is no record or the clients disagree.
+func queuedLeaseTTL(ctx context.Context, client redis.UniversalClient, waitersKey string) (time.Duration, string) {
+	vals, err := client.HVals(ctx, waitersKey).Result()
+	if err != nil || len(vals) == 0 {
+		return 0, ""
+	}
+	var ttl int64 = -1
+	for _, v := range vals {
+		_, f, ok := strings.Cut(v, " ")
+		n, err := strconv.ParseInt(f, 10, 64)
+		if !ok || err != nil || (ttl >= 0 && n != ttl) {
+			return 0, ""
+		}
+		ttl = n
+	}
+	return time.Duration(ttl) * time.Millisecond, "the LeaseTTL that the queued fair clients asked for"
 }
 
 // readOpts are the checks a reader asks for.
@@ -128,6 +154,14 @@ func read(ctx context.Context, client redis.UniversalClient, e *core.Engine, pre
 	if v, err := node.ConfigGet(ctx, "maxmemory-policy").Result(); err == nil {
 		s.MaxMemoryPolicy = v["maxmemory-policy"]
 	}
+	if o.leaseTTL <= 0 && len(s.Holders) > 0 {
+		o.leaseTTL, s.LeaseTTLSource = queuedLeaseTTL(ctx, client, keys.List[core.KeyWaiters])
+	} else if o.leaseTTL > 0 {
+		s.LeaseTTLSource = "--lease-ttl"
+	}
+	if o.leaseTTL > 0 {
+		s.LeaseTTLMs = o.leaseTTL.Milliseconds()
+	}
 	s.check(o)
 	return s, nil
 }
@@ -181,8 +215,11 @@ func (s *snapshot) check(o readOpts) {
 				h.ID, h.Slot, ms(h.ExpiresInMs), o.leaseTTL)
 		}
 	}
-	if len(s.Holders) > 0 && o.leaseTTL <= 0 {
+	switch {
+	case len(s.Holders) > 0 && o.leaseTTL <= 0:
 		s.note("LeaseTTL is not stored in Redis: pass --lease-ttl to check holders against 0.8 x LeaseTTL")
+	case len(s.Holders) > 0 && s.LeaseTTLSource != "--lease-ttl":
+		s.note("holders checked against LeaseTTL %s: %s (pass --lease-ttl if holders use another)", o.leaseTTL, s.LeaseTTLSource)
 	}
 	if core.EvictingPolicy(s.MaxMemoryPolicy) {
 		s.warn("Redis maxmemory-policy is %s: it may evict the semaphore's keys (all but the set-limit override have a TTL); use noeviction", s.MaxMemoryPolicy)
