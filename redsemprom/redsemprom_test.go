@@ -180,6 +180,28 @@ func TestEventsFromRealSemaphores(t *testing.T) {
 		t.Fatalf("unreachable Redis: err %v, error count %v", err, acq("error"))
 	}
 
+	// The whole story, as a scrape shows it.
+	want := `
+# HELP redsem_acquire_total Acquire and granted TryAcquire calls by result: ok, timeout, error, mismatch.
+# TYPE redsem_acquire_total counter
+redsem_acquire_total{name="NAME",result="error"} 1
+redsem_acquire_total{name="NAME",result="mismatch"} 1
+redsem_acquire_total{name="NAME",result="ok"} 2
+redsem_acquire_total{name="NAME",result="timeout"} 1
+# HELP redsem_holders Leases this process holds now (acquired minus released and lost); sum over processes for the global count.
+# TYPE redsem_holders gauge
+redsem_holders{name="NAME"} 0
+# HELP redsem_leases_lost_total Leases that expired or were removed before their release.
+# TYPE redsem_leases_lost_total counter
+redsem_leases_lost_total{name="NAME"} 1
+# HELP redsem_waiters_evicted_total Fair waiters that found their queue entry evicted (and queued again).
+# TYPE redsem_waiters_evicted_total counter
+redsem_waiters_evicted_total{name="NAME"} 0
+`
+	if err := testutil.GatherAndCompare(p.reg, strings.NewReader(strings.ReplaceAll(want, "NAME", name)),
+		"redsem_acquire_total", "redsem_holders", "redsem_leases_lost_total", "redsem_waiters_evicted_total"); err != nil {
+		t.Fatal(err)
+	}
 	if problems, err := testutil.CollectAndLint(p.m); err != nil || len(problems) != 0 {
 		t.Fatalf("lint: %v %v", problems, err)
 	}
