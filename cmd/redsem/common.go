@@ -25,12 +25,14 @@ const opTimeout = 5 * time.Second
 
 // command is one subcommand's flag set, with the flags every command takes.
 type command struct {
-	name   string
-	fs     *flag.FlagSet
-	redis  string
-	prefix string
-	stdout io.Writer
-	stderr io.Writer
+	name     string
+	synopsis string
+	about    string
+	fs       *flag.FlagSet
+	redis    string
+	prefix   string
+	stdout   io.Writer
+	stderr   io.Writer
 }
 
 // newCommand makes the flag set of a subcommand. synopsis is the usage line
@@ -42,15 +44,19 @@ func newCommand(name, synopsis, about string, stdout, stderr io.Writer) *command
 	if def == "" {
 		def = defaultRedis
 	}
-	c.fs.StringVar(&c.redis, "redis", def, "Redis: a redis:// or rediss:// URL, or host:port[,host:port...] cluster seeds (default $REDIS_URL, else "+defaultRedis+")")
+	c.fs.StringVar(&c.redis, "redis", def, "Redis: a redis:// or rediss:// URL, or host:port[,host:port...] cluster seeds; the default is $REDIS_URL if set")
 	c.fs.StringVar(&c.prefix, "prefix", core.DefaultPrefix, "key prefix of the semaphores")
-	c.fs.Usage = func() {
-		fmt.Fprintf(c.stdout, "Usage: redsem %s %s\n\n%s\n\nFlags:\n", name, synopsis, about)
-		c.fs.SetOutput(c.stdout)
-		c.fs.PrintDefaults()
-		c.fs.SetOutput(io.Discard)
-	}
+	c.fs.Usage = func() {} // parse prints the help for -h; errors take one line
+	c.synopsis, c.about = synopsis, about
 	return c
+}
+
+// help prints the command's usage and flags on stdout.
+func (c *command) help() {
+	fmt.Fprintf(c.stdout, "Usage: redsem %s %s\n\n%s\n\nFlags:\n", c.name, c.synopsis, c.about)
+	c.fs.SetOutput(c.stdout)
+	c.fs.PrintDefaults()
+	c.fs.SetOutput(io.Discard)
 }
 
 // parse parses args, allowing flags before, between and after the
@@ -69,7 +75,7 @@ func (c *command) parse(args []string, nargs int, argNames string) ([]string, in
 	for {
 		if err := c.fs.Parse(args); err != nil {
 			if errors.Is(err, flag.ErrHelp) {
-				c.fs.Usage()
+				c.help()
 				return nil, exitOK, true
 			}
 			return nil, c.usageError("%v", err), true

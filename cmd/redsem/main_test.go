@@ -11,6 +11,7 @@ import (
 	"regexp"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -384,6 +385,7 @@ func TestUsage(t *testing.T) {
 		{[]string{"status"}, exitUsage, "", "missing arguments: want NAME"},
 		{[]string{"status", "a", "b"}, exitUsage, "", "too many arguments"},
 		{[]string{"status", "-h"}, exitOK, "Usage: redsem status NAME", ""},
+		{[]string{"purge", "--help"}, exitOK, "-yes", ""},
 		{[]string{"status", "--bogus", "x"}, exitUsage, "", "flag provided but not defined: -bogus"},
 		{[]string{"status", "x", "--redis", "ftp://x"}, exitUsage, "", "bad --redis URL"},
 		{[]string{"status", "x", "--redis", "nohostport"}, exitUsage, "", "bad --redis address"},
@@ -394,10 +396,13 @@ func TestUsage(t *testing.T) {
 	} {
 		var out, errb bytes.Buffer
 		code := run(tc.args, &out, &errb)
+		if strings.Count(out.String(), "Usage:") > 1 {
+			t.Errorf("%q: usage printed twice", tc.args)
+		}
 		if code != tc.code || !strings.Contains(out.String(), tc.out) || !strings.Contains(errb.String(), tc.err) {
 			t.Errorf("%q: exit %d, stdout %q, stderr %q; want exit %d, %q, %q", tc.args, code, out.String(), errb.String(), tc.code, tc.out, tc.err)
 		}
-		if tc.code == exitUsage && len(tc.args) > 0 && strings.Count(errb.String(), "\n") != 1 {
+		if tc.code == exitUsage && len(tc.args) > 0 && (strings.Count(errb.String(), "\n") != 1 || out.Len() != 0) {
 			t.Errorf("%q: usage error is not one line: %q", tc.args, errb.String())
 		}
 	}
@@ -528,6 +533,51 @@ func TestBinary(t *testing.T) {
 			t.Errorf("redsem %q: error is not one line: %q", tc.args, errb.String())
 		}
 	}
+	watchUntilInterrupt(t, bin, "redis://"+srv.Addr, name)
+}
+
+// watchUntilInterrupt runs 'redsem watch' and checks that SIGINT ends it
+// with exit code 0 after at least one refresh.
+func watchUntilInterrupt(t *testing.T, bin, redisURL, name string) {
+	cmd := exec.Command(bin, "watch", name, "--interval", "50ms", "--redis", redisURL)
+	var out syncBuffer
+	cmd.Stdout, cmd.Stderr = &out, &out
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 10*time.Second, "watch to refresh", func() bool { return strings.Contains(out.String(), "every 50ms") })
+	if err := cmd.Process.Signal(os.Interrupt); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- cmd.Wait() }()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatalf("watch after SIGINT: %v\n%s", err, out.String())
+		}
+	case <-time.After(10 * time.Second):
+		_ = cmd.Process.Kill()
+		t.Fatal("watch did not exit on SIGINT")
+	}
+}
+
+// syncBuffer is a bytes.Buffer safe for a writer and a reader goroutine.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
 }
 
 func itoa(n int) string     { return strconv.Itoa(n) }
