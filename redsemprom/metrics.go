@@ -100,7 +100,7 @@ func New(opts Options) *Metrics {
 // Observe records one event. Pass it as the Observer of a semaphore:
 // fair.Options{Observer: m.Observe}. It never blocks.
 func (m *Metrics) Observe(ev redsem.Event) {
-	m.init(ev.Name)
+	m.ensureSeries(ev.Name)
 	switch ev.Kind {
 	case redsem.EventAcquired:
 		m.acquires.WithLabelValues(ev.Name, ResultOK).Inc()
@@ -126,9 +126,9 @@ func (m *Metrics) Observe(ev redsem.Event) {
 	}
 }
 
-// init creates a semaphore's series at zero on its first event, so that
+// ensureSeries creates a semaphore's series at zero on its first event, so that
 // rate() and alerts see a 0 before the first timeout or loss.
-func (m *Metrics) init(name string) {
+func (m *Metrics) ensureSeries(name string) {
 	if _, ok := m.seen.Load(name); ok {
 		return
 	}

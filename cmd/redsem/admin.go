@@ -41,7 +41,7 @@ func runSetLimit(args []string, stdout, stderr io.Writer) int {
 	if err != nil {
 		return c.fail(err)
 	}
-	ctx, cancel := timeout(context.Background())
+	ctx, cancel := opContext(context.Background())
 	defer cancel()
 	before, err := read(ctx, client, e, c.prefix, readOpts{})
 	if err != nil {
@@ -81,7 +81,7 @@ func runRelease(args []string, stdout, stderr io.Writer) int {
 	if err != nil {
 		return c.fail(err)
 	}
-	ctx, cancel := timeout(context.Background())
+	ctx, cancel := opContext(context.Background())
 	defer cancel()
 	s, err := read(ctx, client, e, c.prefix, readOpts{})
 	if err != nil {
@@ -171,7 +171,7 @@ func runPurge(args []string, stdout, stderr io.Writer) int {
 	if err != nil {
 		return c.fail(err)
 	}
-	ctx, cancel := timeout(context.Background())
+	ctx, cancel := opContext(context.Background())
 	defer cancel()
 	s, err := read(ctx, client, e, c.prefix, readOpts{})
 	if err != nil {

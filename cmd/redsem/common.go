@@ -208,8 +208,8 @@ func (c *command) engine(client redis.UniversalClient, name string) (*core.Engin
 	return core.New(core.Config{Client: client, Name: name, Limit: 1, Prefix: c.prefix})
 }
 
-// timeout returns a context for one Redis operation.
-func timeout(ctx context.Context) (context.Context, context.CancelFunc) {
+// opContext returns a context for one Redis operation.
+func opContext(ctx context.Context) (context.Context, context.CancelFunc) {
 	return context.WithTimeout(ctx, opTimeout)
 }
 

@@ -33,13 +33,13 @@ const noRedis = "no Redis to run on: install redis-server (e.g. apt-get install 
 
 // demoConfig is what the demo's flags set.
 type demoConfig struct {
-	duration  time.Duration
-	instances int
-	workers   int
-	limit     int
-	hold      time.Duration
-	refresh   time.Duration
-	timeout   time.Duration
+	duration       time.Duration
+	instances      int
+	workers        int
+	limit          int
+	hold           time.Duration
+	refresh        time.Duration
+	acquireTimeout time.Duration
 }
 
 func runDemo(args []string, stdout, stderr io.Writer) int {
@@ -58,12 +58,12 @@ func runDemo(args []string, stdout, stderr io.Writer) int {
 	c.fs.IntVar(&cfg.limit, "limit", 3, "the global limit")
 	c.fs.DurationVar(&cfg.hold, "hold", 250*time.Millisecond, "mean time a worker holds a slot")
 	c.fs.DurationVar(&cfg.refresh, "refresh", time.Second, "time between live views")
-	c.fs.DurationVar(&cfg.timeout, "acquire-timeout", 5*time.Second, "a worker gives up waiting after this long (counted as a timeout)")
+	c.fs.DurationVar(&cfg.acquireTimeout, "acquire-timeout", 5*time.Second, "a worker gives up waiting after this long (counted as a timeout)")
 	if _, code, stop := c.parse(args, 0, "no arguments"); stop {
 		return code
 	}
 	if cfg.duration <= 0 || cfg.instances < 1 || cfg.workers < 1 || cfg.limit < 1 || cfg.limit > core.MaxLimit ||
-		cfg.hold <= 0 || cfg.refresh <= 0 || cfg.timeout <= 0 {
+		cfg.hold <= 0 || cfg.refresh <= 0 || cfg.acquireTimeout <= 0 {
 		return c.usageError("--duration, --hold, --refresh, --acquire-timeout, --instances, --workers and --limit must be positive")
 	}
 	ctx, stopSignals := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
@@ -100,7 +100,7 @@ func runDemo(args []string, stdout, stderr io.Writer) int {
 	}
 	admin := t.client()
 	defer admin.Close()
-	pctx, cancel := timeout(ctx)
+	pctx, cancel := opContext(ctx)
 	err := admin.Ping(pctx).Err()
 	cancel()
 	if err != nil {
@@ -266,7 +266,7 @@ func (v *variant) work(ctx context.Context, s redsem.Semaphore, me string, cfg d
 		v.mu.Lock()
 		v.waiting[me] = time.Now()
 		v.mu.Unlock()
-		actx, cancel := context.WithTimeout(ctx, cfg.timeout)
+		actx, cancel := context.WithTimeout(ctx, cfg.acquireTimeout)
 		asked := time.Now()
 		l, err := s.Acquire(actx)
 		cancel()
@@ -344,7 +344,7 @@ func (d *demo) live(ctx context.Context, vs []*variant, start time.Time) {
 
 // frame is the live view of one variant, a few lines of at most 48 chars.
 func (v *variant) frame(ctx context.Context, limit int) []string {
-	rctx, cancel := timeout(ctx)
+	rctx, cancel := opContext(ctx)
 	st, err := v.view.Status(rctx)
 	cancel()
 	lines := []string{v.label}
@@ -442,16 +442,16 @@ func (d *demo) summary(vs []*variant, elapsed time.Duration) {
 	add("utilisation", "sum of holds / (limit x time)", func(v *variant) string {
 		return fmt.Sprintf("%.2f", v.holdSum.Seconds()/(float64(cfg.limit)*elapsed.Seconds()))
 	})
-	add("wait p50", "", func(v *variant) string { return fmtDur(quantile(v.waits, 0.50)) })
-	add("wait p99", "", func(v *variant) string { return fmtDur(quantile(v.waits, 0.99)) })
-	add("wait max", "", func(v *variant) string { return fmtDur(quantile(v.waits, 1)) })
-	add("timeouts", fmt.Sprintf("gave up after %s", cfg.timeout), func(v *variant) string { return fmt.Sprint(v.timeouts) })
+	add("wait p50", "", func(v *variant) string { return demoDur(demoQuantile(v.waits, 0.50)) })
+	add("wait p99", "", func(v *variant) string { return demoDur(demoQuantile(v.waits, 0.99)) })
+	add("wait max", "", func(v *variant) string { return demoDur(demoQuantile(v.waits, 1)) })
+	add("timeouts", fmt.Sprintf("gave up after %s", cfg.acquireTimeout), func(v *variant) string { return fmt.Sprint(v.timeouts) })
 	add("errors", "", func(v *variant) string { return fmt.Sprint(v.errs) })
 	add("Jain's fairness", "of grants per worker; 1 = all equal", func(v *variant) string {
-		return fmt.Sprintf("%.3f", jain(v.grants, cfg.instances, cfg.workers))
+		return fmt.Sprintf("%.3f", demoJain(v.grants, cfg.instances, cfg.workers))
 	})
 	add("grants per worker", "min-max", func(v *variant) string {
-		lo, hi := minMax(v.grants, cfg.instances, cfg.workers)
+		lo, hi := demoMinMax(v.grants, cfg.instances, cfg.workers)
 		return fmt.Sprintf("%d-%d", lo, hi)
 	})
 	add("most holders at once", fmt.Sprintf("workers' own view; never above %d", cfg.limit), func(v *variant) string { return fmt.Sprint(v.most) })
@@ -467,7 +467,7 @@ func (d *demo) summary(vs []*variant, elapsed time.Duration) {
 	fmt.Fprintln(d.out, "  fair admits strictly in arrival order, so its waits are even; unfair lets whoever retries first win.")
 }
 
-func quantile(ds []time.Duration, q float64) time.Duration {
+func demoQuantile(ds []time.Duration, q float64) time.Duration {
 	if len(ds) == 0 {
 		return 0
 	}
@@ -477,16 +477,16 @@ func quantile(ds []time.Duration, q float64) time.Duration {
 	return s[min(max(i, 0), len(s)-1)]
 }
 
-func fmtDur(d time.Duration) string {
+func demoDur(d time.Duration) string {
 	if d < time.Second {
 		return fmt.Sprintf("%dms", d.Milliseconds())
 	}
 	return fmt.Sprintf("%.2fs", d.Seconds())
 }
 
-// jain is Jain's fairness index of the grants of every worker (workers
+// demoJain is Jain's fairness index of the grants of every worker (workers
 // with none count as zero): (sum x)^2 / (n * sum x^2), 1 when all are equal.
-func jain(grants map[string]int, instances, workers int) float64 {
+func demoJain(grants map[string]int, instances, workers int) float64 {
 	n := float64(instances * workers)
 	var sum, sq float64
 	for _, g := range grants {
@@ -499,7 +499,7 @@ func jain(grants map[string]int, instances, workers int) float64 {
 	return sum * sum / (n * sq)
 }
 
-func minMax(grants map[string]int, instances, workers int) (int, int) {
+func demoMinMax(grants map[string]int, instances, workers int) (int, int) {
 	lo, hi := -1, 0
 	for i := 0; i < instances; i++ {
 		for w := 0; w < workers; w++ {
@@ -560,13 +560,13 @@ func (d *demo) zombie(ctx context.Context, name string) error {
 	if err != nil {
 		return err
 	}
-	say("A", "acquired slot %d, token %d; write: %s", a.Slot(), a.Token(), result(store.write(a.Slot(), a.Token())))
+	say("A", "acquired slot %d, token %d; write: %s", a.Slot(), a.Token(), fenceVerdict(store.write(a.Slot(), a.Token())))
 	b, err := semB.Acquire(actx)
 	if err != nil {
 		return err
 	}
 	defer b.Release(context.WithoutCancel(ctx))
-	say("B", "acquired slot %d, token %d; write: %s", b.Slot(), b.Token(), result(store.write(b.Slot(), b.Token())))
+	say("B", "acquired slot %d, token %d; write: %s", b.Slot(), b.Token(), fenceVerdict(store.write(b.Slot(), b.Token())))
 	say("A", "pauses (think: a long GC pause) and stops renewing; its lease expires after %s", ttl)
 	waited := time.Now()
 	cl, err := semC.Acquire(actx) // blocks until A's lease expires
@@ -575,23 +575,23 @@ func (d *demo) zombie(ctx context.Context, name string) error {
 	}
 	defer cl.Release(context.WithoutCancel(ctx))
 	say("C", "acquired slot %d, token %d after waiting %.1fs for A's lease to expire; write: %s",
-		cl.Slot(), cl.Token(), time.Since(waited).Seconds(), result(store.write(cl.Slot(), cl.Token())))
+		cl.Slot(), cl.Token(), time.Since(waited).Seconds(), fenceVerdict(store.write(cl.Slot(), cl.Token())))
 	say("B", "writes again with token %d (lower than C's %d, but slot %d): %s",
-		b.Token(), cl.Token(), b.Slot(), result(store.write(b.Slot(), b.Token())))
+		b.Token(), cl.Token(), b.Slot(), fenceVerdict(store.write(b.Slot(), b.Token())))
 	say(" ", "(one \"highest token seen\" for the whole store would have refused B, a legitimate holder)")
-	say("A", "wakes up and writes with token %d on slot %d: %s", a.Token(), a.Slot(), result(store.write(a.Slot(), a.Token())))
-	say("A", "Release: %v", errOr(a.Release(actx), "ok"))
+	say("A", "wakes up and writes with token %d on slot %d: %s", a.Token(), a.Slot(), fenceVerdict(store.write(a.Slot(), a.Token())))
+	say("A", "Release: %v", errOrOK(a.Release(actx), "ok"))
 	return nil
 }
 
-func result(err error) string {
+func fenceVerdict(err error) string {
 	if err != nil {
 		return "REFUSED (" + err.Error() + ")"
 	}
 	return "accepted"
 }
 
-func errOr(err error, ok string) string {
+func errOrOK(err error, ok string) string {
 	if err != nil {
 		return err.Error()
 	}

@@ -208,11 +208,11 @@ func (s *snapshot) check(o readOpts) {
 		ttl := o.leaseTTL.Milliseconds()
 		if h.MinAgeMs != nil && *h.MinAgeMs*10 > ttl*8 {
 			s.warn("holder %s (slot %d) has held for at least %s, past 0.8 x LeaseTTL (%s): fine if it renews on purpose, else a stuck or too slow holder",
-				h.ID, h.Slot, ms(*h.MinAgeMs), o.leaseTTL)
+				h.ID, h.Slot, fmtMs(*h.MinAgeMs), o.leaseTTL)
 		}
 		if h.ExpiresInMs*10 < ttl*2 {
 			s.warn("holder %s (slot %d) expires in %s, under 0.2 x LeaseTTL (%s): its renewals are late (the watchdog renews every LeaseTTL/3) or it renews by hand",
-				h.ID, h.Slot, ms(h.ExpiresInMs), o.leaseTTL)
+				h.ID, h.Slot, fmtMs(h.ExpiresInMs), o.leaseTTL)
 		}
 	}
 	switch {
@@ -226,12 +226,12 @@ func (s *snapshot) check(o readOpts) {
 	}
 }
 
-// ms formats milliseconds as a short duration.
-func ms(n int64) string {
+// fmtMs formats milliseconds as a short duration.
+func fmtMs(n int64) string {
 	d := time.Duration(n) * time.Millisecond
 	switch {
 	case d < 0:
-		return "-" + ms(-n)
+		return "-" + fmtMs(-n)
 	case d < time.Second:
 		return d.String()
 	case d < time.Minute:

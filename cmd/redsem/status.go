@@ -32,7 +32,7 @@ func runStatus(args []string, stdout, stderr io.Writer) int {
 	if err != nil {
 		return c.fail(err)
 	}
-	ctx, cancel := timeout(context.Background())
+	ctx, cancel := opContext(context.Background())
 	defer cancel()
 	s, err := read(ctx, client, e, c.prefix, readOpts{leaseTTL: *leaseTTL})
 	if err != nil {
@@ -79,9 +79,9 @@ func render(w io.Writer, s *snapshot) {
 		for _, h := range s.Holders {
 			age := "?"
 			if h.MinAgeMs != nil {
-				age = ">=" + ms(*h.MinAgeMs)
+				age = ">=" + fmtMs(*h.MinAgeMs)
 			}
-			fmt.Fprintf(tw, "  %d\t%d\t%s\t%s\t%s\t%s\n", h.Slot, h.Token, age, ms(h.ExpiresInMs),
+			fmt.Fprintf(tw, "  %d\t%d\t%s\t%s\t%s\t%s\n", h.Slot, h.Token, age, fmtMs(h.ExpiresInMs),
 				h.Deadline.Format("15:04:05.000"), h.ID)
 		}
 		tw.Flush()
@@ -93,9 +93,9 @@ func render(w io.Writer, s *snapshot) {
 		for _, q := range s.Waiters {
 			seen := "?"
 			if q.SeenForMs != nil {
-				seen = ">=" + ms(*q.SeenForMs)
+				seen = ">=" + fmtMs(*q.SeenForMs)
 			}
-			fmt.Fprintf(tw, "  %d\t%s\t%s\t%s\n", q.Position, seen, ms(q.EvictInMs), q.ID)
+			fmt.Fprintf(tw, "  %d\t%s\t%s\t%s\n", q.Position, seen, fmtMs(q.EvictInMs), q.ID)
 		}
 		tw.Flush()
 	}
@@ -160,7 +160,7 @@ func runWatch(args []string, stdout, stderr io.Writer) int {
 			case <-time.After(*interval):
 			}
 		}
-		rctx, cancel := timeout(ctx)
+		rctx, cancel := opContext(ctx)
 		s, err := read(rctx, client, e, c.prefix, readOpts{leaseTTL: *leaseTTL})
 		cancel()
 		if ctx.Err() != nil {
@@ -178,7 +178,7 @@ func runWatch(args []string, stdout, stderr io.Writer) int {
 				fullSince = s.ServerTime
 			}
 			if d := s.ServerTime.Sub(fullSince); d >= *alwaysFull {
-				s.warn("always full: full at every refresh for %s: the limit is too low for the load, or holders leak (see docs/operations.md)", ms(d.Milliseconds()))
+				s.warn("always full: full at every refresh for %s: the limit is too low for the load, or holders leak (see docs/operations.md)", fmtMs(d.Milliseconds()))
 			}
 		} else {
 			fullSince = time.Time{}
