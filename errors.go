@@ -24,6 +24,9 @@ var (
 	// evicted (its process missed heart-beats for longer than QueueTTL) and
 	// it could not queue again before ctx ended.
 	ErrEvicted = errors.New("redsem: waiter evicted from the queue")
+	// ErrClosed is returned by Acquire and TryAcquire once the semaphore was
+	// closed (also to calls blocked at the time). Leases keep working.
+	ErrClosed = errors.New("redsem: semaphore closed")
 )
 
 // LimitMismatchError tells which limits disagree. It matches ErrLimitMismatch.

@@ -2,6 +2,7 @@ package fair
 
 import (
 	"context"
+	"log/slog"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -29,6 +30,12 @@ type Options struct {
 	// FallbackInterval bounds how long a waiter relies on pub/sub alone
 	// (at-most-once) before its session asks Redis directly; zero: 1s.
 	FallbackInterval time.Duration
+	// Observer, if set, receives every event (acquired, released, lease
+	// lost, ...) synchronously; see redsem.Event. Nil costs nothing.
+	Observer redsem.Observer
+	// Logger, if set, logs events with log/slog: lost leases, evictions and
+	// warnings at Warn, the rest at Debug. Nil: silent.
+	Logger *slog.Logger
 }
 
 // Semaphore is the fair (FIFO) semaphore. It is safe for concurrent use;
@@ -51,6 +58,7 @@ func New(client redis.UniversalClient, name string, limit int, opts Options) (*S
 		Client: client, Name: name, Limit: limit, Fair: true,
 		Prefix: opts.KeyPrefix, LeaseTTL: opts.LeaseTTL, QueueTTL: opts.QueueTTL,
 		DisableAutoRenew: opts.DisableAutoRenew, Fallback: opts.FallbackInterval,
+		Observer: opts.Observer, Logger: opts.Logger,
 	})
 	if err != nil {
 		return nil, err
@@ -93,7 +101,9 @@ func (s *Semaphore) SetLimit(ctx context.Context, limit int) error {
 // Name is the semaphore's name as given to New.
 func (s *Semaphore) Name() string { return s.e.Name() }
 
-// Close stops the background subscription and session heartbeat, which
-// otherwise end by themselves shortly after the last waiter leaves. Leases
-// keep working after Close.
+// Close stops the background wake-up subscription (and, fair, the session
+// heartbeat), which otherwise end by themselves shortly after the last
+// waiter leaves. Acquire calls blocked at the time leave the queue and
+// return redsem.ErrClosed, as do later Acquire and TryAcquire calls.
+// Leases already granted keep working (renew, release) after Close.
 func (s *Semaphore) Close() error { return s.e.Close() }

@@ -31,6 +31,12 @@ var (
 	statusSrc string
 	//go:embed setlimit.lua
 	setLimitSrc string
+	//go:embed fence_lib.lua
+	fenceLib string
+	//go:embed fence.lua
+	fenceSrc string
+	//go:embed fence_set.lua
+	fenceSetSrc string
 	//go:embed naive_zset_acquire.lua
 	naiveZSetAcquireSrc string
 )
@@ -49,12 +55,19 @@ var (
 	// SetLimit sets the limit for every client of a name.
 	SetLimit = redis.NewScript(lib + setLimitSrc)
 
+	// Fence checks a fencing token for one slot of a resource and records
+	// it (package fencing). It runs in the store-side Redis, on a fence key
+	// rather than the eight semaphore keys; fence_lib.lua is prepended.
+	Fence = redis.NewScript(fenceLib + fenceSrc)
+	// FenceSet is Fence plus a SET of one data key, only when not stale.
+	FenceSet = redis.NewScript(fenceLib + fenceSetSrc)
+
 	// NaiveZSetAcquire is a baseline for the bench tool, not part of
 	// redsem: the seed's sorted-set acquire (one key, no lib.lua; see its
 	// header). Nothing in the library calls it.
 	NaiveZSetAcquire = redis.NewScript(naiveZSetAcquireSrc)
 )
 
-// KeyCount is the number of KEYS every redsem script takes (see lib.lua);
-// the baseline NaiveZSetAcquire takes one.
+// KeyCount is the number of KEYS every semaphore script takes (see lib.lua);
+// the fence scripts and the baseline NaiveZSetAcquire take their own.
 const KeyCount = 8

@@ -2,6 +2,7 @@ package unfair
 
 import (
 	"context"
+	"log/slog"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -24,6 +25,12 @@ type Options struct {
 	// wake-up message (pub/sub is at-most-once) before it tries again;
 	// zero: 1s. It also wakes just after the earliest holder deadline.
 	FallbackInterval time.Duration
+	// Observer, if set, receives every event (acquired, released, lease
+	// lost, ...) synchronously; see redsem.Event. Nil costs nothing.
+	Observer redsem.Observer
+	// Logger, if set, logs events with log/slog: lost leases, evictions and
+	// warnings at Warn, the rest at Debug. Nil: silent.
+	Logger *slog.Logger
 }
 
 // Semaphore is the unfair (sorted-set) semaphore. It is safe for concurrent
@@ -44,6 +51,7 @@ func New(client redis.UniversalClient, name string, limit int, opts Options) (*S
 		Client: client, Name: name, Limit: limit,
 		Prefix: opts.KeyPrefix, LeaseTTL: opts.LeaseTTL,
 		DisableAutoRenew: opts.DisableAutoRenew, Fallback: opts.FallbackInterval,
+		Observer: opts.Observer, Logger: opts.Logger,
 	})
 	if err != nil {
 		return nil, err
@@ -82,6 +90,9 @@ func (s *Semaphore) SetLimit(ctx context.Context, limit int) error {
 // Name is the semaphore's name as given to New.
 func (s *Semaphore) Name() string { return s.e.Name() }
 
-// Close stops the background wake-up subscription, which otherwise ends by
-// itself shortly after the last waiter. Leases keep working after Close.
+// Close stops the background wake-up subscription (and, fair, the session
+// heartbeat), which otherwise end by themselves shortly after the last
+// waiter leaves. Acquire calls blocked at the time leave the queue and
+// return redsem.ErrClosed, as do later Acquire and TryAcquire calls.
+// Leases already granted keep working (renew, release) after Close.
 func (s *Semaphore) Close() error { return s.e.Close() }

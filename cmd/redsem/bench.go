@@ -197,12 +197,14 @@ func newBencher(f benchFlags, stdout, stderr io.Writer) (*bencher, error) {
 		return b, nil // no Redis needed
 	}
 	if b.url == "" {
-		p, err := redisproc.Start()
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		p, err := redisproc.Start(ctx)
+		cancel()
 		if err != nil {
 			return nil, fmt.Errorf("start redis-server (or pass --redis URL): %w", err)
 		}
 		b.proc = p
-		b.url = "redis://" + p.Addr
+		b.url = "redis://" + p.Addr()
 	}
 	c, err := newClient(b.url, b.count)
 	if err != nil {

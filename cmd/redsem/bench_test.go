@@ -9,9 +9,7 @@ import (
 	"github.com/redsem/redsem/internal/redistest"
 )
 
-func TestMain(m *testing.M) { redistestMain(m) }
-
-func TestDispatchUsage(t *testing.T) {
+func TestBenchUsage(t *testing.T) {
 	for _, c := range []struct {
 		args []string
 		code int
@@ -29,7 +27,7 @@ func TestDispatchUsage(t *testing.T) {
 		{[]string{"bench", "extra"}, 2},
 	} {
 		var out, errOut bytes.Buffer
-		if got := dispatch(c.args, &out, &errOut); got != c.code {
+		if got := run(c.args, &out, &errOut); got != c.code {
 			t.Errorf("%v: exit %d, want %d (stderr %q)", c.args, got, c.code, errOut.String())
 		}
 	}
@@ -39,7 +37,7 @@ func TestDispatchUsage(t *testing.T) {
 func runJSON(t *testing.T, args ...string) []runResult {
 	t.Helper()
 	var out, errOut bytes.Buffer
-	if code := dispatch(append([]string{"bench", "--json", "--quiet"}, args...), &out, &errOut); code != 0 {
+	if code := run(append([]string{"bench", "--json", "--quiet"}, args...), &out, &errOut); code != 0 {
 		t.Fatalf("exit %d: %s", code, errOut.String())
 	}
 	var rs []runResult

@@ -2,6 +2,7 @@ package core
 
 import (
 	"fmt"
+	"log/slog"
 	"reflect"
 	"strings"
 	"time"
@@ -36,6 +37,8 @@ type Config struct {
 	// Fallback bounds how long a waiter waits without a wake-up message
 	// before it checks again.
 	Fallback time.Duration
+	Observer redsem.Observer
+	Logger   *slog.Logger
 }
 
 func cfgErr(field, format string, args ...any) error {

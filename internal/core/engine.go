@@ -10,6 +10,7 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"net"
 	"strconv"
 	"sync"
 	"time"
@@ -31,8 +32,12 @@ type Engine struct {
 
 	clock serverClock
 
-	hubMu sync.Mutex
-	hub   *hub
+	policyOnce sync.Once
+	policy     string
+
+	hubMu  sync.Mutex
+	hub    *hub
+	closed bool // under hubMu
 }
 
 // New validates cfg and returns an Engine.
@@ -55,6 +60,7 @@ func (e *Engine) Close() error {
 	e.hubMu.Lock()
 	h := e.hub
 	e.hub = nil
+	e.closed = true
 	e.hubMu.Unlock()
 	if h != nil {
 		h.shutdown()
@@ -103,6 +109,7 @@ func (e *Engine) tryOnce(ctx context.Context, id string, queue bool, sid string)
 		return attempt{}, e.wrap(fmt.Errorf("unexpected acquire reply %v", v))
 	}
 	e.clock.observe(sent, toInt(v[4]))
+	e.checkEvictionPolicy(ctx)
 	a := attempt{code: toInt(v[0])}
 	switch a.code {
 	case 1:
@@ -118,22 +125,47 @@ func (e *Engine) tryOnce(ctx context.Context, id string, queue bool, sid string)
 
 // TryAcquire makes one attempt and never waits.
 func (e *Engine) TryAcquire(ctx context.Context) (redsem.Lease, error) {
+	if e.isClosed() {
+		return nil, redsem.ErrClosed
+	}
+	start := time.Now()
 	id := uuid.NewString()
 	a, err := e.tryOnce(ctx, id, false, "")
 	if err != nil {
 		e.undo(ctx, id, err)
+		e.failed(err)
 		return nil, err
 	}
 	if a.code != 1 {
 		return nil, redsem.ErrNoSlot
 	}
-	return e.newLease(id, a.slot, a.token, a.deadline), nil
+	return e.granted(start, id, a.slot, a.token, a.deadline), nil
+}
+
+// granted makes the lease of a grant and reports it.
+func (e *Engine) granted(start time.Time, id string, slot int, token int64, deadline time.Time) *Lease {
+	l := e.newLease(id, slot, token, deadline)
+	e.emit(redsem.Event{Kind: redsem.EventAcquired, LeaseID: id, Slot: slot, Token: token, Wait: time.Since(start)})
+	return l
+}
+
+// failed reports an acquire that failed with err.
+func (e *Engine) failed(err error) {
+	kind := redsem.EventAcquireFailed
+	if errors.Is(err, redsem.ErrLimitMismatch) {
+		kind = redsem.EventLimitMismatch
+	}
+	e.emit(redsem.Event{Kind: kind, Err: err})
 }
 
 // undo releases id after a failed or abandoned acquire: a reply lost on the
 // wire may have granted or queued it. A limit mismatch wrote nothing.
+//
+// When the last error was a failed dial, the server could not be reached and
+// undo does not try either (it would only wait for the same failure); a
+// grant made by an earlier, retried attempt then expires after LeaseTTL.
 func (e *Engine) undo(ctx context.Context, id string, cause error) {
-	if errors.Is(cause, redsem.ErrLimitMismatch) {
+	if errors.Is(cause, redsem.ErrLimitMismatch) || isDialError(cause) {
 		return
 	}
 	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cleanupTimeout)
@@ -143,12 +175,39 @@ func (e *Engine) undo(ctx context.Context, id string, cause error) {
 	}
 }
 
+func (e *Engine) isClosed() bool {
+	e.hubMu.Lock()
+	defer e.hubMu.Unlock()
+	return e.closed
+}
+
+// isDialError reports whether err is a failure to connect.
+func isDialError(err error) bool {
+	var op *net.OpError
+	return errors.As(err, &op) && op.Op == "dial"
+}
+
 // Acquire blocks until a slot is granted or ctx ends.
 func (e *Engine) Acquire(ctx context.Context) (redsem.Lease, error) {
-	if e.cfg.Fair {
-		return e.acquireFair(ctx)
+	if e.isClosed() {
+		return nil, redsem.ErrClosed
 	}
-	return e.acquireUnfair(ctx)
+	start := time.Now()
+	var l redsem.Lease
+	var err error
+	if e.cfg.Fair {
+		l, err = e.acquireFair(ctx, start)
+	} else {
+		l, err = e.acquireUnfair(ctx, start)
+	}
+	if err != nil {
+		if ctx.Err() != nil {
+			e.emit(redsem.Event{Kind: redsem.EventAcquireTimedOut, Wait: time.Since(start), Err: err})
+		} else {
+			e.failed(err)
+		}
+	}
+	return l, err
 }
 
 func (e *Engine) gaveUp(ctx context.Context) error {
@@ -165,7 +224,7 @@ func (e *Engine) fail(ctx context.Context, id string, err error) error {
 	return err
 }
 
-func (e *Engine) acquireUnfair(ctx context.Context) (redsem.Lease, error) {
+func (e *Engine) acquireUnfair(ctx context.Context, start time.Time) (redsem.Lease, error) {
 	id := uuid.NewString()
 	var w *waiter
 	defer func() {
@@ -179,7 +238,7 @@ func (e *Engine) acquireUnfair(ctx context.Context) (redsem.Lease, error) {
 			return nil, e.fail(ctx, id, err)
 		}
 		if a.code == 1 {
-			return e.newLease(id, a.slot, a.token, a.deadline), nil
+			return e.granted(start, id, a.slot, a.token, a.deadline), nil
 		}
 		if w == nil {
 			// Subscribe, then try again at once: a slot freed between the
@@ -193,6 +252,9 @@ func (e *Engine) acquireUnfair(ctx context.Context) (redsem.Lease, error) {
 		select {
 		case <-w.events:
 		case <-t.C:
+		case <-w.h.quit:
+			t.Stop()
+			return nil, redsem.ErrClosed
 		case <-ctx.Done():
 			t.Stop()
 			return nil, e.gaveUp(ctx)
@@ -213,7 +275,7 @@ func (e *Engine) waitFor(hint int64) time.Duration {
 	return time.Duration(float64(d) * (0.8 + 0.4*rand.Float64()))
 }
 
-func (e *Engine) acquireFair(ctx context.Context) (redsem.Lease, error) {
+func (e *Engine) acquireFair(ctx context.Context, start time.Time) (redsem.Lease, error) {
 	id := uuid.NewString()
 	w, err := e.register(ctx, id, true)
 	if err != nil {
@@ -226,7 +288,7 @@ func (e *Engine) acquireFair(ctx context.Context) (redsem.Lease, error) {
 			return nil, e.fail(ctx, id, err)
 		}
 		if a.code == 1 {
-			return e.newLease(id, a.slot, a.token, a.deadline), nil
+			return e.granted(start, id, a.slot, a.token, a.deadline), nil
 		}
 		w.h.queued(w, a.hint)
 	wait:
@@ -234,12 +296,16 @@ func (e *Engine) acquireFair(ctx context.Context) (redsem.Lease, error) {
 		case ev := <-w.events:
 			switch ev.kind {
 			case evGrant:
-				return e.newLease(id, ev.slot, ev.token, ev.deadline), nil
+				return e.granted(start, id, ev.slot, ev.token, ev.deadline), nil
 			case evGone: // evicted: queue again, at the back
+				e.emit(redsem.Event{Kind: redsem.EventWaiterEvicted, LeaseID: id})
 				continue
 			default:
 				goto wait
 			}
+		case <-w.h.quit: // Close: leave the queue
+			e.undo(ctx, id, nil)
+			return nil, redsem.ErrClosed
 		case <-ctx.Done():
 			// Leave the queue, or hand back a slot granted in the race.
 			e.undo(ctx, id, nil)

@@ -8,6 +8,7 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/redis/go-redis/v9"
+	"github.com/redsem/redsem"
 	"github.com/redsem/redsem/lua"
 )
 
@@ -52,9 +53,8 @@ type hub struct {
 	waiters   map[string]*waiter
 	unfair    []*waiter // unfair waiters, oldest first
 	refs      int
-	hint      int64     // ms to the earliest holder deadline at the last reply, -1 none
-	nextBeat  time.Time // when the heartbeat loop runs next unless kicked; zero: not started
-	claims    bool      // grants were delivered that the session has not claimed yet
+	hint      int64 // ms to the earliest holder deadline at the last reply, -1 none
+	claims    bool  // grants were delivered that the session has not claimed yet
 	idle      *time.Timer
 	closed    bool
 	kick      chan struct{}
@@ -73,6 +73,10 @@ func (e *Engine) heartbeatEvery() time.Duration {
 // returns once the wake-up subscription is confirmed.
 func (e *Engine) register(ctx context.Context, id string, fair bool) (*waiter, error) {
 	e.hubMu.Lock()
+	if e.closed {
+		e.hubMu.Unlock()
+		return nil, redsem.ErrClosed
+	}
 	h := e.hub
 	if h == nil {
 		h = &hub{
@@ -137,12 +141,7 @@ func (h *hub) unregister(w *waiter) {
 func (h *hub) queued(w *waiter, hint int64) {
 	h.mu.Lock()
 	w.inQueue = true
-	// Kick only if this holder expiry comes before the beat already
-	// scheduled: comparing with the last hint instead would kick on almost
-	// every call (the same deadline, measured later, is always sooner),
-	// turning the heartbeat into a busy loop under contention.
-	due := time.Now().Add(time.Duration(hint+1) * time.Millisecond)
-	earlier := hint >= 0 && (h.nextBeat.IsZero() || due.Before(h.nextBeat))
+	earlier := hint >= 0 && (h.hint < 0 || hint < h.hint)
 	h.hint = hint
 	h.mu.Unlock()
 	if earlier {
@@ -292,26 +291,26 @@ func (h *hub) heartbeats() {
 		return
 	}
 	every := h.e.heartbeatEvery()
+	next := time.Now().Add(every)
 	t := time.NewTimer(every)
 	defer t.Stop()
-	h.mu.Lock()
-	h.nextBeat = time.Now().Add(every)
-	h.mu.Unlock()
 	for {
 		select {
 		case <-h.quit:
 			h.beat()
 			return
 		case <-t.C:
-		case <-h.kick:
+			h.beat()
+			next = time.Now().Add(every)
+		case <-h.kick: // a new hint: maybe beat earlier, no beat now
 		}
-		h.beat()
 		h.mu.Lock()
-		d := every
+		at := next
 		if h.hint >= 0 && len(h.waiters) > 0 {
-			d = min(d, time.Duration(h.hint+1)*time.Millisecond)
+			if due := time.Now().Add(time.Duration(h.hint+1) * time.Millisecond); due.Before(at) {
+				at = due
+			}
 		}
-		h.nextBeat = time.Now().Add(d)
 		h.mu.Unlock()
 		if !t.Stop() {
 			select {
@@ -319,7 +318,7 @@ func (h *hub) heartbeats() {
 			default:
 			}
 		}
-		t.Reset(d)
+		t.Reset(time.Until(at))
 	}
 }
 

@@ -25,6 +25,8 @@ type Lease struct {
 	slot  int
 	token int64
 
+	granted time.Time // local time of the grant, for hold times
+
 	mu       sync.Mutex
 	deadline time.Time
 	state    leaseState
@@ -38,7 +40,7 @@ var _ redsem.Lease = (*Lease)(nil)
 
 func (e *Engine) newLease(id string, slot int, token int64, deadline time.Time) *Lease {
 	l := &Lease{
-		e: e, id: id, slot: slot, token: token, deadline: deadline,
+		e: e, id: id, slot: slot, token: token, deadline: deadline, granted: time.Now(),
 		done: make(chan struct{}), stopRenew: make(chan struct{}), renewDone: make(chan struct{}),
 	}
 	if e.cfg.DisableAutoRenew {
@@ -123,6 +125,7 @@ func (l *Lease) Release(ctx context.Context) error {
 		return redsem.ErrLeaseLost
 	}
 	l.mu.Unlock()
+	called := time.Now()
 	l.stopWatchdog() // no renewal may race the release
 
 	v, sent, err := l.e.run(ctx, lua.Release, l.e.cfg.Limit, l.id)
@@ -132,10 +135,10 @@ func (l *Lease) Release(ctx context.Context) error {
 	l.e.clock.observe(sent, toInt(v[1]))
 	l.e.deliverGrants(v, 2, sent)
 	if toInt(v[0]) == 1 {
-		l.finish(released)
+		l.finish(released, called)
 		return nil
 	}
-	l.finish(lost)
+	l.finish(lost, called)
 	l.mu.Lock()
 	l.state = released
 	l.mu.Unlock()
@@ -153,13 +156,13 @@ func (l *Lease) stopWatchdog() {
 	<-l.renewDone
 }
 
-func (l *Lease) markLost() { l.finish(lost) }
+func (l *Lease) markLost() { l.finish(lost, time.Now()) }
 
-// finish moves a held lease to its final state and closes Done.
-func (l *Lease) finish(st leaseState) {
+// finish moves a held lease to its final state, closes Done and reports it.
+func (l *Lease) finish(st leaseState, at time.Time) {
 	l.mu.Lock()
-	defer l.mu.Unlock()
 	if l.state != held {
+		l.mu.Unlock()
 		return
 	}
 	l.state = st
@@ -169,6 +172,12 @@ func (l *Lease) finish(st leaseState) {
 	default:
 		close(l.stopRenew)
 	}
+	l.mu.Unlock()
+	kind := redsem.EventReleased
+	if st == lost {
+		kind = redsem.EventLeaseLost
+	}
+	l.e.emit(redsem.Event{Kind: kind, LeaseID: l.id, Slot: l.slot, Token: l.token, Hold: at.Sub(l.granted)})
 }
 
 // watchdog renews the lease every third of its TTL. If Redis says the lease

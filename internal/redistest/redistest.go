@@ -12,8 +12,13 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"errors"
 	"fmt"
+	"net"
 	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -21,7 +26,6 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
-	"github.com/redsem/redsem/internal/redisproc"
 )
 
 // HowToGetRedis is the one line printed when no Redis can be had.
@@ -32,7 +36,13 @@ const HowToGetRedis = "redistest: no Redis available: install redis-server (apt-
 type Server struct {
 	Addr string // host:port
 
-	proc *redisproc.Proc // a local redis-server; nil when external or a container
+	mu   sync.Mutex
+	port int
+	dir  string
+	args []string
+	cmd  *exec.Cmd
+	// exited is closed once cmd has exited and been reaped.
+	exited chan struct{}
 	// external is set when the server is not ours (REDIS_URL or a
 	// container): it cannot be restarted or killed.
 	external bool
@@ -61,27 +71,48 @@ func Main(m *testing.M) int {
 // when no Redis can be had.
 func Shared(t testing.TB) *Server {
 	t.Helper()
-	sharedOnce.Do(func() {
-		if u := os.Getenv("REDIS_URL"); u != "" {
-			opt, err := redis.ParseURL(u)
-			if err != nil {
-				sharedErr = fmt.Errorf("redistest: REDIS_URL: %w", err)
-				return
-			}
-			shared = &Server{Addr: opt.Addr, external: true, url: u}
+	s, err := SharedServer()
+	if err != nil {
+		t.Fatalf("%s (%v)", HowToGetRedis, err)
+	}
+	return s
+}
+
+// SharedServer is Shared for code that has no testing.TB, such as Example
+// functions: it returns the shared server, or the reason none can be had.
+func SharedServer() (*Server, error) {
+	sharedOnce.Do(startShared)
+	return shared, sharedErr
+}
+
+func startShared() {
+	if u := os.Getenv("REDIS_URL"); u != "" {
+		opt, err := redis.ParseURL(u)
+		if err != nil {
+			sharedErr = fmt.Errorf("redistest: REDIS_URL: %w", err)
 			return
 		}
-		shared, sharedErr = startLocal()
-		if sharedErr != nil {
-			if s, err := startContainer(); err == nil {
-				shared, sharedErr = s, nil
-			}
-		}
-	})
-	if sharedErr != nil {
-		t.Fatalf("%s (%v)", HowToGetRedis, sharedErr)
+		shared = &Server{Addr: opt.Addr, external: true, url: u}
+		return
 	}
-	return shared
+	shared, sharedErr = startLocal()
+	if sharedErr != nil {
+		if s, err := startContainer(); err == nil {
+			shared, sharedErr = s, nil
+		}
+	}
+}
+
+// SharedAddr returns the address of the shared server, starting it on first
+// use; for examples, which have no *testing.T. It exits the test binary with
+// one clear line when no Redis can be had.
+func SharedAddr() string {
+	s, err := SharedServer()
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "%s (%v)\n", HowToGetRedis, err)
+		os.Exit(1)
+	}
+	return s.Addr
 }
 
 // Client returns a client of the shared server, closed when the test ends.
@@ -137,9 +168,17 @@ func (s *Server) Restart(t testing.TB) {
 	if s.external {
 		t.Fatalf("redistest: cannot restart a server this test does not own (%s)", s.Addr)
 	}
-	if err := s.proc.Restart(); err != nil {
-		t.Fatalf("redistest: %v", err)
+	s.Kill(t)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var err error
+	for i := 0; i < 50; i++ { // the port may take a moment to free up
+		if err = s.launchLocked(); err == nil {
+			return
+		}
+		time.Sleep(50 * time.Millisecond)
 	}
+	t.Fatalf("redistest: restart on port %d: %v", s.port, err)
 }
 
 // Kill stops the server with SIGKILL and waits for it to exit.
@@ -148,7 +187,9 @@ func (s *Server) Kill(t testing.TB) {
 	if s.external {
 		t.Fatalf("redistest: cannot kill a server this test does not own (%s)", s.Addr)
 	}
-	s.proc.Kill()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.killLocked()
 }
 
 // Pause stops the server process with SIGSTOP; Resume continues it.
@@ -157,10 +198,12 @@ func (s *Server) Resume(t testing.TB) { s.signal(t, syscall.SIGCONT) }
 
 func (s *Server) signal(t testing.TB, sig syscall.Signal) {
 	t.Helper()
-	if s.external {
-		t.Fatalf("redistest: cannot signal a server this test does not own (%s)", s.Addr)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.cmd == nil || s.cmd.Process == nil {
+		t.Fatalf("redistest: server %s is not running", s.Addr)
 	}
-	if err := s.proc.Signal(sig); err != nil {
+	if err := s.cmd.Process.Signal(sig); err != nil {
 		t.Fatalf("redistest: signal %v: %v", sig, err)
 	}
 }
@@ -175,20 +218,119 @@ func (s *Server) Stop() {
 	if s.external {
 		return
 	}
-	s.proc.Stop()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.killLocked()
+	if s.dir != "" {
+		_ = os.RemoveAll(s.dir)
+		s.dir = ""
+	}
+}
+
+func (s *Server) killLocked() {
+	if s.cmd == nil {
+		return
+	}
+	_ = s.cmd.Process.Signal(syscall.SIGCONT) // a paused server must be able to die
+	_ = s.cmd.Process.Kill()
+	<-s.exited
+	s.cmd = nil
 }
 
 // startLocal starts redis-server from PATH on a free loopback port.
 func startLocal(extraArgs ...string) (*Server, error) {
-	p, err := redisproc.Start(extraArgs...)
+	bin, err := exec.LookPath("redis-server")
 	if err != nil {
 		return nil, err
 	}
-	return &Server{Addr: p.Addr, proc: p}, nil
+	dir, err := os.MkdirTemp("", "redistest-")
+	if err != nil {
+		return nil, err
+	}
+	var lastErr error
+	for attempt := 0; attempt < 5; attempt++ {
+		port, err := FreePort()
+		if err != nil {
+			return nil, err
+		}
+		s := &Server{Addr: net.JoinHostPort("127.0.0.1", strconv.Itoa(port)), port: port, dir: dir}
+		s.args = append([]string{bin,
+			"--port", strconv.Itoa(port), "--bind", "127.0.0.1",
+			"--save", "", "--appendonly", "no", "--dir", dir,
+			"--daemonize", "no", "--logfile", filepath.Join(dir, "redis.log"),
+		}, extraArgs...)
+		if lastErr = s.launchLocked(); lastErr == nil {
+			return s, nil
+		}
+	}
+	_ = os.RemoveAll(dir)
+	return nil, lastErr
+}
+
+// launchLocked starts the process and waits until it answers PING.
+func (s *Server) launchLocked() error {
+	cmd := exec.Command(s.args[0], s.args[1:]...)
+	cmd.Dir = s.dir
+	// The server dies with the test binary even if no cleanup runs.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	if err := cmd.Start(); err != nil {
+		return err
+	}
+	exited := make(chan struct{})
+	go func() { _ = cmd.Wait(); close(exited) }()
+	deadline := time.Now().Add(5 * time.Second)
+	for time.Now().Before(deadline) {
+		if pingAddr(s.Addr) == nil {
+			s.cmd, s.exited = cmd, exited
+			return nil
+		}
+		select {
+		case <-exited:
+			deadline = time.Now()
+		case <-time.After(10 * time.Millisecond):
+		}
+	}
+	_ = cmd.Process.Kill()
+	<-exited
+	log, _ := os.ReadFile(filepath.Join(s.dir, "redis.log"))
+	return fmt.Errorf("redis-server on %s did not start: %s", s.Addr, lastLine(string(log)))
+}
+
+func pingAddr(addr string) error {
+	c, err := net.DialTimeout("tcp", addr, 200*time.Millisecond)
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	_ = c.SetDeadline(time.Now().Add(500 * time.Millisecond))
+	if _, err := c.Write([]byte("PING\r\n")); err != nil {
+		return err
+	}
+	buf := make([]byte, 64)
+	n, err := c.Read(buf)
+	if err != nil {
+		return err
+	}
+	if !strings.HasPrefix(string(buf[:n]), "+PONG") {
+		return errors.New(strings.TrimSpace(string(buf[:n])))
+	}
+	return nil
+}
+
+func lastLine(s string) string {
+	lines := strings.Split(strings.TrimSpace(s), "\n")
+	return lines[len(lines)-1]
 }
 
 // FreePort returns a TCP port on 127.0.0.1 that was free a moment ago.
-func FreePort() (int, error) { return redisproc.FreePort() }
+func FreePort() (int, error) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return 0, err
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port, nil
+}
 
 // Name returns a semaphore name unique to this test and run.
 func Name(t testing.TB) string {
