@@ -1,0 +1,156 @@
+package faults_test
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/redsem/redsem"
+	"github.com/redsem/redsem/internal/core"
+	"github.com/redsem/redsem/internal/redistest"
+)
+
+// Both variants work unchanged with a *redis.ClusterClient: every key and
+// channel of a semaphore is in one slot (names with braces included), the
+// scripts run (SPUBLISH inside Lua included), and a blocked Acquire is woken
+// by the sharded pub/sub notice of a release made by another client.
+func TestClusterSmoke(t *testing.T) {
+	checkLeaks(t)
+	cl := redistest.StartCluster(t, 3, 1)
+	cc := cl.Client(t)
+	ctx := redistest.Ctx(t, 60*time.Second)
+
+	for _, v := range variants {
+		for _, suffix := range []string{"plain", "a{b}c", "}x{", "{}", "{", "%7B"} {
+			name := redistest.Name(t) + "-" + v.name + "-" + suffix
+			t.Run(v.name+"/"+suffix, func(t *testing.T) {
+				assertOneSlot(t, ctx, cc, name)
+				s := v.new(t, cc, name, 2, opts{LeaseTTL: 5 * time.Second})
+				a, err := s.TryAcquire(ctx)
+				if err != nil {
+					t.Fatal(err)
+				}
+				b, err := s.TryAcquire(ctx)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if a.Slot() == b.Slot() || b.Token() <= a.Token() {
+					t.Fatalf("leases (slot %d, token %d) and (slot %d, token %d)", a.Slot(), a.Token(), b.Slot(), b.Token())
+				}
+				if _, err := s.TryAcquire(ctx); !errors.Is(err, redsem.ErrNoSlot) {
+					t.Fatalf("third TryAcquire: %v, want ErrNoSlot", err)
+				}
+				expectHolders(t, ctx, s, a.ID(), b.ID())
+				// The keys that exist live on one node: the one owning the slot.
+				have, err := keysOf(ctx, cc, name)
+				if err != nil || len(have) == 0 {
+					t.Fatalf("keys %v, %v", have, err)
+				}
+				for _, l := range []redsem.Lease{a, b} {
+					if err := l.Release(ctx); err != nil {
+						t.Fatal(err)
+					}
+				}
+				expectHolders(t, ctx, s)
+			})
+		}
+	}
+
+	for _, v := range variants {
+		t.Run(v.name+"/wakeup", func(t *testing.T) {
+			name := redistest.Name(t)
+			// A fallback and a lease far longer than the test's bound: only
+			// the release notice can wake the waiter in time. The holder is a
+			// separate semaphore value, so the waiter cannot be woken by the
+			// release reply in its own process either.
+			o := opts{LeaseTTL: 60 * time.Second, QueueTTL: 120 * time.Second, Fallback: 60 * time.Second}
+			holder := v.new(t, cc, name, 1, o)
+			waiter := v.new(t, cc, name, 1, o)
+			l, err := holder.TryAcquire(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			got := acquireAsync(ctx, waiter)
+			waitBlocked(t, ctx, cc, waiter, v.fair, name)
+			if err := l.Release(ctx); err != nil {
+				t.Fatal(err)
+			}
+			w := await(t, got, 20*time.Second, "waiter after release")
+			if w.Token() <= l.Token() {
+				t.Fatalf("token %d not above %d", w.Token(), l.Token())
+			}
+			if err := w.Release(ctx); err != nil {
+				t.Fatal(err)
+			}
+		})
+	}
+}
+
+// waitBlocked waits until a blocked Acquire is known to Redis: queued (fair)
+// or subscribed to the freed-slot channel (unfair).
+func waitBlocked(t *testing.T, ctx context.Context, c redis.UniversalClient, s redsem.Semaphore, fair bool, name string) {
+	t.Helper()
+	if fair {
+		eventually(t, 10*time.Second, "waiter queued", func() error {
+			if n, err := waitersOf(ctx, s); err != nil || n != 1 {
+				return errorf("%d waiters, %v", n, err)
+			}
+			return nil
+		})
+		return
+	}
+	ch := core.KeysFor(core.DefaultPrefix, name).Free
+	eventually(t, 10*time.Second, "waiter subscribed", func() error {
+		n, err := shardSubscribers(ctx, c, ch)
+		if err != nil || n < 1 {
+			return errorf("%d subscribers, %v", n, err)
+		}
+		return nil
+	})
+}
+
+// shardSubscribers counts the sharded subscribers of channel on the node
+// that serves it.
+func shardSubscribers(ctx context.Context, c redis.UniversalClient, channel string) (int64, error) {
+	var node redis.Cmdable = c
+	if cc, ok := c.(*redis.ClusterClient); ok {
+		m, err := cc.MasterForKey(ctx, channel)
+		if err != nil {
+			return 0, err
+		}
+		node = m
+	}
+	v, err := node.PubSubShardNumSub(ctx, channel).Result()
+	return v[channel], err
+}
+
+// assertOneSlot checks with CLUSTER KEYSLOT that every key and channel of
+// the semaphore name hashes to one slot, and that it is not the slot of the
+// same name without the hash tag's escaping (i.e. braces did not cut the tag).
+func assertOneSlot(t *testing.T, ctx context.Context, cc *redis.ClusterClient, name string) {
+	t.Helper()
+	k := core.KeysFor(core.DefaultPrefix, name)
+	all := append(append([]string(nil), k.List...), k.Chan, k.Free, k.Chan+":s:0123456789abcdef")
+	want, err := cc.ClusterKeySlot(ctx, all[0]).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	tag, err := cc.ClusterKeySlot(ctx, "{"+core.EscapeTag(name)+"}").Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want != tag {
+		t.Fatalf("key %s in slot %d, but its tag {%s} is in slot %d", all[0], want, core.EscapeTag(name), tag)
+	}
+	for _, key := range all[1:] {
+		got, err := cc.ClusterKeySlot(ctx, key).Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got != want {
+			t.Fatalf("%s in slot %d, %s in slot %d", all[0], want, key, got)
+		}
+	}
+}
