@@ -1,0 +1,148 @@
+package faults_test
+
+import (
+	"context"
+	"errors"
+	"net"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/redsem/redsem"
+	"github.com/redsem/redsem/internal/redistest"
+	"github.com/redsem/redsem/lua"
+)
+
+// The reply to an acquire script is lost after the script ran: go-redis
+// retries the script (MaxRetries) with the same request id, and the retry
+// finds the lease already granted, so one Acquire takes one slot, not two.
+// When every reply is lost the Acquire fails, and its undo leaves nothing
+// behind: no holder, no queue entry.
+func TestReplyLost(t *testing.T) {
+	for _, v := range variants {
+		t.Run(v.name, func(t *testing.T) {
+			checkLeaks(t)
+			srv := redistest.Start(t)
+			p := newProxy(t, srv.Addr)
+			popt := srv.Options()
+			popt.Addr = p.Addr
+			viaProxy := redis.NewClient(popt)
+			t.Cleanup(func() { _ = viaProxy.Close() })
+			direct := srv.Client(t)
+			ctx := redistest.Ctx(t, 60*time.Second)
+			name := redistest.Name(t)
+			o := opts{LeaseTTL: 2 * time.Second, QueueTTL: time.Second, Fallback: 200 * time.Millisecond}
+			s := v.new(t, viaProxy, name, 2, o)
+			check := v.new(t, direct, name, 2, o)
+
+			// Load the scripts, so that the acquire below is one EVALSHA.
+			warm, err := s.TryAcquire(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := warm.Release(ctx); err != nil {
+				t.Fatal(err)
+			}
+
+			marker := []byte(lua.Acquire.Hash())
+			p.dropReplies(marker, 1)
+			l, err := s.Acquire(ctx)
+			if err != nil {
+				t.Fatalf("acquire with one lost reply: %v", err)
+			}
+			if p.droppedReplies() != 1 {
+				t.Fatalf("%d replies dropped, want 1", p.droppedReplies())
+			}
+			expectHolders(t, ctx, check, l.ID())
+
+			// Every reply lost: the acquire (granted by the script each
+			// time, then retried) fails and is undone.
+			p.dropReplies(marker, -1)
+			if _, err := s.Acquire(ctx); err == nil || errors.Is(err, redsem.ErrNoSlot) {
+				t.Fatalf("acquire with every reply lost: %v, want a Redis error", err)
+			}
+			if p.droppedReplies() < 2 {
+				t.Fatalf("only %d replies dropped", p.droppedReplies())
+			}
+			expectHolders(t, ctx, check, l.ID())
+
+			// Same with the semaphore full: the fair acquire queues each time
+			// it runs, and the undo must take the queue entry out again.
+			other, err := check.TryAcquire(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if _, err := s.Acquire(ctx); err == nil {
+				t.Fatal("acquire with every reply lost succeeded")
+			}
+			if n, err := waitersOf(ctx, check); err != nil || n != 0 {
+				t.Fatalf("%d waiters left behind (%v)", n, err)
+			}
+			expectHolders(t, ctx, check, l.ID(), other.ID())
+
+			p.dropReplies(nil, 0)
+			for _, x := range []redsem.Lease{l, other} {
+				if err := x.Release(ctx); err != nil {
+					t.Fatal(err)
+				}
+			}
+			_ = s.Close()
+			expectCleanState(t, direct, name, 5*time.Second)
+		})
+	}
+}
+
+// With Redis unreachable (nothing listening, or a black hole that accepts
+// and never answers) Acquire, TryAcquire and Status return an error that
+// says why (a net.Error, or the context's deadline) and do not hang.
+func TestRedisUnreachable(t *testing.T) {
+	port, err := redistest.FreePort()
+	if err != nil {
+		t.Fatal(err)
+	}
+	refused := "127.0.0.1:" + strconv.Itoa(port) // nothing listens here
+	for _, v := range variants {
+		for _, mode := range []string{"refused", "blackhole"} {
+			t.Run(v.name+"/"+mode, func(t *testing.T) {
+				checkLeaks(t)
+				addr := refused
+				if mode == "blackhole" {
+					p := newProxy(t, refused)
+					p.setBlackhole()
+					addr = p.Addr
+				}
+				c := redis.NewClient(&redis.Options{Addr: addr, ContextTimeoutEnabled: true, DialTimeout: time.Second})
+				t.Cleanup(func() { _ = c.Close() })
+				s := v.new(t, c, redistest.Name(t), 1, opts{})
+				const deadline = time.Second
+				// No hang: the call must return well within this bound (it
+				// may take up to the deadline plus the 2s bounded undo).
+				const bound = deadline + 8*time.Second
+				for _, op := range []string{"Acquire", "TryAcquire", "Status"} {
+					ctx, cancel := context.WithTimeout(context.Background(), deadline)
+					start := time.Now()
+					var err error
+					switch op {
+					case "Acquire":
+						_, err = s.Acquire(ctx)
+					case "TryAcquire":
+						_, err = s.TryAcquire(ctx)
+					case "Status":
+						_, err = s.Status(ctx)
+					}
+					took := time.Since(start)
+					cancel()
+					var ne net.Error
+					if err == nil || !(errors.As(err, &ne) || errors.Is(err, context.DeadlineExceeded)) {
+						t.Fatalf("%s: %v (%T), want a net.Error or the deadline", op, err, err)
+					}
+					if took > bound {
+						t.Fatalf("%s took %v with a %v deadline", op, took, deadline)
+					}
+					t.Logf("%s: %v after %v", op, err, took.Round(time.Millisecond))
+				}
+			})
+		}
+	}
+}
