@@ -116,6 +116,35 @@ func expectCleanState(t *testing.T, c redis.UniversalClient, name string, within
 	}
 }
 
+// expectNoEntries checks, without waiting for the keys to expire, that the
+// semaphore has no holder, lease, waiter or session entry left, and that
+// every key but the override has a TTL of at most maxTTL.
+func expectNoEntries(t *testing.T, c redis.UniversalClient, name string, maxTTL time.Duration) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	k := core.KeysFor(core.DefaultPrefix, name).List
+	for _, i := range []int{core.KeyHolders, core.KeyQueue, core.KeyBySession} {
+		if n, err := c.ZCard(ctx, k[i]).Result(); err != nil || n != 0 {
+			t.Fatalf("%s has %d entries (%v)", k[i], n, err)
+		}
+	}
+	for _, i := range []int{core.KeyLeases, core.KeyWaiters} {
+		if n, err := c.HLen(ctx, k[i]).Result(); err != nil || n != 0 {
+			t.Fatalf("%s has %d entries (%v)", k[i], n, err)
+		}
+	}
+	for _, key := range k[:core.KeyOverride] {
+		ttl, err := c.PTTL(ctx, key).Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if ttl == -1 || ttl > maxTTL {
+			t.Fatalf("key %s has TTL %v, want at most %v", key, ttl, maxTTL)
+		}
+	}
+}
+
 // eventually polls cond every 20ms until it returns nil or within passes.
 func eventually(t *testing.T, within time.Duration, what string, cond func() error) {
 	t.Helper()
