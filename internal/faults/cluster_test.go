@@ -3,6 +3,9 @@ package faults_test
 import (
 	"context"
 	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -86,6 +89,101 @@ func TestClusterSmoke(t *testing.T) {
 			}
 		})
 	}
+
+	for _, v := range variants {
+		t.Run(v.name+"/failover", func(t *testing.T) {
+			if testing.Short() {
+				t.Skip("long fault test; skipped with -short")
+			}
+			clusterFailover(t, ctx, cl, cc, v)
+		})
+	}
+}
+
+// clusterFailover runs workers on one semaphore while the primary owning its
+// slot is replaced by its replica (CLUSTER FAILOVER): calls may fail during
+// the switch, but never more than limit hold at once, tokens keep
+// increasing, and the workers acquire again afterwards.
+func clusterFailover(t *testing.T, ctx context.Context, cl *redistest.Cluster, cc *redis.ClusterClient, v variant) {
+	name := redistest.Name(t)
+	const limit = 2
+	s := v.new(t, cc, name, limit, opts{LeaseTTL: 2 * time.Second, QueueTTL: time.Second, Fallback: 200 * time.Millisecond})
+	var (
+		mu                sync.Mutex
+		active, peak      int
+		phase             atomic.Int32 // 1 once the failover has settled
+		maxBefore         int64
+		afterOK, errsSeen int
+		bad               []string
+	)
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	for i := 0; i < 4; i++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				p := phase.Load()
+				actx, cancel := context.WithTimeout(ctx, 5*time.Second)
+				l, err := s.Acquire(actx)
+				cancel()
+				mu.Lock()
+				if err != nil {
+					errsSeen++
+					mu.Unlock()
+					time.Sleep(20 * time.Millisecond)
+					continue
+				}
+				active++
+				peak = max(peak, active)
+				if p == 0 {
+					maxBefore = max(maxBefore, l.Token())
+				} else {
+					afterOK++
+					if l.Token() <= maxBefore {
+						bad = append(bad, fmt.Sprintf("token %d after failover not above %d", l.Token(), maxBefore))
+					}
+				}
+				mu.Unlock()
+				time.Sleep(5 * time.Millisecond)
+				mu.Lock()
+				active--
+				mu.Unlock()
+				_ = l.Release(ctx) // may fail during the switch: the slot then expires
+			}
+		}()
+	}
+	slot, err := cc.ClusterKeySlot(ctx, core.KeysFor(core.DefaultPrefix, name).List[0]).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(300 * time.Millisecond) // let the workers run before the switch
+	cl.Failover(t, int(slot))
+	phase.Store(1)
+	eventually(t, 30*time.Second, "acquisitions after the failover", func() error {
+		mu.Lock()
+		defer mu.Unlock()
+		if afterOK < 10 {
+			return errorf("%d acquisitions after the failover", afterOK)
+		}
+		return nil
+	})
+	close(stop)
+	wg.Wait()
+	mu.Lock()
+	defer mu.Unlock()
+	if peak > limit {
+		t.Fatalf("%d holders at once, limit %d", peak, limit)
+	}
+	if len(bad) > 0 {
+		t.Fatal(bad[0])
+	}
+	t.Logf("%d errors during the switch, %d acquisitions after it", errsSeen, afterOK)
 }
 
 // waitBlocked waits until a blocked Acquire is known to Redis: queued (fair)
