@@ -118,6 +118,9 @@ func clusterFailover(t *testing.T, ctx context.Context, cl *redistest.Cluster, c
 	)
 	stop := make(chan struct{})
 	var wg sync.WaitGroup
+	var stopOnce sync.Once
+	halt := func() { stopOnce.Do(func() { close(stop) }); wg.Wait() }
+	defer halt() // also when the test fails half-way
 	for i := 0; i < 4; i++ {
 		wg.Add(1)
 		go func() {
@@ -173,8 +176,7 @@ func clusterFailover(t *testing.T, ctx context.Context, cl *redistest.Cluster, c
 		}
 		return nil
 	})
-	close(stop)
-	wg.Wait()
+	halt()
 	mu.Lock()
 	defer mu.Unlock()
 	if peak > limit {
