@@ -21,8 +21,8 @@ const (
 	// DefaultReplicaTimeout is how long a grant waits for replica
 	// acknowledgement when MinReplicas is set.
 	DefaultReplicaTimeout = time.Second
-	MaxLimit        = 1 << 20
-	MaxNameLen      = 512
+	MaxLimit              = 1 << 20
+	MaxNameLen            = 512
 )
 
 // Config is what an Engine is built from; fair.New and unfair.New fill it
