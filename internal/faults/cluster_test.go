@@ -101,19 +101,31 @@ func TestClusterSmoke(t *testing.T) {
 }
 
 // clusterFailover runs workers on one semaphore while the primary owning its
-// slot is replaced by its replica (CLUSTER FAILOVER): calls may fail during
-// the switch, but never more than limit hold at once, tokens keep
-// increasing, and the workers acquire again afterwards.
+// slot is replaced by its replica (CLUSTER FAILOVER, which loses no write).
 func clusterFailover(t *testing.T, ctx context.Context, cl *redistest.Cluster, cc *redis.ClusterClient, v variant) {
 	name := redistest.Name(t)
-	const limit = 2
-	s := v.new(t, cc, name, limit, opts{LeaseTTL: 2 * time.Second, QueueTTL: time.Second, Fallback: 200 * time.Millisecond})
+	s := v.new(t, cc, name, 2, opts{LeaseTTL: 2 * time.Second, QueueTTL: time.Second, Fallback: 200 * time.Millisecond})
+	slot, err := cc.ClusterKeySlot(ctx, core.KeysFor(core.DefaultPrefix, name).List[0]).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	runThroughFailover(t, ctx, s, 2, true, func() { cl.Failover(t, int(slot)) })
+}
+
+// runThroughFailover runs workers that acquire and release s while
+// failover() runs: calls may fail during the switch, but tokens after it
+// are above all tokens before it and the workers acquire again afterwards.
+// With strict (a failover that loses no write) never more than limit may
+// hold at once; otherwise the peak is only logged.
+func runThroughFailover(t *testing.T, ctx context.Context, s redsem.Semaphore, limit int, strict bool, failover func()) {
 	var (
 		mu                sync.Mutex
 		active, peak      int
 		phase             atomic.Int32 // 1 once the failover has settled
 		maxBefore         int64
 		afterOK, errsSeen int
+		lost              int
+		firstErr          error
 		bad               []string
 	)
 	stop := make(chan struct{})
@@ -138,6 +150,9 @@ func clusterFailover(t *testing.T, ctx context.Context, cl *redistest.Cluster, c
 				mu.Lock()
 				if err != nil {
 					errsSeen++
+					if firstErr == nil {
+						firstErr = err
+					}
 					mu.Unlock()
 					time.Sleep(20 * time.Millisecond)
 					continue
@@ -157,16 +172,17 @@ func clusterFailover(t *testing.T, ctx context.Context, cl *redistest.Cluster, c
 				mu.Lock()
 				active--
 				mu.Unlock()
-				_ = l.Release(ctx) // may fail during the switch: the slot then expires
+				// May fail during the switch: the slot then expires.
+				if err := l.Release(ctx); errors.Is(err, redsem.ErrLeaseLost) {
+					mu.Lock()
+					lost++
+					mu.Unlock()
+				}
 			}
 		}()
 	}
-	slot, err := cc.ClusterKeySlot(ctx, core.KeysFor(core.DefaultPrefix, name).List[0]).Result()
-	if err != nil {
-		t.Fatal(err)
-	}
 	time.Sleep(300 * time.Millisecond) // let the workers run before the switch
-	cl.Failover(t, int(slot))
+	failover()
 	phase.Store(1)
 	eventually(t, 30*time.Second, "acquisitions after the failover", func() error {
 		mu.Lock()
@@ -179,13 +195,14 @@ func clusterFailover(t *testing.T, ctx context.Context, cl *redistest.Cluster, c
 	halt()
 	mu.Lock()
 	defer mu.Unlock()
-	if peak > limit {
+	if strict && peak > limit {
 		t.Fatalf("%d holders at once, limit %d", peak, limit)
 	}
 	if len(bad) > 0 {
 		t.Fatal(bad[0])
 	}
-	t.Logf("%d errors during the switch, %d acquisitions after it", errsSeen, afterOK)
+	t.Logf("peak %d holders (limit %d), %d errors during the switch (first: %v), %d leases lost, %d acquisitions after it",
+		peak, limit, errsSeen, firstErr, lost, afterOK)
 }
 
 // waitBlocked waits until a blocked Acquire is known to Redis: queued (fair)
