@@ -3,8 +3,10 @@ package faults_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net"
 	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -157,5 +159,114 @@ func TestRedisUnreachable(t *testing.T) {
 				}
 			})
 		}
+	}
+}
+
+// Latency with jitter on every packet, and every connection reset (RST)
+// every 150ms, while workers acquire, hold and release: never more than the
+// limit at once, tokens of successive holders of a slot increase, errors are
+// only network errors, and once the resets stop the workers acquire again
+// and nothing is left behind.
+func TestJitterAndResets(t *testing.T) {
+	skipShort(t)
+	for _, v := range variants {
+		t.Run(v.name, func(t *testing.T) {
+			checkLeaks(t)
+			srv := redistest.Start(t)
+			p := newProxy(t, srv.Addr)
+			popt := srv.Options()
+			popt.Addr = p.Addr
+			viaProxy := redis.NewClient(popt)
+			t.Cleanup(func() { _ = viaProxy.Close() })
+			direct := srv.Client(t)
+			ctx := redistest.Ctx(t, 60*time.Second)
+			name := redistest.Name(t)
+			const limit = 2
+			s := v.new(t, viaProxy, name, limit, opts{LeaseTTL: time.Second, QueueTTL: time.Second, Fallback: 100 * time.Millisecond})
+			p.setJitter(3 * time.Millisecond)
+
+			var (
+				mu        sync.Mutex
+				active    int
+				peak      int
+				slotToken = map[int]int64{}
+				ok, fails int
+				bad       []string
+			)
+			stop := make(chan struct{})
+			var wg sync.WaitGroup
+			for i := 0; i < 5; i++ {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					for {
+						select {
+						case <-stop:
+							return
+						default:
+						}
+						actx, cancel := context.WithTimeout(ctx, 3*time.Second)
+						l, err := s.Acquire(actx)
+						cancel()
+						mu.Lock()
+						if err != nil {
+							fails++
+							var ne net.Error
+							if !errors.As(err, &ne) && !errors.Is(err, context.DeadlineExceeded) &&
+								!strings.Contains(err.Error(), "EOF") && !strings.Contains(err.Error(), "connection reset") {
+								bad = append(bad, err.Error())
+							}
+							mu.Unlock()
+							continue
+						}
+						ok++
+						active++
+						peak = max(peak, active)
+						if l.Token() <= slotToken[l.Slot()] {
+							bad = append(bad, fmt.Sprintf("slot %d token %d not above %d", l.Slot(), l.Token(), slotToken[l.Slot()]))
+						}
+						slotToken[l.Slot()] = l.Token()
+						mu.Unlock()
+						time.Sleep(2 * time.Millisecond)
+						mu.Lock()
+						active--
+						mu.Unlock()
+						_ = l.Release(ctx) // may fail on a reset: the slot then expires
+					}
+				}()
+			}
+			resets := 0
+			for i := 0; i < 10; i++ {
+				time.Sleep(150 * time.Millisecond)
+				resets += p.resetAll()
+			}
+			mu.Lock()
+			before := ok
+			mu.Unlock()
+			eventually(t, 20*time.Second, "acquisitions after the resets", func() error {
+				mu.Lock()
+				defer mu.Unlock()
+				if ok < before+10 {
+					return errorf("%d acquisitions after the resets", ok-before)
+				}
+				return nil
+			})
+			close(stop)
+			wg.Wait()
+			mu.Lock()
+			defer mu.Unlock()
+			if peak > limit {
+				t.Fatalf("%d holders at once, limit %d", peak, limit)
+			}
+			if len(bad) > 0 {
+				t.Fatalf("%d bad outcomes, first: %s", len(bad), bad[0])
+			}
+			if resets == 0 {
+				t.Fatal("no connection was reset")
+			}
+			t.Logf("%d connections reset; %d acquisitions, %d failed", resets, ok, fails)
+			_ = s.Close()
+			expectCleanState(t, direct, name, 5*time.Second)
+		})
 	}
 }

@@ -3,9 +3,11 @@ package faults_test
 import (
 	"bytes"
 	"io"
+	"math/rand/v2"
 	"net"
 	"sync"
 	"testing"
+	"time"
 )
 
 // proxy is a tiny TCP proxy between a client and Redis that can lose the
@@ -25,6 +27,7 @@ type proxy struct {
 	drops     int    // how many more replies to drop; < 0: all
 	dropped   int    // replies dropped so far
 	blackhole bool
+	jitter    time.Duration // each forwarded chunk waits a random [0, jitter)
 	closed    bool
 	wg        sync.WaitGroup
 }
@@ -61,6 +64,39 @@ func (p *proxy) setBlackhole() {
 	p.mu.Lock()
 	p.blackhole = true
 	p.mu.Unlock()
+}
+
+// setJitter delays every forwarded chunk by a random time in [0, d).
+func (p *proxy) setJitter(d time.Duration) {
+	p.mu.Lock()
+	p.jitter = d
+	p.mu.Unlock()
+}
+
+// delay sleeps for the configured jitter.
+func (p *proxy) delay() {
+	p.mu.Lock()
+	j := p.jitter
+	p.mu.Unlock()
+	if j > 0 {
+		time.Sleep(rand.N(j))
+	}
+}
+
+// resetAll closes every connection open now (clients see resets and EOFs);
+// new connections are served as before.
+func (p *proxy) resetAll() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	n := len(p.conns)
+	for c := range p.conns {
+		if tc, ok := c.(*net.TCPConn); ok {
+			_ = tc.SetLinger(0) // RST rather than FIN
+		}
+		_ = c.Close()
+		delete(p.conns, c)
+	}
+	return n
 }
 
 func (p *proxy) track(c net.Conn) bool {
@@ -125,6 +161,7 @@ func (p *proxy) serve(c net.Conn) {
 					poisonMu.Unlock()
 				}
 				p.mu.Unlock()
+				p.delay()
 				if _, err := s.Write(buf[:n]); err != nil {
 					return
 				}
@@ -145,6 +182,7 @@ func (p *proxy) serve(c net.Conn) {
 			if lose {
 				return // the request ran; its reply is lost with the connection
 			}
+			p.delay()
 			if _, err := c.Write(buf[:n]); err != nil {
 				return
 			}
