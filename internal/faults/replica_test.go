@@ -113,3 +113,36 @@ func TestMinReplicas(t *testing.T) {
 func leasesKey(name string) string {
 	return core.KeysFor(core.DefaultPrefix, name).List[core.KeyLeases]
 }
+
+// New rejects a negative MinReplicas or ReplicaTimeout, and MinReplicas with
+// a client on which WAIT cannot be tied to the grant's primary (a Ring).
+func TestMinReplicasConfig(t *testing.T) {
+	ring := redis.NewRing(&redis.RingOptions{Addrs: map[string]string{"a": "127.0.0.1:1"}})
+	t.Cleanup(func() { _ = ring.Close() })
+	plain := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1"})
+	t.Cleanup(func() { _ = plain.Close() })
+	cases := []struct {
+		name   string
+		client redis.UniversalClient
+		min    int
+		wait   time.Duration
+		field  string
+	}{
+		{"negative count", plain, -1, 0, "Options.MinReplicas"},
+		{"negative timeout", plain, 1, -time.Second, "Options.ReplicaTimeout"},
+		{"ring", ring, 1, 0, "Options.MinReplicas"},
+	}
+	for _, tc := range cases {
+		_, errU := unfair.New(tc.client, "x", 1, unfair.Options{MinReplicas: tc.min, ReplicaTimeout: tc.wait})
+		_, errF := fair.New(tc.client, "x", 1, fair.Options{MinReplicas: tc.min, ReplicaTimeout: tc.wait})
+		for _, err := range []error{errU, errF} {
+			var ce *redsem.ConfigError
+			if !errors.As(err, &ce) || ce.Field != tc.field {
+				t.Errorf("%s: %v, want a ConfigError for %s", tc.name, err, tc.field)
+			}
+		}
+	}
+	if _, err := unfair.New(ring, "x", 1, unfair.Options{}); err != nil {
+		t.Errorf("ring without MinReplicas: %v", err)
+	}
+}
