@@ -47,7 +47,9 @@ func TestMinReplicas(t *testing.T) {
 			rc := replica.Client(t)
 			ctx := redistest.Ctx(t, 60*time.Second)
 			name := redistest.Name(t)
-			const timeout = 300 * time.Millisecond
+			// Generous: on a loaded machine a healthy replica may take
+			// hundreds of milliseconds to acknowledge.
+			const timeout = 2 * time.Second
 			one := replicated(t, v, c, name, 2, 1, timeout)
 			two := replicated(t, v, c, name, 2, 2, timeout)
 

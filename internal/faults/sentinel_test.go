@@ -10,8 +10,8 @@ import (
 
 // A forced Sentinel failover (SENTINEL FAILOVER) while workers acquire and
 // release through go-redis's failover client: no panic, errors only during
-// the switch, tokens after it above all tokens before it, and the semaphore
-// usable again. A forced failover can lose writes accepted by the old
+// the switch, tokens issued once the old primary is demoted above all
+// tokens issued before, and the semaphore usable again. A forced failover can lose writes accepted by the old
 // primary after the promotion, so holders beyond the limit are possible for
 // a while (see docs/reliability.md); the test logs the peak.
 func TestSentinelFailover(t *testing.T) {
@@ -31,6 +31,7 @@ func TestSentinelFailover(t *testing.T) {
 			sc := redis.NewSentinelClient(&redis.Options{Addr: sen.Addr})
 			t.Cleanup(func() { _ = sc.Close() })
 			rc := replica.Client(t)
+			pc := primary.Client(t)
 			ctx := redistest.Ctx(t, 90*time.Second)
 			s := v.new(t, fc, redistest.Name(t), 2, opts{LeaseTTL: 2 * time.Second, QueueTTL: time.Second, Fallback: 200 * time.Millisecond})
 			runThroughFailover(t, ctx, s, 2, false, func() {
@@ -45,6 +46,12 @@ func TestSentinelFailover(t *testing.T) {
 					role, err := rc.Do(ctx, "ROLE").Slice()
 					if err != nil || role[0] != "master" {
 						return errorf("role %v, %v", role, err)
+					}
+					// Until the old primary is demoted, it still accepts
+					// grants (to be lost) and issues tokens of its own.
+					old, err := pc.Do(ctx, "ROLE").Slice()
+					if err != nil || old[0] != "slave" {
+						return errorf("old primary's role %v, %v", old, err)
 					}
 					return nil
 				})
