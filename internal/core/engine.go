@@ -139,7 +139,11 @@ func (e *Engine) TryAcquire(ctx context.Context) (redsem.Lease, error) {
 	if a.code != 1 {
 		return nil, redsem.ErrNoSlot
 	}
-	return e.granted(start, id, a.slot, a.token, a.deadline), nil
+	l, err := e.replicated(ctx, e.granted(start, id, a.slot, a.token, a.deadline), nil)
+	if err != nil {
+		e.failed(err)
+	}
+	return l, err
 }
 
 // granted makes the lease of a grant and reports it.
@@ -200,6 +204,7 @@ func (e *Engine) Acquire(ctx context.Context) (redsem.Lease, error) {
 	} else {
 		l, err = e.acquireUnfair(ctx, start)
 	}
+	l, err = e.replicated(ctx, l, err)
 	if err != nil {
 		if ctx.Err() != nil {
 			e.emit(redsem.Event{Kind: redsem.EventAcquireTimedOut, Wait: time.Since(start), Err: err})
