@@ -1,0 +1,3 @@
+package property_test
+
+const helperEnv = "REDSEM_PROPERTY_HELPER"
