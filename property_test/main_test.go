@@ -22,11 +22,15 @@ const (
 
 func soak() bool { return os.Getenv("REDSEM_SOAK") != "" }
 
+// userChecks: the command line or RAPID_CHECKS chose the number of checks.
+var userChecks bool
+
 func TestMain(m *testing.M) {
 	flag.Parse()
 	set := map[string]bool{}
 	flag.Visit(func(f *flag.Flag) { set[f.Name] = true })
-	if !set["rapid.checks"] && os.Getenv("RAPID_CHECKS") == "" {
+	userChecks = set["rapid.checks"] || os.Getenv("RAPID_CHECKS") != ""
+	if !userChecks {
 		n := ciChecks
 		if soak() {
 			n = soakChecks
