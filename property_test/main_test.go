@@ -6,6 +6,7 @@ package property_test
 
 import (
 	"flag"
+	"fmt"
 	"os"
 	"testing"
 
@@ -44,4 +45,12 @@ func TestMain(m *testing.M) {
 		os.Exit(m.Run()) // a child process of TestConcurrentProcesses
 	}
 	os.Exit(redistest.Main(m))
+}
+
+// trace writes a progress line to stderr when REDSEM_PROPERTY_TRACE is set
+// (used to measure how fast a deliberate bug is found; see docs/testing.md).
+func trace(format string, args ...any) {
+	if os.Getenv("REDSEM_PROPERTY_TRACE") != "" {
+		fmt.Fprintf(os.Stderr, "property: "+format+"\n", args...)
+	}
 }

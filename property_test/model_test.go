@@ -30,14 +30,22 @@ type window struct{ b, a int64 }
 func callStart() int64 { return time.Now().UnixMilli() - clockSlack }
 func callEnd() int64   { return time.Now().UnixMilli() + clockSlack }
 
+// guard widens every "maybe" zone around a deadline. The windows above are
+// exact, but a failure that happens only a millisecond past a deadline does
+// not replay: shrinking drives a failing sequence towards the shortest one,
+// which is the one closest to a deadline, and a replay a little slower or
+// faster then passes ("flaky"). With the guard, a failure is asserted only
+// when Redis had its deadline at least guard ms behind or ahead of it.
+const guard = 25
+
 // aliveThroughout: the end comes after every instant of w.
-func (d span) aliveThroughout(w window) bool { return d.lo > w.a }
+func (d span) aliveThroughout(w window) bool { return d.lo-guard > w.a }
 
 // mayBeAliveAt: the end may come after the start of w.
-func (d span) mayBeAliveAt(w window) bool { return d.hi > w.b }
+func (d span) mayBeAliveAt(w window) bool { return d.hi+guard > w.b }
 
 // endsWithin: the end may fall in (from, to].
-func (d span) endsWithin(from, to int64) bool { return d.hi > from && d.lo <= to }
+func (d span) endsWithin(from, to int64) bool { return d.hi+guard > from && d.lo-guard <= to }
 
 func after(w window, ms int64) span { return span{w.b + ms, w.a + ms} }
 
