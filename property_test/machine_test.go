@@ -121,7 +121,7 @@ func newMachine(t *testing.T, rt *rapid.T, srv *redistest.Server, rdb *redis.Cli
 		m.close = func() { _ = a.Close(); _ = b.Close() }
 	}
 	if err != nil {
-		rt.Fatalf("new: %v", err)
+		fatalf(rt, "new: %v", err)
 	}
 	return m
 }
@@ -162,20 +162,20 @@ func (m *machine) counts(w window) (certain, possible int, queueEmpty bool) {
 func (m *machine) granted(rt *rapid.T, e *entity, slot int, token int64, w window) {
 	if e.granted {
 		if e.slot != slot || e.token != token {
-			rt.Fatalf("%s: Redis says slot %d token %d, earlier slot %d token %d", e.label, slot, token, e.slot, e.token)
+			fatalf(rt, "%s: Redis says slot %d token %d, earlier slot %d token %d", e.label, slot, token, e.slot, e.token)
 		}
 		return
 	}
 	if token <= e.floor {
-		rt.Fatalf("%s: token %d is not above %d, a token issued before it", e.label, token, e.floor)
+		fatalf(rt, "%s: token %d is not above %d, a token issued before it", e.label, token, e.floor)
 	}
 	if slot < 0 || slot >= e.limitAt {
-		rt.Fatalf("%s: slot %d outside [0, %d)", e.label, slot, e.limitAt)
+		fatalf(rt, "%s: slot %d outside [0, %d)", e.label, slot, e.limitAt)
 	}
 	for _, o := range m.ents {
 		if o != e && o.granted && o.slot == slot {
 			if c, _ := o.holds(w); c {
-				rt.Fatalf("%s: slot %d is also held by live %s", e.label, slot, o)
+				fatalf(rt, "%s: slot %d is also held by live %s", e.label, slot, o)
 			}
 		}
 	}
@@ -223,12 +223,12 @@ func (m *machine) noJump(rt *rapid.T, e *entity, w window) {
 				checkNow := callStart()
 				if errors.Is(err, redis.Nil) {
 					if o.death.lo-guard > checkNow {
-						rt.Fatalf("%s was granted although live waiter %s, queued before it, is still waiting", e, o)
+						fatalf(rt, "%s was granted although live waiter %s, queued before it, is still waiting", e, o)
 					}
 					continue
 				}
 				if err != nil {
-					rt.Fatalf("hget: %v", err)
+					fatalf(rt, "hget: %v", err)
 				}
 				var slot int
 				var token int64
@@ -239,7 +239,7 @@ func (m *machine) noJump(rt *rapid.T, e *entity, w window) {
 			continue
 		}
 		if o.token >= e.token {
-			rt.Fatalf("%s jumped the queue: %s, queued before it, got the later token", e, o)
+			fatalf(rt, "%s jumped the queue: %s, queued before it, got the later token", e, o)
 		}
 	}
 }
@@ -250,7 +250,7 @@ func (m *machine) await(rt *rapid.T, e *entity) {
 	case r := <-e.result:
 		m.settle(rt, e, r)
 	case <-time.After(waitBound):
-		rt.Fatalf("%s: Acquire still waiting after %v although it should have been granted", e.label, waitBound)
+		fatalf(rt, "%s: Acquire still waiting after %v although it should have been granted", e.label, waitBound)
 	}
 }
 
@@ -259,10 +259,10 @@ func (m *machine) settle(rt *rapid.T, e *entity, r goResult) {
 	e.pending = false
 	if r.err != nil {
 		if !e.cancelled {
-			rt.Fatalf("%s: Acquire failed: %v", e.label, r.err)
+			fatalf(rt, "%s: Acquire failed: %v", e.label, r.err)
 		}
 		if !errors.Is(r.err, context.Canceled) {
-			rt.Fatalf("%s: cancelled Acquire returned %v, want context.Canceled", e.label, r.err)
+			fatalf(rt, "%s: cancelled Acquire returned %v, want context.Canceled", e.label, r.err)
 		}
 		e.gone = true
 		return
@@ -272,7 +272,7 @@ func (m *machine) settle(rt *rapid.T, e *entity, r goResult) {
 		e.id = r.l.ID()
 		m.byID[e.id] = e
 	} else if e.id != r.l.ID() {
-		rt.Fatalf("%s: lease id %s, waiter id %s", e.label, r.l.ID(), e.id)
+		fatalf(rt, "%s: lease id %s, waiter id %s", e.label, r.l.ID(), e.id)
 	}
 	e.lease = r.l
 	e.ttl = normalTTL.Milliseconds()
@@ -310,10 +310,10 @@ func (m *machine) check(rt *rapid.T) {
 	st, err := m.norm.Status(ctx)
 	w := window{b, callEnd()}
 	if err != nil {
-		rt.Fatalf("status: %v", err)
+		fatalf(rt, "status: %v", err)
 	}
 	if st.Limit != m.limit {
-		rt.Fatalf("status limit %d, model %d", st.Limit, m.limit)
+		fatalf(rt, "status limit %d, model %d", st.Limit, m.limit)
 	}
 	hs := slices.Clone(st.Holders)
 	slices.SortFunc(hs, func(x, y redsem.Holder) int { return int(x.Token - y.Token) })
@@ -321,31 +321,31 @@ func (m *machine) check(rt *rapid.T) {
 	for i, h := range hs {
 		e := m.byID[h.ID]
 		if e == nil {
-			rt.Fatalf("unknown holder %s (slot %d token %d): a cancelled or failed acquire left a slot behind", h.ID, h.Slot, h.Token)
+			fatalf(rt, "unknown holder %s (slot %d token %d): a cancelled or failed acquire left a slot behind", h.ID, h.Slot, h.Token)
 		}
 		if e.gone {
-			rt.Fatalf("%s was released or cancelled but still holds slot %d", e, h.Slot)
+			fatalf(rt, "%s was released or cancelled but still holds slot %d", e, h.Slot)
 		}
 		if e.lease != nil && !e.death.mayBeAliveAt(w) {
-			rt.Fatalf("%s expired (deadline %v) or was lost, but Status lists it at [%d,%d]", e, e.death, w.b, w.a)
+			fatalf(rt, "%s expired (deadline %v) or was lost, but Status lists it at [%d,%d]", e, e.death, w.b, w.a)
 		}
 		m.granted(rt, e, h.Slot, h.Token, w)
 		if i > 0 && hs[i-1].Token == h.Token {
-			rt.Fatalf("two holders share token %d", h.Token)
+			fatalf(rt, "two holders share token %d", h.Token)
 		}
 		if o, dup := slots[h.Slot]; dup {
-			rt.Fatalf("slot %d held by %s and %s", h.Slot, o, e)
+			fatalf(rt, "slot %d held by %s and %s", h.Slot, o, e)
 		}
 		slots[h.Slot] = e.String()
 		// The i holders with smaller tokens are live now, so they were live
 		// when e was granted: e made i+1 holders.
 		if i+1 > e.limitAt {
-			rt.Fatalf("%s was granted while %d holders were live (limit %d): %v", e, i, e.limitAt, describe(m, hs))
+			fatalf(rt, "%s was granted while %d holders were live (limit %d): %v", e, i, e.limitAt, describe(m, hs))
 		}
 	}
 	if !m.fair {
 		if len(st.Waiters) > 0 {
-			rt.Fatalf("unfair semaphore lists waiters %v", st.Waiters)
+			fatalf(rt, "unfair semaphore lists waiters %v", st.Waiters)
 		}
 		return
 	}
@@ -355,17 +355,17 @@ func (m *machine) check(rt *rapid.T) {
 	for _, wt := range st.Waiters {
 		e := m.byID[wt.ID]
 		if e == nil {
-			rt.Fatalf("unknown waiter %s at position %d: a cancelled Acquire left its queue entry", wt.ID, wt.Position)
+			fatalf(rt, "unknown waiter %s at position %d: a cancelled Acquire left its queue entry", wt.ID, wt.Position)
 		}
 		if e.gone || e.cancelled {
-			rt.Fatalf("cancelled waiter %s is still queued at position %d", e, wt.Position)
+			fatalf(rt, "cancelled waiter %s is still queued at position %d", e, wt.Position)
 		}
 		if e.lease != nil {
-			rt.Fatalf("%s holds a lease but is still queued", e)
+			fatalf(rt, "%s holds a lease but is still queued", e)
 		}
 		if e.arrival >= 0 {
 			if e.arrival < last {
-				rt.Fatalf("queue order %v disagrees with arrival order", describeW(m, st.Waiters))
+				fatalf(rt, "queue order %v disagrees with arrival order", describeW(m, st.Waiters))
 			}
 			last = e.arrival
 			minQueued = min(minQueued, e.arrival)
@@ -375,7 +375,7 @@ func (m *machine) check(rt *rapid.T) {
 	// waiter holds a slot.
 	for _, h := range hs {
 		if e := m.byID[h.ID]; e.arrival > minQueued {
-			rt.Fatalf("%s holds a slot although it arrived after a waiter still queued: %v", e, describeW(m, st.Waiters))
+			fatalf(rt, "%s holds a slot although it arrived after a waiter still queued: %v", e, describeW(m, st.Waiters))
 		}
 	}
 	// Granted waiters got their tokens in arrival order.
@@ -388,7 +388,7 @@ func (m *machine) check(rt *rapid.T) {
 	slices.SortFunc(ws, func(x, y *entity) int { return x.arrival - y.arrival })
 	for i := 1; i < len(ws); i++ {
 		if ws[i].token < ws[i-1].token {
-			rt.Fatalf("admissions out of queue order: %s arrived before %s but got a later token", ws[i-1], ws[i])
+			fatalf(rt, "admissions out of queue order: %s arrived before %s but got a later token", ws[i-1], ws[i])
 		}
 	}
 	// A live waiter never waits while a slot is free, unless a holder may have
@@ -401,17 +401,17 @@ func (m *machine) check(rt *rapid.T) {
 			}
 		}
 		if len(st.Holders)+maybe < st.Limit {
-			rt.Fatalf("waiters %v wait while %d of %d slots are held", describeW(m, st.Waiters), len(st.Holders), st.Limit)
+			fatalf(rt, "waiters %v wait while %d of %d slots are held", describeW(m, st.Waiters), len(st.Holders), st.Limit)
 		}
 	}
 	// Dead waiters are evicted by the next script that runs after they die.
 	for _, e := range m.ents {
 		if e.kind == kRaw && e.death.hi+guard <= m.lastWrite && e.death.hi > 0 {
 			if _, err := m.rdb.ZScore(ctx, m.keys.List[core.KeyQueue], e.id).Result(); !errors.Is(err, redis.Nil) {
-				rt.Fatalf("dead waiter %s (session ended by %d) still in the queue after a script ran at %d (err %v)", e, e.death.hi, m.lastWrite, err)
+				fatalf(rt, "dead waiter %s (session ended by %d) still in the queue after a script ran at %d (err %v)", e, e.death.hi, m.lastWrite, err)
 			}
 			if _, err := m.rdb.ZScore(ctx, m.keys.List[core.KeyHolders], e.id).Result(); !errors.Is(err, redis.Nil) {
-				rt.Fatalf("dead waiter %s (its lease or session ended by %d) still holds a slot after a script ran at %d (err %v)", e, e.death.hi, m.lastWrite, err)
+				fatalf(rt, "dead waiter %s (its lease or session ended by %d) still holds a slot after a script ran at %d (err %v)", e, e.death.hi, m.lastWrite, err)
 			}
 		}
 	}
@@ -454,16 +454,16 @@ func (m *machine) tryAcquire(rt *rapid.T, crash bool) {
 	certain, possible, queueEmpty := m.counts(w)
 	if err != nil {
 		if !errors.Is(err, redsem.ErrNoSlot) {
-			rt.Fatalf("TryAcquire: %v", err)
+			fatalf(rt, "TryAcquire: %v", err)
 		}
 		if possible < m.limit && queueEmpty {
-			rt.Fatalf("TryAcquire refused although at most %d of %d slots may be held and nobody queues", possible, m.limit)
+			fatalf(rt, "TryAcquire refused although at most %d of %d slots may be held and nobody queues", possible, m.limit)
 		}
 		rt.Logf("TryAcquire: no slot (%d..%d of %d held)", certain, possible, m.limit)
 		return
 	}
 	if certain >= m.limit {
-		rt.Fatalf("TryAcquire granted slot %d token %d although %d of %d slots are certainly held", l.Slot(), l.Token(), certain, m.limit)
+		fatalf(rt, "TryAcquire granted slot %d token %d although %d of %d slots are certainly held", l.Slot(), l.Token(), certain, m.limit)
 	}
 	e := m.takeLease(rt, l, ttl, floor, w, m.arrive())
 	m.noJump(rt, e, w)
@@ -492,18 +492,18 @@ func (m *machine) acquireShort(rt *rapid.T) {
 	_, possible, queueEmpty := m.counts(window{w.b, w.b})
 	if err != nil {
 		if !errors.Is(err, context.DeadlineExceeded) {
-			rt.Fatalf("Acquire: %v, want an error matching context.DeadlineExceeded", err)
+			fatalf(rt, "Acquire: %v, want an error matching context.DeadlineExceeded", err)
 		}
 		// A very short deadline may end before the first attempt is answered.
 		if possible < m.limit && queueEmpty && d >= 40*time.Millisecond {
-			rt.Fatalf("Acquire timed out although at most %d of %d slots were held and nobody queued", possible, m.limit)
+			fatalf(rt, "Acquire timed out although at most %d of %d slots were held and nobody queued", possible, m.limit)
 		}
 		rt.Logf("Acquire(%v): timed out", d)
 		return
 	}
 	certain, _, _ := m.counts(w)
 	if certain >= m.limit {
-		rt.Fatalf("Acquire granted slot %d token %d although %d of %d slots are certainly held throughout", l.Slot(), l.Token(), certain, m.limit)
+		fatalf(rt, "Acquire granted slot %d token %d although %d of %d slots are certainly held throughout", l.Slot(), l.Token(), certain, m.limit)
 	}
 	e := m.takeLease(rt, l, normalTTL, floor, w, arrival)
 	m.noJump(rt, e, w)
@@ -532,11 +532,11 @@ func (m *machine) pickHeld(rt *rapid.T) *entity {
 func expectLive(rt *rapid.T, op string, e *entity, w window, err error) {
 	switch {
 	case err != nil && !errors.Is(err, redsem.ErrLeaseLost):
-		rt.Fatalf("%s %s: %v", op, e, err)
+		fatalf(rt, "%s %s: %v", op, e, err)
 	case err != nil && e.death.aliveThroughout(w):
-		rt.Fatalf("%s %s: lease lost before its deadline %v (call at [%d,%d])", op, e, e.death, w.b, w.a)
+		fatalf(rt, "%s %s: lease lost before its deadline %v (call at [%d,%d])", op, e, e.death, w.b, w.a)
 	case err == nil && !e.death.mayBeAliveAt(w):
-		rt.Fatalf("%s %s succeeded after its deadline %v (call at [%d,%d])", op, e, e.death, w.b, w.a)
+		fatalf(rt, "%s %s succeeded after its deadline %v (call at [%d,%d])", op, e, e.death, w.b, w.a)
 	}
 }
 
@@ -560,7 +560,7 @@ func (m *machine) releaseTwice(rt *rapid.T) {
 	ctx, cancel := m.ctx()
 	defer cancel()
 	if err := e.lease.Release(ctx); err != nil {
-		rt.Fatalf("second Release of %s: %v, want nil", e, err)
+		fatalf(rt, "second Release of %s: %v, want nil", e, err)
 	}
 }
 
@@ -594,7 +594,7 @@ func (m *machine) setLimit(rt *rapid.T) {
 	defer cancel()
 	w := window{b: callStart()}
 	if err := m.norm.SetLimit(ctx, n); err != nil {
-		rt.Fatalf("SetLimit(%d): %v", n, err)
+		fatalf(rt, "SetLimit(%d): %v", n, err)
 	}
 	m.lastWrite = w.b
 	m.limit = n
@@ -662,7 +662,7 @@ func (m *machine) restart(rt *rapid.T) {
 			}
 		}
 		if time.Now().After(deadline) {
-			rt.Fatalf("after a restart, live waiters did not queue again within %v (status err %v)", waitBound, err)
+			fatalf(rt, "after a restart, live waiters did not queue again within %v (status err %v)", waitBound, err)
 		}
 		time.Sleep(5 * time.Millisecond)
 	}
@@ -712,7 +712,7 @@ func (m *machine) enqueue(rt *rapid.T) {
 			}
 		}
 		if time.Now().After(deadline) {
-			rt.Fatalf("%s neither queued nor returned within %v (status err %v)", e.label, waitBound, err)
+			fatalf(rt, "%s neither queued nor returned within %v (status err %v)", e.label, waitBound, err)
 		}
 		time.Sleep(2 * time.Millisecond)
 	}
@@ -730,7 +730,7 @@ func (m *machine) enqueueDead(rt *rapid.T) {
 	v, err := lua.Acquire.Run(ctx, m.rdb, m.keys.List, m.keys.Chan, m.base, e.id, rawLeaseMs, "queue", sid, rawQueueMs).Slice()
 	w.a = callEnd()
 	if err != nil {
-		rt.Fatalf("raw acquire: %v", err)
+		fatalf(rt, "raw acquire: %v", err)
 	}
 	m.lastWrite = w.b
 	m.add(e, "R")
@@ -744,7 +744,7 @@ func (m *machine) enqueueDead(rt *rapid.T) {
 		e.death = span{w.b + rawQueueMs, w.a + rawLeaseMs}
 		rt.Logf("%s queued at position %d until %v", e, v[2], e.death)
 	default:
-		rt.Fatalf("raw acquire reply %v", v)
+		fatalf(rt, "raw acquire reply %v", v)
 	}
 }
 
@@ -785,7 +785,7 @@ func (m *machine) drainAndCheckLeak(rt *rapid.T) {
 	for _, e := range m.held() {
 		if e.death.aliveThroughout(window{callStart(), callEnd()}) {
 			if err := e.lease.Release(ctx); err != nil {
-				rt.Fatalf("final Release %s: %v", e, err)
+				fatalf(rt, "final Release %s: %v", e, err)
 			}
 			e.gone = true
 		}
@@ -800,25 +800,25 @@ func (m *machine) drainAndCheckLeak(rt *rapid.T) {
 	}
 	// Any write script runs expire(); a release of an unknown id is one.
 	if _, err := lua.Release.Run(ctx, m.rdb, m.keys.List, m.keys.Chan, m.base, "nobody").Result(); err != nil {
-		rt.Fatalf("release: %v", err)
+		fatalf(rt, "release: %v", err)
 	}
 	now := time.Now().UnixMilli()
 	for i, k := range m.keys.List {
 		n, err := m.rdb.Exists(ctx, k).Result()
 		if err != nil {
-			rt.Fatalf("exists %s: %v", k, err)
+			fatalf(rt, "exists %s: %v", k, err)
 		}
 		if n == 0 {
 			continue
 		}
 		switch i {
 		case core.KeyHolders, core.KeyLeases, core.KeyQueue, core.KeyWaiters, core.KeyBySession:
-			rt.Fatalf("leak: %s still exists after every lease and waiter ended: %s", k, dump(ctx, m.rdb, k))
+			fatalf(rt, "leak: %s still exists after every lease and waiter ended: %s", k, dump(ctx, m.rdb, k))
 		case core.KeySessions:
 			ss, _ := m.rdb.ZRangeWithScores(ctx, k, 0, -1).Result()
 			for _, s := range ss {
 				if int64(s.Score) > now+queueTTL.Milliseconds()+clockSlack {
-					rt.Fatalf("leak: session %v outlives any heartbeat", s)
+					fatalf(rt, "leak: session %v outlives any heartbeat", s)
 				}
 			}
 		case core.KeyOverride:
@@ -826,10 +826,10 @@ func (m *machine) drainAndCheckLeak(rt *rapid.T) {
 		}
 		pttl, err := m.rdb.PTTL(ctx, k).Result()
 		if err != nil {
-			rt.Fatalf("pttl %s: %v", k, err)
+			fatalf(rt, "pttl %s: %v", k, err)
 		}
 		if pttl < 0 || pttl > max(normalTTL, queueTTL)+leakMargin*time.Millisecond {
-			rt.Fatalf("leak: %s has TTL %v", k, pttl)
+			fatalf(rt, "leak: %s has TTL %v", k, pttl)
 		}
 	}
 }

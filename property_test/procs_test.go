@@ -198,10 +198,10 @@ func runProcesses(t *testing.T, rt *rapid.T, rdb *redis.Client, p helperParams, 
 		c.cmd.Stderr = &c.stderr
 		out, err := c.cmd.StdoutPipe()
 		if err != nil {
-			rt.Fatalf("pipe: %v", err)
+			fatalf(rt, "pipe: %v", err)
 		}
 		if err := c.cmd.Start(); err != nil {
-			rt.Fatalf("start child: %v", err)
+			fatalf(rt, "start child: %v", err)
 		}
 		go func() {
 			defer close(c.done)
@@ -235,11 +235,11 @@ func runProcesses(t *testing.T, rt *rapid.T, rdb *redis.Client, p helperParams, 
 		select {
 		case <-c.done:
 		case <-time.After(procRun + 20*time.Second):
-			rt.Fatalf("process %d did not finish", i)
+			fatalf(rt, "process %d did not finish", i)
 		}
 		err := c.cmd.Wait()
 		if c.killed == 0 && err != nil {
-			rt.Fatalf("process %d: %v\n%s", i, err, c.stderr.String())
+			fatalf(rt, "process %d: %v\n%s", i, err, c.stderr.String())
 		}
 		open := map[string]*interval{}
 		for _, r := range c.recs {
@@ -266,20 +266,20 @@ func runProcesses(t *testing.T, rt *rapid.T, rdb *redis.Client, p helperParams, 
 					setInterval(ivs, *iv)
 				}
 			case "fail":
-				rt.Fatalf("process %d: %s", i, r.Err)
+				fatalf(rt, "process %d: %s", i, r.Err)
 			}
 		}
 		for _, iv := range open {
 			if iv.to < 0 {
-				rt.Fatalf("process %d was not killed but lease %s was never released", i, iv.id)
+				fatalf(rt, "process %d was not killed but lease %s was never released", i, iv.id)
 			}
 		}
 	}
 	if len(ivs) == 0 {
-		rt.Fatalf("no lease was granted at all")
+		fatalf(rt, "no lease was granted at all")
 	}
 	if err := checkIntervals(ivs, p.Limit); err != nil {
-		rt.Fatalf("%v", err)
+		fatalf(rt, "%v", err)
 	}
 	lost, killedOpen := 0, 0
 	for _, iv := range ivs {
@@ -298,7 +298,7 @@ func runProcesses(t *testing.T, rt *rapid.T, rdb *redis.Client, p helperParams, 
 	defer cancel()
 	st, err := mustNew(rdb, p).Status(ctx)
 	if err != nil {
-		rt.Fatalf("status: %v", err)
+		fatalf(rt, "status: %v", err)
 	}
 	if len(st.Holders)+len(st.Waiters) != 0 {
 		var who []string
@@ -311,7 +311,7 @@ func runProcesses(t *testing.T, rt *rapid.T, rdb *redis.Client, p helperParams, 
 			}
 			who = append(who, fmt.Sprintf("%s (deadline %d): %s", h.ID, h.Deadline.UnixNano(), w))
 		}
-		rt.Fatalf("after every process ended and every deadline passed (last %d, now %d): holders %v, %d waiters",
+		fatalf(rt, "after every process ended and every deadline passed (last %d, now %d): holders %v, %d waiters",
 			lastDeadline, time.Now().UnixNano(), who, len(st.Waiters))
 	}
 }
