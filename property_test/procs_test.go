@@ -425,7 +425,7 @@ func cmpInt(a, b int64) int {
 }
 
 func fmtIv(iv interval) string {
-	s := fmt.Sprintf("proc %d lease %s slot %d token %d [%d, %d)", iv.proc, iv.id[:8], iv.slot, iv.token, iv.from, iv.to)
+	s := fmt.Sprintf("proc %d slot %d token %d [%d, %d)", iv.proc, iv.slot, iv.token, iv.from, iv.to)
 	if iv.killedOpen {
 		s += " (killed while held)"
 	}
