@@ -81,6 +81,7 @@ type entity struct {
 	arrival int   // fair queue order; -1 unknown (re-queued after a restart)
 
 	gone      bool // released or cancelled: Redis must never show it again
+	localLost bool // the lease object knows it is lost: Renew/Release answer without Redis
 	cancelled bool
 
 	// kGo only
