@@ -1,0 +1,883 @@
+package property_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/redis/go-redis/v9"
+	"github.com/redsem/redsem"
+	"github.com/redsem/redsem/fair"
+	"github.com/redsem/redsem/internal/core"
+	"github.com/redsem/redsem/internal/redistest"
+	"github.com/redsem/redsem/lua"
+	"github.com/redsem/redsem/unfair"
+	"pgregory.net/rapid"
+)
+
+const (
+	normalTTL  = 10 * time.Second       // leases that end only by release or restart
+	crashTTL   = 80 * time.Millisecond  // leases whose holder never renews (a crashed holder)
+	queueTTL   = 3 * time.Second        // live waiters' session TTL
+	fallback   = 100 * time.Millisecond // waiters ask Redis at least this often
+	rawQueueMs = 120                    // a raw (dead) remote waiter's session TTL
+	rawLeaseMs = 150                    // the lease a raw waiter asks for
+	maxPending = 5                      // live waiters at once
+	waitBound  = 5 * time.Second        // bound on every wait for a condition
+	leakMargin = 1000 + 200             // lib.lua's MARGIN_MS plus slack, ms
+)
+
+func TestUnfairStateMachine(t *testing.T) { runMachine(t, false) }
+func TestFairStateMachine(t *testing.T)   { runMachine(t, true) }
+
+// runMachine runs rapid's state machine against one dedicated redis-server,
+// reused by every check with a fresh semaphore name per check.
+func runMachine(t *testing.T, isFair bool) {
+	srv := redistest.Start(t)
+	rdb := srv.Client(t)
+	checks, began := 0, time.Now()
+	rapid.Check(t, func(rt *rapid.T) {
+		checks++
+		trace("%s: check %d at %.1fs", t.Name(), checks, time.Since(began).Seconds())
+		m := newMachine(t, rt, srv, rdb, isFair)
+		defer m.stop()
+		actions := map[string]func(*rapid.T){
+			"":                m.check,
+			"tryAcquire":      func(rt *rapid.T) { m.tryAcquire(rt, false) },
+			"tryAcquireCrash": func(rt *rapid.T) { m.tryAcquire(rt, true) },
+			"acquireShort":    m.acquireShort,
+			"release":         m.release,
+			"releaseTwice":    m.releaseTwice,
+			"renew":           m.renew,
+			"sleep":           m.sleep,
+			"setLimit":        m.setLimit,
+			"restart":         m.restart,
+		}
+		if isFair {
+			actions["enqueue"] = m.enqueue
+			actions["enqueueDead"] = m.enqueueDead
+			actions["cancel"] = m.cancelWaiter
+		}
+		rt.Repeat(actions)
+		m.drainAndCheckLeak(rt)
+	})
+}
+
+// machine drives one semaphore name and its model.
+type machine struct {
+	t    *testing.T
+	fair bool
+	srv  *redistest.Server
+	rdb  *redis.Client
+	name string
+	keys core.Keys
+
+	base  int // the limit the clients were built with
+	limit int // the limit in force
+
+	norm  redsem.Semaphore // normalTTL, no auto-renew; its Acquire queues live waiters
+	crash redsem.Semaphore // crashTTL, no auto-renew: holders that stop renewing
+	close func()
+
+	ents        []*entity
+	byID        map[string]*entity
+	maxToken    int64 // highest token observed so far
+	nextArrival int
+	counter     int
+	lastWrite   int64 // start of the last call that ran expire() and admit()
+	restartUs   int64 // local µs just before the last restart; earlier tokens are lost
+}
+
+func newMachine(t *testing.T, rt *rapid.T, srv *redistest.Server, rdb *redis.Client, isFair bool) *machine {
+	m := &machine{t: t, fair: isFair, srv: srv, rdb: rdb, name: redistest.Name(t), byID: map[string]*entity{}}
+	m.base = rapid.IntRange(1, 3).Draw(rt, "limit")
+	m.limit = m.base
+	m.keys = core.KeysFor(core.DefaultPrefix, m.name)
+	var err error
+	if isFair {
+		var a, b *fair.Semaphore
+		a, err = fair.New(rdb, m.name, m.base, fair.Options{LeaseTTL: normalTTL, QueueTTL: queueTTL,
+			DisableAutoRenew: true, FallbackInterval: fallback})
+		if err == nil {
+			b, err = fair.New(rdb, m.name, m.base, fair.Options{LeaseTTL: crashTTL, QueueTTL: queueTTL,
+				DisableAutoRenew: true, FallbackInterval: fallback})
+		}
+		m.norm, m.crash = a, b
+		m.close = func() { _ = a.Close(); _ = b.Close() }
+	} else {
+		var a, b *unfair.Semaphore
+		a, err = unfair.New(rdb, m.name, m.base, unfair.Options{LeaseTTL: normalTTL,
+			DisableAutoRenew: true, FallbackInterval: fallback})
+		if err == nil {
+			b, err = unfair.New(rdb, m.name, m.base, unfair.Options{LeaseTTL: crashTTL,
+				DisableAutoRenew: true, FallbackInterval: fallback})
+		}
+		m.norm, m.crash = a, b
+		m.close = func() { _ = a.Close(); _ = b.Close() }
+	}
+	if err != nil {
+		fatalf(rt, "new: %v", err)
+	}
+	return m
+}
+
+func (m *machine) ctx() (context.Context, context.CancelFunc) {
+	return context.WithTimeout(context.Background(), 10*time.Second)
+}
+
+func (m *machine) add(e *entity, prefix string) {
+	m.counter++
+	e.label = fmt.Sprintf("%s%d", prefix, m.counter)
+	m.ents = append(m.ents, e)
+	if e.id != "" {
+		m.byID[e.id] = e
+	}
+}
+
+// counts returns how many slots are certainly held throughout w and how many
+// may be held at its start, and whether the fair queue is certainly empty.
+func (m *machine) counts(w window) (certain, possible int, queueEmpty bool) {
+	queueEmpty = true
+	for _, e := range m.ents {
+		c, p := e.holds(w)
+		if c {
+			certain++
+		}
+		if p {
+			possible++
+		}
+		if e.mayQueue(w) {
+			queueEmpty = false
+		}
+	}
+	return
+}
+
+// granted records a slot granted to e, checking its token and slot.
+func (m *machine) granted(rt *rapid.T, e *entity, slot int, token int64, w window) {
+	if e.granted {
+		if e.slot != slot || e.token != token {
+			fatalf(rt, "%s: Redis says slot %d token %d, earlier slot %d token %d", e.label, slot, token, e.slot, e.token)
+		}
+		return
+	}
+	if token <= e.floor {
+		fatalf(rt, "%s: token %d is not above %d, a token issued before it", e.label, token, e.floor)
+	}
+	if slot < 0 || slot >= e.limitAt {
+		fatalf(rt, "%s: slot %d outside [0, %d)", e.label, slot, e.limitAt)
+	}
+	for _, o := range m.ents {
+		if o != e && o.granted && o.slot == slot {
+			if c, _ := o.holds(w); c {
+				fatalf(rt, "%s: slot %d is also held by live %s", e.label, slot, o)
+			}
+		}
+	}
+	e.granted, e.slot, e.token = true, slot, token
+	m.maxToken = max(m.maxToken, token)
+}
+
+// takeLease records a lease that Acquire or TryAcquire returned during w.
+func (m *machine) takeLease(rt *rapid.T, l redsem.Lease, ttl time.Duration, floor int64, w window, arrival int) *entity {
+	e := &entity{kind: kLease, id: l.ID(), lease: l, ttl: ttl.Milliseconds(), floor: floor,
+		limitAt: m.limit, arrival: arrival}
+	e.death = after(w, e.ttl)
+	m.add(e, "L")
+	m.granted(rt, e, l.Slot(), l.Token(), w)
+	rt.Logf("%s granted at [%d,%d], deadline %v", e, w.b, w.a, e.death)
+	return e
+}
+
+// noJump checks that a newcomer e, granted during w, jumped nobody: every
+// waiter that was certainly queued before it must have been granted first.
+func (m *machine) noJump(rt *rapid.T, e *entity, w window) {
+	if !m.fair {
+		return
+	}
+	for _, o := range m.ents {
+		if o == e || o.gone || o.arrival < 0 || o.arrival > e.arrival {
+			continue
+		}
+		switch o.kind {
+		case kGo:
+			if o.pending && !o.granted {
+				m.await(rt, o)
+			}
+			if o.gone || !o.granted {
+				continue
+			}
+		case kRaw:
+			if !o.death.aliveThroughout(w) {
+				continue
+			}
+			if !o.granted {
+				ctx, cancel := m.ctx()
+				v, err := m.rdb.HGet(ctx, m.keys.List[core.KeyLeases], o.id).Result()
+				cancel()
+				checkNow := callStart()
+				if errors.Is(err, redis.Nil) {
+					if o.death.lo-guard > checkNow {
+						fatalf(rt, "%s was granted although live waiter %s, queued before it, is still waiting", e, o)
+					}
+					continue
+				}
+				if err != nil {
+					fatalf(rt, "hget: %v", err)
+				}
+				var slot int
+				var token int64
+				fmt.Sscanf(v, "%d %d", &slot, &token)
+				m.granted(rt, o, slot, token, window{w.b, checkNow})
+			}
+		default:
+			continue
+		}
+		if o.token >= e.token {
+			fatalf(rt, "%s jumped the queue: %s, queued before it, got the later token", e, o)
+		}
+	}
+}
+
+// await waits (bounded) for a live waiter's Acquire to return.
+func (m *machine) await(rt *rapid.T, e *entity) {
+	select {
+	case r := <-e.result:
+		m.settle(rt, e, r)
+	case <-time.After(waitBound):
+		fatalf(rt, "%s: Acquire still waiting after %v although it should have been granted", e.label, waitBound)
+	}
+}
+
+// settle records what a live waiter's Acquire returned.
+func (m *machine) settle(rt *rapid.T, e *entity, r goResult) {
+	e.pending = false
+	if r.err != nil {
+		if !e.cancelled {
+			fatalf(rt, "%s: Acquire failed: %v", e.label, r.err)
+		}
+		if !errors.Is(r.err, context.Canceled) {
+			fatalf(rt, "%s: cancelled Acquire returned %v, want context.Canceled", e.label, r.err)
+		}
+		e.gone = true
+		return
+	}
+	e.cancelled = false // it won the race with its cancel: a lease like any other
+	if e.id == "" {
+		e.id = r.l.ID()
+		m.byID[e.id] = e
+	} else if e.id != r.l.ID() {
+		fatalf(rt, "%s: lease id %s, waiter id %s", e.label, r.l.ID(), e.id)
+	}
+	e.lease = r.l
+	e.ttl = normalTTL.Milliseconds()
+	if r.l.Token() < m.restartUs {
+		// Granted before the last restart and returned after it: lost.
+		e.death = span{}
+		e.granted, e.slot, e.token = true, r.l.Slot(), r.l.Token()
+		return
+	}
+	now := callEnd()
+	e.death = span{e.launched + e.ttl, now + e.ttl} // granted between its launch and now
+	m.granted(rt, e, r.l.Slot(), r.l.Token(), window{now, now})
+	rt.Logf("%s returned a lease", e)
+}
+
+// collect records every live waiter's Acquire that has returned.
+func (m *machine) collect(rt *rapid.T) {
+	for _, e := range m.ents {
+		if e.kind == kGo && e.pending {
+			select {
+			case r := <-e.result:
+				m.settle(rt, e, r)
+			default:
+			}
+		}
+	}
+}
+
+// check compares Redis's Status with the model; rapid runs it after every action.
+func (m *machine) check(rt *rapid.T) {
+	m.collect(rt)
+	ctx, cancel := m.ctx()
+	defer cancel()
+	b := callStart()
+	st, err := m.norm.Status(ctx)
+	w := window{b, callEnd()}
+	if err != nil {
+		fatalf(rt, "status: %v", err)
+	}
+	if st.Limit != m.limit {
+		fatalf(rt, "status limit %d, model %d", st.Limit, m.limit)
+	}
+	hs := slices.Clone(st.Holders)
+	slices.SortFunc(hs, func(x, y redsem.Holder) int { return int(x.Token - y.Token) })
+	slots := map[int]string{}
+	for i, h := range hs {
+		e := m.byID[h.ID]
+		if e == nil {
+			fatalf(rt, "unknown holder %s (slot %d token %d): a cancelled or failed acquire left a slot behind", h.ID, h.Slot, h.Token)
+		}
+		if e.gone {
+			fatalf(rt, "%s was released or cancelled but still holds slot %d", e, h.Slot)
+		}
+		if e.lease != nil && !e.death.mayBeAliveAt(w) {
+			fatalf(rt, "%s expired (deadline %v) or was lost, but Status lists it at [%d,%d]", e, e.death, w.b, w.a)
+		}
+		m.granted(rt, e, h.Slot, h.Token, w)
+		if i > 0 && hs[i-1].Token == h.Token {
+			fatalf(rt, "two holders share token %d", h.Token)
+		}
+		if o, dup := slots[h.Slot]; dup {
+			fatalf(rt, "slot %d held by %s and %s", h.Slot, o, e)
+		}
+		slots[h.Slot] = e.String()
+		// The i holders with smaller tokens are live now, so they were live
+		// when e was granted: e made i+1 holders.
+		if i+1 > e.limitAt {
+			fatalf(rt, "%s was granted while %d holders were live (limit %d): %v", e, i, e.limitAt, describe(m, hs))
+		}
+	}
+	if !m.fair {
+		if len(st.Waiters) > 0 {
+			fatalf(rt, "unfair semaphore lists waiters %v", st.Waiters)
+		}
+		return
+	}
+	// Fair: waiters are known, not cancelled, in arrival order.
+	last := -1
+	minQueued := int(^uint(0) >> 1)
+	for _, wt := range st.Waiters {
+		e := m.byID[wt.ID]
+		if e == nil {
+			fatalf(rt, "unknown waiter %s at position %d: a cancelled Acquire left its queue entry", wt.ID, wt.Position)
+		}
+		if e.gone || e.cancelled {
+			fatalf(rt, "cancelled waiter %s is still queued at position %d", e, wt.Position)
+		}
+		if e.lease != nil {
+			fatalf(rt, "%s holds a lease but is still queued", e)
+		}
+		if e.arrival >= 0 {
+			if e.arrival < last {
+				fatalf(rt, "queue order %v disagrees with arrival order", describeW(m, st.Waiters))
+			}
+			last = e.arrival
+			minQueued = min(minQueued, e.arrival)
+		}
+	}
+	// Admissions in queue order: nobody who arrived after a live queued
+	// waiter holds a slot.
+	for _, h := range hs {
+		if e := m.byID[h.ID]; e.arrival > minQueued {
+			fatalf(rt, "%s holds a slot although it arrived after a waiter still queued: %v", e, describeW(m, st.Waiters))
+		}
+	}
+	// Granted waiters got their tokens in arrival order.
+	var ws []*entity
+	for _, e := range m.ents {
+		if e.granted && e.arrival >= 0 {
+			ws = append(ws, e)
+		}
+	}
+	slices.SortFunc(ws, func(x, y *entity) int { return x.arrival - y.arrival })
+	for i := 1; i < len(ws); i++ {
+		if ws[i].token < ws[i-1].token {
+			fatalf(rt, "admissions out of queue order: %s arrived before %s but got a later token", ws[i-1], ws[i])
+		}
+	}
+	// A live waiter never waits while a slot is free, unless a holder may have
+	// ended after the last script that admits ran (then a heartbeat admits).
+	if len(st.Waiters) > 0 && len(st.Holders) < st.Limit {
+		maybe := 0
+		for _, e := range m.ents {
+			if !e.gone && (e.granted || e.kind == kRaw) && e.death.endsWithin(m.lastWrite, w.a) {
+				maybe++
+			}
+		}
+		if len(st.Holders)+maybe < st.Limit {
+			fatalf(rt, "waiters %v wait while %d of %d slots are held", describeW(m, st.Waiters), len(st.Holders), st.Limit)
+		}
+	}
+	// Dead waiters are evicted by the next script that runs after they die.
+	for _, e := range m.ents {
+		if e.kind == kRaw && e.death.hi+guard <= m.lastWrite && e.death.hi > 0 {
+			if _, err := m.rdb.ZScore(ctx, m.keys.List[core.KeyQueue], e.id).Result(); !errors.Is(err, redis.Nil) {
+				fatalf(rt, "dead waiter %s (session ended by %d) still in the queue after a script ran at %d (err %v)", e, e.death.hi, m.lastWrite, err)
+			}
+			if _, err := m.rdb.ZScore(ctx, m.keys.List[core.KeyHolders], e.id).Result(); !errors.Is(err, redis.Nil) {
+				fatalf(rt, "dead waiter %s (its lease or session ended by %d) still holds a slot after a script ran at %d (err %v)", e, e.death.hi, m.lastWrite, err)
+			}
+		}
+	}
+}
+
+func describe(m *machine, hs []redsem.Holder) string {
+	var s []string
+	for _, h := range hs {
+		s = append(s, m.byID[h.ID].String())
+	}
+	return "[" + strings.Join(s, " ") + "]"
+}
+
+func describeW(m *machine, ws []redsem.Waiter) string {
+	var s []string
+	for _, w := range ws {
+		if e := m.byID[w.ID]; e != nil {
+			s = append(s, fmt.Sprintf("%s#%d", e.label, e.arrival))
+		} else {
+			s = append(s, w.ID)
+		}
+	}
+	return "[" + strings.Join(s, " ") + "]"
+}
+
+// tryAcquire: one TryAcquire, by a holder that renews (never expires) or one
+// that crashes (never renews, crashTTL).
+func (m *machine) tryAcquire(rt *rapid.T, crash bool) {
+	sem, ttl := m.norm, normalTTL
+	if crash {
+		sem, ttl = m.crash, crashTTL
+	}
+	ctx, cancel := m.ctx()
+	defer cancel()
+	floor := m.maxToken
+	w := window{b: callStart()}
+	l, err := sem.TryAcquire(ctx)
+	w.a = callEnd()
+	m.lastWrite = w.b
+	certain, possible, queueEmpty := m.counts(w)
+	if err != nil {
+		if !errors.Is(err, redsem.ErrNoSlot) {
+			fatalf(rt, "TryAcquire: %v", err)
+		}
+		if possible < m.limit && queueEmpty {
+			fatalf(rt, "TryAcquire refused although at most %d of %d slots may be held and nobody queues", possible, m.limit)
+		}
+		rt.Logf("TryAcquire: no slot (%d..%d of %d held)", certain, possible, m.limit)
+		return
+	}
+	if certain >= m.limit {
+		fatalf(rt, "TryAcquire granted slot %d token %d although %d of %d slots are certainly held", l.Slot(), l.Token(), certain, m.limit)
+	}
+	e := m.takeLease(rt, l, ttl, floor, w, m.arrive())
+	m.noJump(rt, e, w)
+}
+
+func (m *machine) arrive() int {
+	if !m.fair {
+		return -1
+	}
+	m.nextArrival++
+	return m.nextArrival
+}
+
+// acquireShort: a blocking Acquire with a short deadline.
+func (m *machine) acquireShort(rt *rapid.T) {
+	// Few, far apart values: shrinking cannot creep to a borderline timing.
+	d := time.Duration(rapid.SampledFrom([]int{10, 60}).Draw(rt, "deadline_ms")) * time.Millisecond
+	floor := m.maxToken
+	arrival := m.arrive()
+	b := callStart()
+	_, possible, queueEmpty := m.counts(window{b, b})
+	mustSucceed := possible < m.limit && queueEmpty
+	if mustSucceed {
+		// A slot is free now: the call must get it. It gets a generous
+		// bound, so that a stall of this busy machine is not taken for a
+		// failure (speed is not what this test measures).
+		d = waitBound
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), d)
+	defer cancel()
+	w := window{b: b}
+	l, err := m.norm.Acquire(ctx)
+	w.a = callEnd()
+	if err != nil {
+		// No lastWrite: the deadline may have ended before any script ran.
+		if !errors.Is(err, context.DeadlineExceeded) {
+			fatalf(rt, "Acquire: %v, want an error matching context.DeadlineExceeded", err)
+		}
+		if mustSucceed {
+			fatalf(rt, "Acquire timed out after %v although at most %d of %d slots were held and nobody queued (%v)", d, possible, m.limit, err)
+		}
+		rt.Logf("Acquire(%v): timed out", d)
+		return
+	}
+	m.lastWrite = w.b // its first attempt ran after b
+	certain, _, _ := m.counts(w)
+	if certain >= m.limit {
+		fatalf(rt, "Acquire granted slot %d token %d although %d of %d slots are certainly held throughout", l.Slot(), l.Token(), certain, m.limit)
+	}
+	e := m.takeLease(rt, l, normalTTL, floor, w, arrival)
+	m.noJump(rt, e, w)
+}
+
+// held returns the entities with a lease object not yet released.
+func (m *machine) held() []*entity {
+	var out []*entity
+	for _, e := range m.ents {
+		if !e.gone && e.lease != nil {
+			out = append(out, e)
+		}
+	}
+	return out
+}
+
+func (m *machine) pickHeld(rt *rapid.T) *entity {
+	hs := m.held()
+	if len(hs) == 0 {
+		rt.Skip("no lease")
+	}
+	return hs[rapid.IntRange(0, len(hs)-1).Draw(rt, "lease")]
+}
+
+// expectLive checks a Renew/Release result against e's deadline span.
+func expectLive(rt *rapid.T, op string, e *entity, w window, err error) {
+	switch {
+	case err != nil && !errors.Is(err, redsem.ErrLeaseLost):
+		fatalf(rt, "%s %s: %v", op, e, err)
+	case err != nil && e.death.aliveThroughout(w):
+		fatalf(rt, "%s %s: lease lost before its deadline %v (call at [%d,%d])", op, e, e.death, w.b, w.a)
+	case err == nil && !e.death.mayBeAliveAt(w):
+		fatalf(rt, "%s %s succeeded after its deadline %v (call at [%d,%d])", op, e, e.death, w.b, w.a)
+	}
+}
+
+func (m *machine) release(rt *rapid.T) { m.releaseOne(rt, m.pickHeld(rt)) }
+
+func (m *machine) releaseOne(rt *rapid.T, e *entity) {
+	ctx, cancel := m.ctx()
+	defer cancel()
+	w := window{b: callStart()}
+	err := e.lease.Release(ctx)
+	w.a = callEnd()
+	if !e.localLost { // a lease already known lost answers without Redis
+		m.lastWrite = w.b
+	}
+	expectLive(rt, "Release", e, w, err)
+	e.gone = true
+	rt.Logf("released %s: %v", e, err)
+}
+
+func (m *machine) releaseTwice(rt *rapid.T) {
+	e := m.pickHeld(rt)
+	m.releaseOne(rt, e)
+	ctx, cancel := m.ctx()
+	defer cancel()
+	if err := e.lease.Release(ctx); err != nil {
+		fatalf(rt, "second Release of %s: %v, want nil", e, err)
+	}
+}
+
+func (m *machine) renew(rt *rapid.T) {
+	e := m.pickHeld(rt)
+	ctx, cancel := m.ctx()
+	defer cancel()
+	w := window{b: callStart()}
+	err := e.lease.Renew(ctx)
+	w.a = callEnd()
+	expectLive(rt, "Renew", e, w, err)
+	if err != nil {
+		if !e.localLost {
+			m.lastWrite = w.b // a failed renewal runs expire()
+		}
+		e.localLost = true
+		e.death = span{}
+		rt.Logf("renew %s: lost", e)
+		return
+	}
+	e.death = after(w, e.ttl)
+	rt.Logf("renewed %s until %v", e, e.death)
+}
+
+// sleep lets time pass, so that crashed holders and dead waiters expire.
+func (m *machine) sleep(rt *rapid.T) {
+	d := rapid.SampledFrom([]int{10, 40, 150}).Draw(rt, "sleep_ms")
+	time.Sleep(time.Duration(d) * time.Millisecond)
+}
+
+func (m *machine) setLimit(rt *rapid.T) {
+	n := rapid.IntRange(1, 4).Draw(rt, "new_limit")
+	ctx, cancel := m.ctx()
+	defer cancel()
+	w := window{b: callStart()}
+	if err := m.norm.SetLimit(ctx, n); err != nil {
+		fatalf(rt, "SetLimit(%d): %v", n, err)
+	}
+	m.lastWrite = w.b
+	m.limit = n
+	for _, e := range m.ents {
+		if !e.granted {
+			e.limitAt = max(e.limitAt, n)
+		}
+	}
+}
+
+// restart replaces the server by an empty one on the same port: every lease
+// and queue entry is lost, tokens must still increase.
+func (m *machine) restart(rt *rapid.T) {
+	if rapid.IntRange(0, 2).Draw(rt, "restart_die") != 0 {
+		rt.Skip("restart is expensive: a third of the draws")
+	}
+	m.restartUs = time.Now().UnixMicro()
+	m.srv.Restart(m.t)
+	m.limit = m.base
+	// The client's pool may have met refused dials while the server was
+	// down; wait until it talks to the new server again.
+	for deadline := time.Now().Add(waitBound); m.rdb.Ping(context.Background()).Err() != nil; {
+		if time.Now().After(deadline) {
+			fatalf(rt, "no PING answer within %v after a restart", waitBound)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	var live []*entity
+	for _, e := range m.ents {
+		switch {
+		case e.kind == kGo && e.pending:
+			// Evicted with everything else: it queues again, at the back
+			// in an order the model learns below; a grant it had not yet
+			// returned is lost and it waits for a new one.
+			e.granted, e.token, e.arrival, e.floor = false, 0, -1, m.maxToken
+			e.limitAt = max(e.limitAt, m.base)
+			live = append(live, e)
+		case e.kind == kRaw:
+			e.gone = true // its session is gone; it will never heart-beat
+		default:
+			e.death = span{}
+		}
+	}
+	// Wait until each live waiter has queued again or returned.
+	deadline := time.Now().Add(waitBound)
+	for {
+		m.collect(rt)
+		ctx, cancel := m.ctx()
+		st, err := m.norm.Status(ctx)
+		cancel()
+		if err == nil {
+			in := map[string]bool{}
+			for _, w := range st.Waiters {
+				in[w.ID] = true
+			}
+			for _, h := range st.Holders {
+				in[h.ID] = true
+			}
+			done := true
+			for _, e := range live {
+				if e.pending && !in[e.id] {
+					done = false
+				}
+			}
+			if done {
+				for _, w := range st.Waiters {
+					if e := m.byID[w.ID]; e != nil && e.arrival < 0 {
+						e.arrival = m.arrive()
+					}
+				}
+				rt.Logf("restarted; waiters queued again: %s", describeW(m, st.Waiters))
+				return
+			}
+		}
+		if time.Now().After(deadline) {
+			fatalf(rt, "after a restart, live waiters did not queue again within %v (status err %v)", waitBound, err)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// enqueue starts a fair Acquire in a goroutine (a live waiter whose process
+// heart-beats) and waits until Redis shows it queued or it returns.
+func (m *machine) enqueue(rt *rapid.T) {
+	n := 0
+	for _, e := range m.ents {
+		if e.kind == kGo && e.pending {
+			n++
+		}
+	}
+	if n >= maxPending {
+		rt.Skip("enough waiters")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	e := &entity{kind: kGo, pending: true, cancel: cancel, result: make(chan goResult, 1),
+		floor: m.maxToken, limitAt: m.limit, arrival: m.arrive(), death: span{forever, forever},
+		launched: callStart()}
+	m.add(e, "W")
+	sem := m.norm
+	go func() {
+		l, err := sem.Acquire(ctx)
+		e.result <- goResult{l, err}
+	}()
+	deadline := time.Now().Add(waitBound)
+	for {
+		select {
+		case r := <-e.result:
+			m.settle(rt, e, r)
+			return
+		default:
+		}
+		ctx, cancel := m.ctx()
+		st, err := m.norm.Status(ctx)
+		cancel()
+		if err == nil {
+			for _, w := range st.Waiters {
+				if m.byID[w.ID] == nil {
+					e.id = w.ID
+					m.byID[e.id] = e
+					rt.Logf("%s queued at position %d", e.label, w.Position)
+					return
+				}
+			}
+		}
+		if time.Now().After(deadline) {
+			fatalf(rt, "%s neither queued nor returned within %v (status err %v)", e.label, waitBound, err)
+		}
+		time.Sleep(2 * time.Millisecond)
+	}
+}
+
+// enqueueDead queues a waiter by a raw script call, as a remote process that
+// dies at once would: its session is never heart-beaten again.
+func (m *machine) enqueueDead(rt *rapid.T) {
+	ctx, cancel := m.ctx()
+	defer cancel()
+	e := &entity{kind: kRaw, id: uuid.NewString(), floor: m.maxToken, limitAt: m.limit, arrival: m.arrive(),
+		ttl: rawLeaseMs}
+	sid := "dead" + strings.ReplaceAll(uuid.NewString(), "-", "")
+	w := window{b: callStart()}
+	v, err := lua.Acquire.Run(ctx, m.rdb, m.keys.List, m.keys.Chan, m.base, e.id, rawLeaseMs, "queue", sid, rawQueueMs).Slice()
+	w.a = callEnd()
+	if err != nil {
+		fatalf(rt, "raw acquire: %v", err)
+	}
+	m.lastWrite = w.b
+	m.add(e, "R")
+	switch code := v[0].(int64); code {
+	case 1: // granted at once, not tied to the session
+		e.death = after(w, rawLeaseMs)
+		m.granted(rt, e, int(v[1].(int64)), v[2].(int64), w)
+		m.noJump(rt, e, w)
+		rt.Logf("%s granted at once", e)
+	case 0: // queued; gone (or its unclaimed grant revoked) when the session dies
+		e.death = span{w.b + rawQueueMs, w.a + rawLeaseMs}
+		rt.Logf("%s queued at position %d until %v", e, v[2], e.death)
+	default:
+		fatalf(rt, "raw acquire reply %v", v)
+	}
+}
+
+// cancelWaiter cancels a live waiter's Acquire.
+func (m *machine) cancelWaiter(rt *rapid.T) {
+	var ps []*entity
+	for _, e := range m.ents {
+		if e.kind == kGo && e.pending {
+			ps = append(ps, e)
+		}
+	}
+	if len(ps) == 0 {
+		rt.Skip("no waiter")
+	}
+	e := ps[rapid.IntRange(0, len(ps)-1).Draw(rt, "waiter")]
+	e.cancelled = true
+	w := window{b: callStart()}
+	e.cancel()
+	m.await(rt, e)
+	if e.gone { // it left the queue through release.lua
+		m.lastWrite = w.b
+	}
+	rt.Logf("cancelled %s (gone %v)", e, e.gone)
+}
+
+// drainAndCheckLeak ends every lease and waiter, waits until every deadline
+// the model knows has passed, lets one script run, and checks that nothing
+// is left but keys that expire by themselves.
+func (m *machine) drainAndCheckLeak(rt *rapid.T) {
+	for _, e := range m.ents {
+		if e.kind == kGo && e.pending {
+			e.cancelled = true
+			e.cancel()
+			m.await(rt, e)
+		}
+	}
+	ctx, cancel := m.ctx()
+	defer cancel()
+	var until int64
+	for _, e := range m.held() {
+		if e.death.aliveThroughout(window{callStart(), callEnd()}) {
+			if err := e.lease.Release(ctx); err != nil {
+				fatalf(rt, "final Release %s: %v", e, err)
+			}
+			e.gone = true
+		}
+	}
+	for _, e := range m.ents {
+		if !e.gone && e.death.hi < forever {
+			until = max(until, e.death.hi)
+		}
+	}
+	if d := time.Until(time.UnixMilli(until + guard)); d > 0 {
+		time.Sleep(d) // every remaining lease and dead session ends by then
+	}
+	// Any write script runs expire(); a release of an unknown id is one.
+	if _, err := lua.Release.Run(ctx, m.rdb, m.keys.List, m.keys.Chan, m.base, "nobody").Result(); err != nil {
+		fatalf(rt, "release: %v", err)
+	}
+	now := time.Now().UnixMilli()
+	for i, k := range m.keys.List {
+		n, err := m.rdb.Exists(ctx, k).Result()
+		if err != nil {
+			fatalf(rt, "exists %s: %v", k, err)
+		}
+		if n == 0 {
+			continue
+		}
+		switch i {
+		case core.KeyHolders, core.KeyLeases, core.KeyQueue, core.KeyWaiters, core.KeyBySession:
+			fatalf(rt, "leak: %s still exists after every lease and waiter ended: %s", k, dump(ctx, m.rdb, k))
+		case core.KeySessions:
+			ss, _ := m.rdb.ZRangeWithScores(ctx, k, 0, -1).Result()
+			for _, s := range ss {
+				if int64(s.Score) > now+queueTTL.Milliseconds()+clockSlack {
+					fatalf(rt, "leak: session %v outlives any heartbeat", s)
+				}
+			}
+		case core.KeyOverride:
+			continue // SetLimit's setting never expires
+		}
+		pttl, err := m.rdb.PTTL(ctx, k).Result()
+		if err != nil {
+			fatalf(rt, "pttl %s: %v", k, err)
+		}
+		if pttl < 0 || pttl > max(normalTTL, queueTTL)+leakMargin*time.Millisecond {
+			fatalf(rt, "leak: %s has TTL %v", k, pttl)
+		}
+	}
+}
+
+// stop cancels every waiter still running (after a failure) and closes the
+// semaphores.
+func (m *machine) stop() {
+	for _, e := range m.ents {
+		if e.kind == kGo && e.pending {
+			e.cancel()
+			select {
+			case <-e.result:
+			case <-time.After(waitBound):
+			}
+		}
+	}
+	m.close()
+}
+
+func dump(ctx context.Context, rdb *redis.Client, k string) string {
+	switch rdb.Type(ctx, k).Val() {
+	case "zset":
+		return fmt.Sprint(rdb.ZRangeWithScores(ctx, k, 0, -1).Val())
+	case "hash":
+		return fmt.Sprint(rdb.HGetAll(ctx, k).Val())
+	}
+	return rdb.Type(ctx, k).Val()
+}

@@ -1,0 +1,433 @@
+package property_test
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"os/exec"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/redsem/redsem"
+	"github.com/redsem/redsem/fair"
+	"github.com/redsem/redsem/internal/redistest"
+	"github.com/redsem/redsem/unfair"
+	"pgregory.net/rapid"
+)
+
+// The concurrent property: several OS processes (this test binary run again
+// as TestHelperProcess) with many goroutines each acquire and release one
+// semaphore with random holds, while the parent kills some of them with
+// SIGKILL. Every lease is recorded by its process as JSON lines on stdout,
+// with time.Now().UnixNano(): the wall clock, which all processes on one
+// machine share (a clock step during a run would make the check unsound).
+
+const (
+	helperEnv   = "REDSEM_PROPERTY_HELPER" // set in a child: its parameters, as JSON
+	procLease   = 400 * time.Millisecond
+	procQueue   = 400 * time.Millisecond
+	procRun     = 1500 * time.Millisecond
+	procChecks  = 3  // checks per CI run
+	procSoakRun = 20 // checks with REDSEM_SOAK=1
+)
+
+// helperParams is what the parent tells a child.
+type helperParams struct {
+	Addr    string `json:"addr"`
+	Name    string `json:"name"`
+	Fair    bool   `json:"fair"`
+	Limit   int    `json:"limit"`
+	Workers int    `json:"workers"`
+	HoldMax int    `json:"hold_max_ms"`
+	RunMs   int    `json:"run_ms"`
+	Seed    uint64 `json:"seed"`
+}
+
+// record is one line a child prints.
+//
+//	acq: Acquire was called at Start and returned at T the lease ID with its
+//	     slot, token and early deadline estimate (ns).
+//	rel: Release was called at T (printed before the call).
+//	lost: Release of ID returned ErrLeaseLost.
+type record struct {
+	Ev       string `json:"ev"`
+	ID       string `json:"id"`
+	Slot     int    `json:"slot,omitempty"`
+	Token    int64  `json:"token,omitempty"`
+	Start    int64  `json:"start,omitempty"`
+	T        int64  `json:"t"`
+	Deadline int64  `json:"deadline,omitempty"`
+	Err      string `json:"err,omitempty"`
+}
+
+// TestHelperProcess is a child of TestConcurrentProcesses; it does nothing
+// in a normal run.
+func TestHelperProcess(t *testing.T) {
+	raw := os.Getenv(helperEnv)
+	if raw == "" {
+		t.Skip("run by TestConcurrentProcesses only")
+	}
+	var p helperParams
+	if err := json.Unmarshal([]byte(raw), &p); err != nil {
+		t.Fatal(err)
+	}
+	rdb := redis.NewClient(&redis.Options{Addr: p.Addr, ContextTimeoutEnabled: true})
+	defer rdb.Close()
+	var sem redsem.Semaphore
+	var err error
+	if p.Fair {
+		sem, err = fair.New(rdb, p.Name, p.Limit, fair.Options{LeaseTTL: procLease, QueueTTL: procQueue})
+	} else {
+		sem, err = unfair.New(rdb, p.Name, p.Limit, unfair.Options{LeaseTTL: procLease})
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	var mu sync.Mutex
+	emit := func(r record) {
+		b, _ := json.Marshal(r)
+		mu.Lock()
+		_, _ = os.Stdout.Write(append(b, '\n')) // one write: whole lines or nothing
+		mu.Unlock()
+	}
+	end := time.Now().Add(time.Duration(p.RunMs) * time.Millisecond)
+	var wg sync.WaitGroup
+	for w := 0; w < p.Workers; w++ {
+		rng := rand.New(rand.NewPCG(p.Seed, uint64(w)))
+		wg.Go(func() {
+			for time.Now().Before(end) {
+				ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+				start := time.Now().UnixNano()
+				l, err := sem.Acquire(ctx)
+				cancel()
+				if err != nil {
+					emit(record{Ev: "fail", T: time.Now().UnixNano(), Err: err.Error()})
+					continue
+				}
+				emit(record{Ev: "acq", ID: l.ID(), Slot: l.Slot(), Token: l.Token(), Start: start,
+					T: time.Now().UnixNano(), Deadline: l.Deadline().UnixNano()})
+				time.Sleep(time.Duration(rng.IntN(p.HoldMax*1000+1)) * time.Microsecond)
+				emit(record{Ev: "rel", ID: l.ID(), T: time.Now().UnixNano()})
+				if err := l.Release(context.Background()); errors.Is(err, redsem.ErrLeaseLost) {
+					emit(record{Ev: "lost", ID: l.ID(), T: time.Now().UnixNano()})
+				} else if err != nil {
+					emit(record{Ev: "fail", T: time.Now().UnixNano(), Err: "release: " + err.Error()})
+				}
+				time.Sleep(time.Duration(rng.IntN(2000)) * time.Microsecond)
+			}
+		})
+	}
+	wg.Wait()
+}
+
+// interval is one lease as the checker sees it.
+type interval struct {
+	proc       int
+	id         string
+	slot       int
+	token      int64
+	start      int64 // Acquire called
+	from, to   int64 // [Acquire returned, Release called) or, for a killed holder, its deadline
+	killedOpen bool
+	lost       bool
+}
+
+func TestConcurrentProcesses(t *testing.T) {
+	if os.Getenv(helperEnv) != "" {
+		t.Skip("child")
+	}
+	if !userChecks {
+		old := flag.Lookup("rapid.checks").Value.String()
+		n := procChecks
+		if soak() {
+			n = procSoakRun
+		}
+		_ = flag.Set("rapid.checks", strconv.Itoa(n))
+		defer func() { _ = flag.Set("rapid.checks", old) }()
+	}
+	srv := redistest.Start(t)
+	rdb := srv.Client(t)
+	rapid.Check(t, func(rt *rapid.T) {
+		p := helperParams{
+			Addr:    srv.Addr,
+			Name:    redistest.Name(t),
+			Fair:    rapid.Bool().Draw(rt, "fair"),
+			Limit:   rapid.IntRange(1, 4).Draw(rt, "limit"),
+			Workers: rapid.IntRange(1, 6).Draw(rt, "workers"),
+			HoldMax: rapid.IntRange(1, 15).Draw(rt, "hold_max_ms"),
+			RunMs:   int(procRun.Milliseconds()),
+		}
+		nproc := rapid.IntRange(2, 4).Draw(rt, "processes")
+		nkill := rapid.IntRange(0, nproc-1).Draw(rt, "kills")
+		kills := make([]time.Duration, nkill)
+		for i := range kills {
+			kills[i] = time.Duration(rapid.IntRange(50, int(procRun.Milliseconds())-100).Draw(rt, "kill_at_ms")) * time.Millisecond
+		}
+		slices.Sort(kills)
+		runProcesses(t, rt, rdb, p, nproc, kills)
+	})
+}
+
+// runProcesses starts the children, kills some, collects the records and checks them.
+func runProcesses(t *testing.T, rt *rapid.T, rdb *redis.Client, p helperParams, nproc int, kills []time.Duration) {
+	type child struct {
+		cmd    *exec.Cmd
+		recs   []record
+		done   chan struct{}
+		killed int64 // ns before SIGKILL was sent; 0 if not killed
+		stderr strings.Builder
+	}
+	children := make([]*child, nproc)
+	for i := range children {
+		q := p
+		q.Seed = uint64(i)*7919 + uint64(time.Now().UnixNano())
+		raw, _ := json.Marshal(q)
+		c := &child{done: make(chan struct{})}
+		c.cmd = exec.Command(os.Args[0], "-test.run=^TestHelperProcess$", "-test.count=1")
+		c.cmd.Env = append(os.Environ(), helperEnv+"="+string(raw))
+		c.cmd.Stderr = &c.stderr
+		out, err := c.cmd.StdoutPipe()
+		if err != nil {
+			fatalf(rt, "pipe: %v", err)
+		}
+		if err := c.cmd.Start(); err != nil {
+			fatalf(rt, "start child: %v", err)
+		}
+		go func() {
+			defer close(c.done)
+			sc := bufio.NewScanner(out)
+			for sc.Scan() {
+				var r record
+				if json.Unmarshal(sc.Bytes(), &r) == nil && r.Ev != "" {
+					c.recs = append(c.recs, r)
+				}
+			}
+		}()
+		children[i] = c
+	}
+	defer func() { // after a failure: no child outlives the check
+		for _, c := range children {
+			_ = c.cmd.Process.Kill()
+		}
+	}()
+	begin := time.Now()
+	order := rand.Perm(nproc)
+	for i, at := range kills {
+		time.Sleep(time.Until(begin.Add(at)))
+		c := children[order[i]]
+		c.killed = time.Now().UnixNano()
+		_ = c.cmd.Process.Kill()
+		rt.Logf("killed process %d at %v", order[i], at)
+	}
+	var ivs []interval
+	var lastDeadline int64
+	for i, c := range children {
+		select {
+		case <-c.done:
+		case <-time.After(procRun + 20*time.Second):
+			fatalf(rt, "process %d did not finish", i)
+		}
+		err := c.cmd.Wait()
+		if c.killed == 0 && err != nil {
+			fatalf(rt, "process %d: %v\n%s", i, err, c.stderr.String())
+		}
+		open := map[string]*interval{}
+		for _, r := range c.recs {
+			switch r.Ev {
+			case "acq":
+				iv := &interval{proc: i, id: r.ID, slot: r.Slot, token: r.Token, start: r.Start, from: r.T, to: -1}
+				open[r.ID] = iv
+				lastDeadline = max(lastDeadline, r.Deadline)
+				if c.killed != 0 {
+					// Until a rel record says otherwise, it holds the slot at
+					// least until the kill and until its deadline estimate.
+					iv.to, iv.killedOpen = max(c.killed, r.Deadline), true
+				}
+				ivs = append(ivs, *iv)
+			case "rel":
+				if iv := open[r.ID]; iv != nil {
+					iv.to, iv.killedOpen = r.T, false
+					setInterval(ivs, *iv)
+				}
+			case "lost":
+				if iv := open[r.ID]; iv != nil {
+					// It ended at some unknown time before Release: count nothing.
+					iv.to, iv.lost = iv.from, true
+					setInterval(ivs, *iv)
+				}
+			case "fail":
+				fatalf(rt, "process %d: %s", i, r.Err)
+			}
+		}
+		for _, iv := range open {
+			if iv.to < 0 {
+				fatalf(rt, "process %d was not killed but lease %s was never released", i, iv.id)
+			}
+		}
+	}
+	if len(ivs) == 0 {
+		fatalf(rt, "no lease was granted at all")
+	}
+	if err := checkIntervals(ivs, p.Limit); err != nil {
+		fatalf(rt, "%v", err)
+	}
+	lost, killedOpen := 0, 0
+	for _, iv := range ivs {
+		if iv.lost {
+			lost++
+		}
+		if iv.killedOpen {
+			killedOpen++
+		}
+	}
+	rt.Logf("%d leases checked (%d held by killed processes, %d lost)", len(ivs), killedOpen, lost)
+
+	// Nothing left once the dead processes' leases and sessions end.
+	time.Sleep(time.Until(time.Unix(0, lastDeadline).Add(procQueue + 50*time.Millisecond)))
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	st, err := mustNew(rdb, p).Status(ctx)
+	if err != nil {
+		fatalf(rt, "status: %v", err)
+	}
+	if len(st.Holders)+len(st.Waiters) != 0 {
+		var who []string
+		for _, h := range st.Holders {
+			w := "unrecorded"
+			for _, iv := range ivs {
+				if iv.id == h.ID {
+					w = fmtIv(iv)
+				}
+			}
+			who = append(who, fmt.Sprintf("%s (deadline %d): %s", h.ID, h.Deadline.UnixNano(), w))
+		}
+		fatalf(rt, "after every process ended and every deadline passed (last %d, now %d): holders %v, %d waiters",
+			lastDeadline, time.Now().UnixNano(), who, len(st.Waiters))
+	}
+}
+
+func setInterval(ivs []interval, iv interval) {
+	for i := len(ivs) - 1; i >= 0; i-- {
+		if ivs[i].id == iv.id {
+			ivs[i] = iv
+			return
+		}
+	}
+}
+
+func mustNew(rdb *redis.Client, p helperParams) redsem.Semaphore {
+	if p.Fair {
+		s, _ := fair.New(rdb, p.Name, p.Limit, fair.Options{})
+		return s
+	}
+	s, _ := unfair.New(rdb, p.Name, p.Limit, unfair.Options{})
+	return s
+}
+
+// checkIntervals proves, over the recorded intervals, that at no instant more
+// than limit leases overlap, that overlapping leases hold distinct slots, and
+// that a lease released before another's Acquire was called has the smaller
+// token.
+func checkIntervals(ivs []interval, limit int) error {
+	type ev struct {
+		t    int64
+		open bool
+		i    int
+	}
+	var evs []ev
+	for i, iv := range ivs {
+		if iv.to > iv.from {
+			evs = append(evs, ev{iv.from, true, i}, ev{iv.to, false, i})
+		}
+	}
+	// Intervals are half-open: at equal times ends come first.
+	slices.SortFunc(evs, func(a, b ev) int {
+		if a.t != b.t {
+			if a.t < b.t {
+				return -1
+			}
+			return 1
+		}
+		if a.open == b.open {
+			return 0
+		}
+		if !a.open {
+			return -1
+		}
+		return 1
+	})
+	live := map[int]int{} // interval index -> slot
+	for _, e := range evs {
+		if !e.open {
+			delete(live, e.i)
+			continue
+		}
+		iv := ivs[e.i]
+		for j := range live {
+			if ivs[j].slot == iv.slot {
+				return fmt.Errorf("slot %d held twice at once: %s and %s", iv.slot, fmtIv(ivs[j]), fmtIv(iv))
+			}
+		}
+		live[e.i] = iv.slot
+		if len(live) > limit {
+			var s []string
+			for j := range live {
+				s = append(s, fmtIv(ivs[j]))
+			}
+			slices.Sort(s)
+			return fmt.Errorf("%d leases overlap at %d (limit %d):\n  %s", len(live), e.t, limit, strings.Join(s, "\n  "))
+		}
+	}
+	// Tokens: if A's Release was called before B's Acquire was called, A's
+	// grant came before B's, so A's token is smaller.
+	byRel := slices.Clone(ivs)
+	slices.SortFunc(byRel, func(a, b interval) int { return cmpInt(a.to, b.to) })
+	byStart := slices.Clone(ivs)
+	slices.SortFunc(byStart, func(a, b interval) int { return cmpInt(a.start, b.start) })
+	var maxTok int64
+	var maxIv interval
+	k := 0
+	for _, b := range byStart {
+		for ; k < len(byRel) && byRel[k].to < b.start; k++ {
+			a := byRel[k]
+			if a.killedOpen || a.lost {
+				continue // its end is an estimate
+			}
+			if a.token > maxTok {
+				maxTok, maxIv = a.token, a
+			}
+		}
+		if b.token <= maxTok {
+			return fmt.Errorf("token order: %s was released before %s was requested, but its token is not smaller", fmtIv(maxIv), fmtIv(b))
+		}
+	}
+	return nil
+}
+
+func cmpInt(a, b int64) int {
+	switch {
+	case a < b:
+		return -1
+	case a > b:
+		return 1
+	}
+	return 0
+}
+
+func fmtIv(iv interval) string {
+	s := fmt.Sprintf("proc %d slot %d token %d [%d, %d)", iv.proc, iv.slot, iv.token, iv.from, iv.to)
+	if iv.killedOpen {
+		s += " (killed while held)"
+	}
+	return s
+}
