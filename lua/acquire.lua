@@ -46,7 +46,7 @@ if not limit then
 end
 if mode == 'queue' then
   redis.call('ZADD', S, now + queue_ms, sid)
-  touch(math.max(queue_ms, lease_ms))
+  touch(queue_ms, S, Q, W, B, M) -- the session and its waiters
 end
 admit(now, now_us, limit)
 
@@ -77,5 +77,5 @@ local seq = redis.call('HINCRBY', M, 'seq', 1)
 redis.call('ZADD', Q, seq, id)
 redis.call('HSET', W, id, sid .. ' ' .. lease_ms)
 redis.call('ZADD', B, 0, sid .. '|' .. id)
-touch(math.max(queue_ms, lease_ms))
+touch(queue_ms, Q, W, B, M)
 return {0, hint(now), redis.call('ZRANK', Q, id), 0, now}

@@ -19,7 +19,7 @@ if err then return err end
 local now, now_us = clock()
 expire(now) -- a session that missed its deadline loses its waiters first
 redis.call('ZADD', S, now + queue_ms, sid)
-touch(queue_ms)
+touch(queue_ms, S, Q, W, B, M) -- this session's waiters live as long as it
 local limit = limit_in_force(client_limit)
 admit(now, now_us, limit)
 

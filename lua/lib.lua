@@ -55,13 +55,16 @@ local function fmt(n)
   return string.format('%.0f', n)
 end
 
--- touch makes every key but the override outlive an entry that ends ms from now.
-local function touch(ms)
+-- touch makes each key given outlive an entry that ends ms from now. A
+-- script touches exactly the keys it adds to or extends entries in (removals
+-- need no touch), and the meta key whenever holders or waiters are written:
+-- its arrival counter and established limit must outlive them.
+local function touch(ms, ...)
   ms = ms + MARGIN_MS
-  for i = 1, 7 do
-    local p = redis.call('PTTL', KEYS[i])
+  for _, key in ipairs({...}) do
+    local p = redis.call('PTTL', key)
     if p == -1 or (p >= 0 and p < ms) then
-      redis.call('PEXPIRE', KEYS[i], ms)
+      redis.call('PEXPIRE', key, ms)
     end
   end
 end
@@ -149,6 +152,7 @@ local function establish(client_limit)
   end
   if e ~= client_limit then
     redis.call('HSET', M, 'limit', client_limit)
+    touch(0, M)
   end
   return client_limit
 end
@@ -189,7 +193,7 @@ local function grant(id, now, now_us, lease_ms, limit)
   redis.call('HSET', M, 'token', fmt(token))
   redis.call('HSET', L, id, slot .. ' ' .. fmt(token))
   redis.call('ZADD', H, now + lease_ms, id)
-  touch(lease_ms)
+  touch(lease_ms, H, L, M)
   return slot, token
 end
 

@@ -23,5 +23,5 @@ if not held or held <= now then
 end
 redis.call('ZADD', H, 'XX', now + lease_ms, id)
 claim(id)
-touch(lease_ms)
+touch(lease_ms, H, L, M)
 return {1, lease_ms, now}
