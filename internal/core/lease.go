@@ -32,8 +32,11 @@ type Lease struct {
 	state    leaseState
 	done     chan struct{}
 
-	stopRenew chan struct{} // closed to stop the watchdog
-	renewDone chan struct{} // closed when the watchdog has exited
+	// The watchdog is a timer, not a goroutine: nothing runs between
+	// renewals, and stopping it costs no context switch.
+	timer    *time.Timer // nil when auto-renew is off (under mu)
+	stopped  bool        // no more watchdog renewals (under mu)
+	renewing sync.Mutex  // held while a watchdog renewal runs
 }
 
 var _ redsem.Lease = (*Lease)(nil)
@@ -41,12 +44,12 @@ var _ redsem.Lease = (*Lease)(nil)
 func (e *Engine) newLease(id string, slot int, token int64, deadline time.Time) *Lease {
 	l := &Lease{
 		e: e, id: id, slot: slot, token: token, deadline: deadline, granted: time.Now(),
-		done: make(chan struct{}), stopRenew: make(chan struct{}), renewDone: make(chan struct{}),
+		done: make(chan struct{}),
 	}
-	if e.cfg.DisableAutoRenew {
-		close(l.renewDone)
-	} else {
-		go l.watchdog()
+	if !e.cfg.DisableAutoRenew {
+		l.mu.Lock()
+		l.timer = time.AfterFunc(e.cfg.LeaseTTL/3, l.watchdog)
+		l.mu.Unlock()
 	}
 	return l
 }
@@ -145,15 +148,16 @@ func (l *Lease) Release(ctx context.Context) error {
 	return redsem.ErrLeaseLost
 }
 
+// stopWatchdog stops the renewals and waits for one in progress to end.
 func (l *Lease) stopWatchdog() {
 	l.mu.Lock()
-	select {
-	case <-l.stopRenew:
-	default:
-		close(l.stopRenew)
+	l.stopped = true
+	if l.timer != nil {
+		l.timer.Stop()
 	}
 	l.mu.Unlock()
-	<-l.renewDone
+	l.renewing.Lock() // wait for a renewal in progress
+	l.renewing.Unlock()
 }
 
 func (l *Lease) markLost() { l.finish(lost, time.Now()) }
@@ -167,10 +171,9 @@ func (l *Lease) finish(st leaseState, at time.Time) {
 	}
 	l.state = st
 	close(l.done)
-	select {
-	case <-l.stopRenew:
-	default:
-		close(l.stopRenew)
+	l.stopped = true
+	if l.timer != nil {
+		l.timer.Stop()
 	}
 	l.mu.Unlock()
 	kind := redsem.EventReleased
@@ -180,43 +183,44 @@ func (l *Lease) finish(st leaseState, at time.Time) {
 	l.e.emit(redsem.Event{Kind: kind, LeaseID: l.id, Slot: l.slot, Token: l.token, Hold: at.Sub(l.granted)})
 }
 
-// watchdog renews the lease every third of its TTL. If Redis says the lease
-// is gone, or cannot be reached before the deadline, the lease is lost.
+// watchdog runs every third of the lease TTL and renews the lease. If
+// Redis says the lease is gone, or cannot be reached before the deadline,
+// the lease is lost; after a failed attempt it tries again sooner.
 func (l *Lease) watchdog() {
-	defer close(l.renewDone)
+	l.renewing.Lock()
+	defer l.renewing.Unlock()
+	l.mu.Lock()
+	stopped := l.stopped
+	l.mu.Unlock()
+	if stopped {
+		return
+	}
 	ttl := l.e.cfg.LeaseTTL
-	every := ttl / 3
-	retry := max(min(ttl/10, time.Second), time.Millisecond)
-	next := every
-	for {
-		t := time.NewTimer(next)
-		select {
-		case <-l.stopRenew:
-			t.Stop()
-			return
-		case <-t.C:
-		}
-		deadline := l.Deadline()
-		if !time.Now().Before(deadline) {
+	deadline := l.Deadline()
+	if !time.Now().Before(deadline) {
+		l.markLost()
+		return
+	}
+	ctx, cancel := context.WithDeadline(context.Background(), deadline)
+	err := l.Renew(ctx)
+	cancel()
+	next := ttl / 3
+	switch {
+	case err == nil:
+	case errors.Is(err, redsem.ErrLeaseLost):
+		l.markLost()
+		return
+	default:
+		// Redis unreachable: try again soon, until the deadline passes.
+		retry := max(min(ttl/10, time.Second), time.Millisecond)
+		if next = min(retry, time.Until(deadline)); next <= 0 {
 			l.markLost()
 			return
-		}
-		ctx, cancel := context.WithDeadline(context.Background(), deadline)
-		err := l.Renew(ctx)
-		cancel()
-		switch {
-		case err == nil:
-			next = every
-		case errors.Is(err, redsem.ErrLeaseLost):
-			l.markLost()
-			return
-		default:
-			// Redis unreachable: try again soon, until the deadline passes.
-			next = min(retry, time.Until(deadline))
-			if next <= 0 {
-				l.markLost()
-				return
-			}
 		}
 	}
+	l.mu.Lock()
+	if !l.stopped {
+		l.timer.Reset(next)
+	}
+	l.mu.Unlock()
 }
