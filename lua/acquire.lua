@@ -44,28 +44,36 @@ local limit, established = establish(client_limit)
 if not limit then
   return {-1, established, 0, 0, now}
 end
+local queued = false
 if mode == 'queue' then
   redis.call('ZADD', S, now + queue_ms, sid)
-  touch(queue_ms, S, Q, W, B, M) -- the session and its waiters
+  queued = redis.call('ZRANK', Q, id) ~= false -- asked again while queued
 end
-admit(now, now_us, limit)
+local _, free = admit(now, now_us, limit)
 
-held = tonumber(redis.call('ZSCORE', H, id))
-if held then -- admitted just now from the queue
-  local slot, token = lease_of(id)
-  claim(id)
-  return {1, slot, token, held - now, now}
+if queued then
+  held = tonumber(redis.call('ZSCORE', H, id))
+  if held then -- admitted just now from the queue
+    touch(queue_ms, S, Q, W, B, M)
+    local slot, token = lease_of(id)
+    claim(id)
+    return {1, slot, token, held - now, now}
+  end
+  local pos = redis.call('ZRANK', Q, id)
+  if pos then
+    touch(queue_ms, S, Q, W, B, M)
+    return {0, hint(now), pos, 0, now}
+  end
+  -- evicted by admit (its session was gone): queue again below
 end
 
-local pos = redis.call('ZRANK', Q, id)
-if pos then
-  return {0, hint(now), pos, 0, now}
-end
-
--- admit left free slots only if the queue is empty: nobody is jumped.
-if redis.call('ZCARD', H) < limit then
+-- Free slots after admit mean the queue is empty: nobody is jumped.
+if free > 0 then
   local slot, token = grant(id, now, now_us, lease_ms, limit)
   if slot ~= nil then
+    if mode == 'queue' then
+      touch(queue_ms, S, M)
+    end
     return {1, slot, token, lease_ms, now}
   end
 end
@@ -73,9 +81,10 @@ end
 if mode == 'try' then
   return {0, hint(now), -1, 0, now}
 end
-local seq = redis.call('HINCRBY', M, 'seq', 1)
+local seq = (tonumber(meta('seq')) or 0) + 1
+meta_set('seq', seq)
 redis.call('ZADD', Q, seq, id)
 redis.call('HSET', W, id, sid .. ' ' .. lease_ms)
 redis.call('ZADD', B, 0, sid .. '|' .. id)
-touch(queue_ms, Q, W, B, M)
-return {0, hint(now), redis.call('ZRANK', Q, id), 0, now}
+touch(queue_ms, S, Q, W, B, M)
+return {0, hint(now), redis.call('ZCARD', Q) - 1, 0, now}

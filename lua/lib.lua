@@ -55,17 +55,37 @@ local function fmt(n)
   return string.format('%.0f', n)
 end
 
--- touch makes each key given outlive an entry that ends ms from now. A
--- script touches exactly the keys it adds to or extends entries in (removals
--- need no touch), and the meta key whenever holders or waiters are written:
--- its arrival counter and established limit must outlive them.
+-- The meta hash is read once per script (HMGET) and written through.
+local META
+local function meta(field)
+  if not META then
+    local v = redis.call('HMGET', M, 'limit', 'token', 'seq', 'ttl')
+    META = {limit = v[1], token = v[2], seq = v[3], ttl = v[4]}
+  end
+  return META[field]
+end
+
+local function meta_set(field, value)
+  meta(field)
+  META[field] = value
+  redis.call('HSET', M, field, value)
+end
+
+-- touch keeps each key given alive while any entry in it may be: it sets the
+-- key's TTL to the longest entry lifetime any script of this semaphore has
+-- written (meta "ttl", which only grows) plus a margin. A key's TTL is thus
+-- never set below the remaining life of an entry in it, and one PEXPIRE per
+-- key suffices. A script touches exactly the keys it adds to or extends
+-- entries in (removals need no touch), and always the meta key with them, so
+-- meta outlives everything it orders and bounds.
 local function touch(ms, ...)
-  ms = ms + MARGIN_MS
+  local horizon = tonumber(meta('ttl')) or 0
+  if ms > horizon then
+    horizon = ms
+    meta_set('ttl', ms)
+  end
   for _, key in ipairs({...}) do
-    local p = redis.call('PTTL', key)
-    if p == -1 or (p >= 0 and p < ms) then
-      redis.call('PEXPIRE', key, ms)
-    end
+    redis.call('PEXPIRE', key, horizon + MARGIN_MS)
   end
 end
 
@@ -135,7 +155,7 @@ local function limit_in_force(client_limit)
   if o then
     return tonumber(o)
   end
-  return tonumber(redis.call('HGET', M, 'limit')) or client_limit
+  return tonumber(meta('limit')) or client_limit
 end
 
 -- establish returns the limit for an acquiring client, or nil and the limit
@@ -145,13 +165,13 @@ local function establish(client_limit)
   if o then
     return tonumber(o)
   end
-  local e = tonumber(redis.call('HGET', M, 'limit'))
+  local e = tonumber(meta('limit'))
   if e and e ~= client_limit and
       (redis.call('ZCARD', H) > 0 or redis.call('ZCARD', Q) > 0) then
     return nil, e
   end
   if e ~= client_limit then
-    redis.call('HSET', M, 'limit', client_limit)
+    meta_set('limit', client_limit)
     touch(0, M)
   end
   return client_limit
@@ -188,9 +208,9 @@ local function grant(id, now, now_us, lease_ms, limit)
   if slot == nil then
     return nil
   end
-  local last = tonumber(redis.call('HGET', M, 'token')) or 0
+  local last = tonumber(meta('token')) or 0
   local token = math.max(last + 1, now_us)
-  redis.call('HSET', M, 'token', fmt(token))
+  meta_set('token', fmt(token))
   redis.call('HSET', L, id, slot .. ' ' .. fmt(token))
   redis.call('ZADD', H, now + lease_ms, id)
   touch(lease_ms, H, L, M)
@@ -199,7 +219,8 @@ end
 
 -- admit grants free slots to the earliest live waiters, evicting dead ones it
 -- meets at the head, and tells each grantee's session. It returns the grants
--- as a flat list: id, slot, token, lease_ms, ...
+-- as a flat list (id, slot, token, lease_ms, ...) and how many slots are
+-- still free: when that is more than 0, the queue is empty.
 local function admit(now, now_us, limit)
   local out = {}
   local free = limit - redis.call('ZCARD', H)
@@ -233,13 +254,13 @@ local function admit(now, now_us, limit)
       free = free - 1
     end
   end
-  return out
+  return out, free
 end
 
--- notify_free tells unfair waiters how many slots are free, if any.
-local function notify_free(limit)
-  local free = limit - redis.call('ZCARD', H)
-  if free > 0 and redis.call('ZCARD', Q) == 0 then
+-- notify_free tells unfair waiters how many slots are free, if any; free is
+-- what admit returned.
+local function notify_free(free)
+  if free > 0 then
     redis.call('SPUBLISH', CHAN .. ':free', free)
   end
 end

@@ -26,6 +26,7 @@ end
 expire(now)
 local limit = limit_in_force(client_limit)
 local out = {kind, now}
-append(out, admit(now, now_us, limit))
-notify_free(limit)
+local grants, free = admit(now, now_us, limit)
+append(out, grants)
+notify_free(free)
 return out

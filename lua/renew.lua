@@ -16,8 +16,8 @@ if not held or held <= now then
   -- Lost. Clean up and hand any freed slot on.
   if expire(now) > 0 then
     local limit = limit_in_force(client_limit)
-    admit(now, now_us, limit)
-    notify_free(limit)
+    local _, free = admit(now, now_us, limit)
+    notify_free(free)
   end
   return {0, 0, now}
 end

@@ -9,6 +9,7 @@ local now, now_us = clock()
 redis.call('SET', O, limit)
 expire(now)
 local out = {now}
-append(out, admit(now, now_us, limit))
-notify_free(limit)
+local grants, free = admit(now, now_us, limit)
+append(out, grants)
+notify_free(free)
 return out
