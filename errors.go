@@ -24,6 +24,9 @@ var (
 	// evicted (its process missed heart-beats for longer than QueueTTL) and
 	// it could not queue again before ctx ended.
 	ErrEvicted = errors.New("redsem: waiter evicted from the queue")
+	// ErrClosed is returned by an Acquire that was waiting when the
+	// semaphore's Close was called; it left the queue before returning.
+	ErrClosed = errors.New("redsem: semaphore closed")
 )
 
 // LimitMismatchError tells which limits disagree. It matches ErrLimitMismatch.

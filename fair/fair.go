@@ -102,6 +102,8 @@ func (s *Semaphore) SetLimit(ctx context.Context, limit int) error {
 func (s *Semaphore) Name() string { return s.e.Name() }
 
 // Close stops the background subscription and session heartbeat, which
-// otherwise end by themselves shortly after the last waiter leaves. Leases
-// keep working after Close.
+// otherwise end by themselves shortly after the last waiter leaves. Acquire
+// calls waiting at that moment leave the queue and return an error matching
+// redsem.ErrClosed; a later Acquire starts them again. Leases keep working
+// after Close.
 func (s *Semaphore) Close() error { return s.e.Close() }

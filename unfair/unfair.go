@@ -91,5 +91,7 @@ func (s *Semaphore) SetLimit(ctx context.Context, limit int) error {
 func (s *Semaphore) Name() string { return s.e.Name() }
 
 // Close stops the background wake-up subscription, which otherwise ends by
-// itself shortly after the last waiter. Leases keep working after Close.
+// itself shortly after the last waiter. Acquire calls waiting at that moment
+// return an error matching redsem.ErrClosed; a later Acquire subscribes
+// again. Leases keep working after Close.
 func (s *Semaphore) Close() error { return s.e.Close() }

@@ -53,7 +53,9 @@ func (e *Engine) Name() string { return e.cfg.Name }
 func (e *Engine) Keys() Keys { return e.keys }
 
 // Close stops the background work of waiting (the wake-up subscription and
-// the fair heartbeat). Leases already granted keep renewing until released.
+// the fair heartbeat). Acquire calls waiting at that moment leave the queue
+// and return ErrClosed; later calls start the machinery again. Leases
+// already granted keep renewing until released.
 func (e *Engine) Close() error {
 	e.hubMu.Lock()
 	h := e.hub
@@ -186,6 +188,11 @@ func (e *Engine) Acquire(ctx context.Context) (redsem.Lease, error) {
 	return l, err
 }
 
+// closed is the error of an Acquire that was waiting when Close was called.
+func (e *Engine) closed() error {
+	return fmt.Errorf("redsem: acquire %q: %w", e.cfg.Name, redsem.ErrClosed)
+}
+
 func (e *Engine) gaveUp(ctx context.Context) error {
 	return fmt.Errorf("redsem: acquire %q: gave up waiting: %w", e.cfg.Name, context.Cause(ctx))
 }
@@ -231,6 +238,9 @@ func (e *Engine) acquireUnfair(ctx context.Context, start time.Time) (redsem.Lea
 		case <-ctx.Done():
 			t.Stop()
 			return nil, e.gaveUp(ctx)
+		case <-w.h.quit: // Close: nothing would wake this waiter any more
+			t.Stop()
+			return nil, e.closed()
 		}
 		t.Stop()
 	}
@@ -280,6 +290,11 @@ func (e *Engine) acquireFair(ctx context.Context, start time.Time) (redsem.Lease
 			// Leave the queue, or hand back a slot granted in the race.
 			e.undo(ctx, id, nil)
 			return nil, e.gaveUp(ctx)
+		case <-w.h.quit:
+			// Close stopped the heartbeat and the subscription: the entry
+			// would be evicted and nothing would wake this waiter.
+			e.undo(ctx, id, nil)
+			return nil, e.closed()
 		}
 	}
 }

@@ -8,6 +8,7 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/redis/go-redis/v9"
+	"github.com/redsem/redsem"
 	"github.com/redsem/redsem/lua"
 )
 
@@ -240,7 +241,7 @@ func (h *hub) run() {
 		_ = ps.Close()
 		h.readyErr = err
 		if err == nil {
-			h.readyErr = context.Canceled
+			h.readyErr = redsem.ErrClosed
 		}
 		h.e.hubMu.Lock()
 		if h.e.hub == h {
