@@ -12,6 +12,7 @@ import (
 	"github.com/redsem/redsem"
 	"github.com/redsem/redsem/fair"
 	"github.com/redsem/redsem/internal/core"
+	"github.com/redsem/redsem/lua"
 )
 
 // newSem returns a fair semaphore on client c, closed when the test ends.
@@ -254,4 +255,24 @@ func maxI64(a, b int64) int64 {
 		return a
 	}
 	return b
+}
+
+// script runs one of the lua scripts for name directly, with the common
+// ARGV prefix (channel base, client limit) before args.
+func script(ctx context.Context, c redis.UniversalClient, s *redis.Script, name string, limit int, args ...any) ([]any, error) {
+	k := keysOf(name)
+	argv := append([]any{k.Chan, limit}, args...)
+	return s.Run(ctx, c, k.List, argv...).Slice()
+}
+
+// queueRaw queues waiter id for session sid straight through acquire.lua,
+// as a process whose heartbeat never runs would: the session lives for
+// queueTTL. It returns the script's reply.
+func queueRaw(t *testing.T, ctx context.Context, c redis.UniversalClient, name string, limit int, id, sid string, queueTTL time.Duration) []any {
+	t.Helper()
+	v, err := script(ctx, c, lua.Acquire, name, limit, id, 30000, "queue", sid, queueTTL.Milliseconds())
+	if err != nil {
+		t.Fatal(err)
+	}
+	return v
 }
