@@ -171,19 +171,21 @@ func escapeGlob(s string) string {
 	return strings.NewReplacer(`\`, `\\`, "*", `\*`, "?", `\?`, "[", `\[`, "]", `\]`).Replace(s)
 }
 
-// interval is one lease's hold, as seen by its holder: from Acquire
-// returning to Release being called, on the local monotonic clock.
+// interval is one lease's hold, as seen by its holder on the local
+// monotonic clock: called when Acquire was called, start when it returned,
+// end when Release was called, done when Release returned. The grant in
+// Redis happened in [called, start] and the release in [end, done].
 type interval struct {
-	id         string
-	slot       int
-	token      int64
-	start, end time.Time
+	id                       string
+	slot                     int
+	token                    int64
+	called, start, end, done time.Time
 }
 
 // checkIntervals asserts the safety of a history of holds: at no instant
-// more than limit holds overlap, overlapping holds have distinct slots in
-// [0, limit), tokens are unique, and a hold that ended before another began
-// has the smaller token.
+// more than limit holds [start, end) overlap, overlapping holds have distinct
+// slots in [0, limit), tokens are unique, and a lease released (done) before
+// another was asked for (called) has the smaller token.
 func checkIntervals(t *testing.T, limit int, hs []interval) {
 	t.Helper()
 	type ev struct {
@@ -211,7 +213,7 @@ func checkIntervals(t *testing.T, limit int, hs []interval) {
 		return !evs[a].start && evs[b].start
 	})
 	open := map[int]int{} // slot -> index of the open hold
-	max := 0
+	most := 0
 	for _, e := range evs {
 		h := hs[e.i]
 		if !e.start {
@@ -225,36 +227,27 @@ func checkIntervals(t *testing.T, limit int, hs []interval) {
 		if len(open) > limit {
 			t.Fatalf("%d holders at once, limit %d", len(open), limit)
 		}
-		if len(open) > max {
-			max = len(open)
-		}
+		most = max(most, len(open))
 	}
-	// Tokens follow real time: sort by end, then every later start must
-	// have a larger token than every earlier end.
-	byEnd := append([]interval(nil), hs...)
-	sort.Slice(byEnd, func(a, b int) bool { return byEnd[a].end.Before(byEnd[b].end) })
-	byStart := append([]interval(nil), hs...)
-	sort.Slice(byStart, func(a, b int) bool { return byStart[a].start.Before(byStart[b].start) })
-	var maxEnded int64
+	// Tokens follow real time: every lease asked for after some release
+	// returned has a larger token than the released one.
+	byDone := append([]interval(nil), hs...)
+	sort.Slice(byDone, func(a, b int) bool { return byDone[a].done.Before(byDone[b].done) })
+	byCall := append([]interval(nil), hs...)
+	sort.Slice(byCall, func(a, b int) bool { return byCall[a].called.Before(byCall[b].called) })
+	var maxDone int64
 	k := 0
-	for _, h := range byStart {
-		for k < len(byEnd) && byEnd[k].end.Before(h.start) {
-			maxEnded = maxI64(maxEnded, byEnd[k].token)
+	for _, h := range byCall {
+		for k < len(byDone) && byDone[k].done.Before(h.called) {
+			maxDone = max(maxDone, byDone[k].token)
 			k++
 		}
-		if h.token <= maxEnded {
-			t.Fatalf("lease %s got token %d although a lease with token %d was released before it was acquired",
-				h.id, h.token, maxEnded)
+		if h.token <= maxDone {
+			t.Fatalf("lease %s got token %d although a lease with token %d was released before it was asked for",
+				h.id, h.token, maxDone)
 		}
 	}
-	t.Logf("%d holds, at most %d at once (limit %d)", len(hs), max, limit)
-}
-
-func maxI64(a, b int64) int64 {
-	if a > b {
-		return a
-	}
-	return b
+	t.Logf("%d holds, at most %d at once (limit %d)", len(hs), most, limit)
 }
 
 // script runs one of the lua scripts for name directly, with the common
