@@ -241,8 +241,8 @@ func TestCloseUnblocksAcquire(t *testing.T) {
 	}
 	select {
 	case r := <-w:
-		if r.err == nil {
-			t.Fatalf("Acquire returned a lease after Close")
+		if !errors.Is(r.err, redsem.ErrClosed) {
+			t.Fatalf("Acquire after Close: lease %v, err %v; want ErrClosed", r.l, r.err)
 		}
 		t.Logf("Acquire after Close: %v", r.err)
 	case <-time.After(10 * time.Second):
