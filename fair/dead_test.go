@@ -3,6 +3,7 @@ package fair_test
 import (
 	"context"
 	"errors"
+	"maps"
 	"slices"
 	"syscall"
 	"testing"
@@ -61,7 +62,7 @@ func TestDeadWaiterEvictedFromMiddle(t *testing.T) {
 	t.Parallel()
 	ctx := redistest.Ctx(t, 40*time.Second)
 	name := redistest.Name(t)
-	opts := fair.Options{QueueTTL: 1500 * time.Millisecond}
+	opts := fair.Options{QueueTTL: 1500 * time.Millisecond, Observer: noEvictions(t)}
 	s0 := newSem(t, redistest.Client(t), name, 1, opts)
 	s1 := newSem(t, redistest.Client(t), name, 1, opts)
 	s3 := newSem(t, redistest.Client(t), name, 1, opts)
@@ -78,13 +79,21 @@ func TestDeadWaiterEvictedFromMiddle(t *testing.T) {
 	w3 := acquireAsync(ctx, s3)
 	ids := waiterIDs(t, waitWaiters(t, ctx, s0, 3))
 	childID := ids[1]
+	cl := redistest.Client(t)
+	before := arrivals(t, ctx, cl, name)
 
 	c.kill()
-	cl := redistest.Client(t)
 	waitFor(t, 15*time.Second, "the dead waiter's eviction", func() (bool, error) {
 		r := raw(t, ctx, cl, name)
 		return r.queue == 2 && r.waiters == 2 && r.bysess == 2, nil
 	})
+	// The live waiters kept their entries (not evicted and queued again).
+	after0 := arrivals(t, ctx, cl, name)
+	for _, id := range []string{ids[0], ids[2]} {
+		if after0[id] != before[id] {
+			t.Fatalf("live waiter %s has arrival number %v, had %v", id, after0[id], before[id])
+		}
+	}
 	after := waiterIDs(t, status(t, ctx, s0))
 	if want := []string{ids[0], ids[2]}; !slices.Equal(after, want) {
 		t.Fatalf("queue after eviction %v, want %v (child was %s)", after, want, childID)
@@ -123,7 +132,7 @@ func TestSlowWaiterKeepsPlace(t *testing.T) {
 	t.Parallel()
 	ctx := redistest.Ctx(t, 40*time.Second)
 	name := redistest.Name(t)
-	opts := fair.Options{QueueTTL: 5 * time.Second}
+	opts := fair.Options{QueueTTL: 5 * time.Second, Observer: noEvictions(t)}
 	s0 := newSem(t, redistest.Client(t), name, 1, opts)
 	s1 := newSem(t, redistest.Client(t), name, 1, opts)
 
@@ -220,6 +229,63 @@ func TestPausedWaiterRequeues(t *testing.T) {
 	}
 	c.release(10 * time.Second)
 	checkClean(t, ctx, redistest.Client(t), name)
+}
+
+// Live waiters keep their places however long they wait: their sessions'
+// heartbeats renew them, so after several QueueTTLs every waiter still has
+// its original queue entry (same arrival number) and none was evicted.
+func TestLiveWaitersOutlastQueueTTL(t *testing.T) {
+	t.Parallel()
+	ctx := redistest.Ctx(t, 30*time.Second)
+	name := redistest.Name(t)
+	c := redistest.Client(t)
+	opts := fair.Options{QueueTTL: 1500 * time.Millisecond, Observer: noEvictions(t)}
+	s0 := newSem(t, redistest.Client(t), name, 1, opts)
+	s1 := newSem(t, redistest.Client(t), name, 1, opts)
+	holder, err := s0.TryAcquire(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var chans []<-chan result
+	for i := 0; i < 3; i++ {
+		chans = append(chans, acquireAsync(ctx, []*fair.Semaphore{s1, s0}[i%2]))
+		waitWaiters(t, ctx, s0, i+1)
+	}
+	first := status(t, ctx, s0)
+	before := arrivals(t, ctx, c, name)
+	// Wait until every session was renewed to twice QueueTTL beyond its
+	// first deadline.
+	waitFor(t, 15*time.Second, "the sessions to be renewed", func() (bool, error) {
+		st, err := s0.Status(ctx)
+		if err != nil || len(st.Waiters) != 3 {
+			return false, err
+		}
+		for i, w := range st.Waiters {
+			if w.Deadline.Before(first.Waiters[i].Deadline.Add(2 * opts.QueueTTL)) {
+				return false, nil
+			}
+		}
+		return true, nil
+	})
+	if got := waiterIDs(t, status(t, ctx, s0)); !slices.Equal(got, waiterIDs(t, first)) {
+		t.Fatalf("queue %v, was %v", got, waiterIDs(t, first))
+	}
+	if after := arrivals(t, ctx, c, name); !maps.Equal(after, before) {
+		t.Fatalf("arrival numbers changed from %v to %v: waiters were evicted and queued again", before, after)
+	}
+	if err := holder.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	for i, ch := range chans {
+		l := got(t, ch, 10*time.Second)
+		if l.ID() != first.Waiters[i].ID {
+			t.Fatalf("admission %d: %s, want %s", i, l.ID(), first.Waiters[i].ID)
+		}
+		if err := l.Release(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	checkClean(t, ctx, c, name)
 }
 
 // Close while an Acquire is blocked (with a context that never ends) must

@@ -2,6 +2,7 @@ package fair_test
 
 import (
 	"errors"
+	"fmt"
 	"sort"
 	"testing"
 	"time"
@@ -259,4 +260,49 @@ func TestKeysVanish(t *testing.T) {
 	if ttl, _ := c.PTTL(ctx, k.List[core.KeyOverride]).Result(); ttl != -1 {
 		t.Fatalf("override TTL %v, want none", ttl)
 	}
+}
+
+// A grant delivered by message is claimed by its session's heartbeat and
+// from then on lives by its lease alone: it survives the end of the session
+// (the waiter left, the session's hub stopped and its deadline passed)
+// although the first renewal is far off.
+func TestClaimedGrantOutlivesSession(t *testing.T) {
+	t.Parallel()
+	ctx := redistest.Ctx(t, 30*time.Second)
+	name := redistest.Name(t)
+	c := redistest.Client(t)
+	opts := fair.Options{QueueTTL: time.Second, LeaseTTL: time.Minute}
+	s0 := newSem(t, redistest.Client(t), name, 1, opts)
+	s1 := newSem(t, redistest.Client(t), name, 1, opts)
+	holder, err := s0.TryAcquire(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	w := acquireAsync(ctx, s1)
+	waitWaiters(t, ctx, s0, 1)
+	if err := holder.Release(ctx); err != nil { // grants by message to s1's session
+		t.Fatal(err)
+	}
+	l := got(t, w, 10*time.Second)
+	// Run scripts (TryAcquire runs expire) until no session is left.
+	waitFor(t, 15*time.Second, "every session to expire", func() (bool, error) {
+		if x, err := s0.TryAcquire(ctx); err == nil {
+			_ = x.Release(ctx)
+			return false, fmt.Errorf("TryAcquire got a slot while %s should hold the only one", l.ID())
+		} else if !errors.Is(err, redsem.ErrNoSlot) {
+			return false, err
+		}
+		n, err := c.ZCard(ctx, keysOf(name).List[core.KeySessions]).Result()
+		return n == 0, err
+	})
+	if st := status(t, ctx, s0); len(st.Holders) != 1 || st.Holders[0].ID != l.ID() {
+		t.Fatalf("status %+v, want %s holding", st, l.ID())
+	}
+	if err := l.Renew(ctx); err != nil {
+		t.Fatalf("renew after the session ended: %v", err)
+	}
+	if err := l.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	checkClean(t, ctx, c, name)
 }

@@ -269,3 +269,28 @@ func queueRaw(t *testing.T, ctx context.Context, c redis.UniversalClient, name s
 	}
 	return v
 }
+
+// arrivals returns the queue's raw entries: waiter id -> arrival number. A
+// waiter that was evicted and queued again has a new, larger number.
+func arrivals(t *testing.T, ctx context.Context, c redis.UniversalClient, name string) map[string]float64 {
+	t.Helper()
+	zs, err := c.ZRangeWithScores(ctx, keysOf(name).List[core.KeyQueue], 0, -1).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := map[string]float64{}
+	for _, z := range zs {
+		out[z.Member.(string)] = z.Score
+	}
+	return out
+}
+
+// noEvictions returns an Observer that fails the test if a waiter of its
+// semaphore finds itself evicted.
+func noEvictions(t *testing.T) redsem.Observer {
+	return func(ev redsem.Event) {
+		if ev.Kind == redsem.EventWaiterEvicted {
+			t.Errorf("live waiter %s was evicted", ev.LeaseID)
+		}
+	}
+}
