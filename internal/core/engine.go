@@ -100,7 +100,19 @@ func (e *Engine) tryOnce(ctx context.Context, id string, queue bool, sid string)
 	if queue {
 		mode = "queue"
 	}
-	v, sent, err := e.run(ctx, lua.Acquire, e.cfg.Limit, id, ms(e.cfg.LeaseTTL), mode, sid, ms(e.cfg.QueueTTL))
+	if err := ctx.Err(); err != nil {
+		return attempt{}, e.wrap(err) // nothing sent
+	}
+	// The script runs to completion even if ctx ends meanwhile. A request
+	// abandoned in flight may still run after the release that undoes it
+	// (sent on another connection) and leave a slot or a queue entry that
+	// nobody owns; with the reply in hand, the caller's undo comes after it.
+	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cleanupTimeout)
+	defer cancel()
+	v, sent, err := e.run(rctx, lua.Acquire, e.cfg.Limit, id, ms(e.cfg.LeaseTTL), mode, sid, ms(e.cfg.QueueTTL))
+	if err == nil && ctx.Err() != nil {
+		err = e.wrap(ctx.Err()) // the caller gave up meanwhile: undo what the script did
+	}
 	if err != nil {
 		return attempt{}, err
 	}
