@@ -232,3 +232,41 @@ func TestCancelRaceNoLeak(t *testing.T) {
 		defer l.Release(ctx)
 	}
 }
+
+// An acquire whose context ends while its script is in flight must not
+// leave a slot or queue entry behind. Redis is paused (CLIENT PAUSE) so the
+// script is still queued on its connection when the context ends; the
+// release that undoes it goes out on another connection, and after the
+// pause Redis may run the two in either order.
+func TestCancelInFlightLeavesNothing(t *testing.T) {
+	t.Parallel()
+	ctx := redistest.Ctx(t, 40*time.Second)
+	srv := redistest.Start(t)
+	name := redistest.Name(t)
+	admin := srv.Client(t)
+	s := newSem(t, srv.Client(t), name, 1, fair.Options{})
+	for i := 0; i < 12; i++ {
+		if err := admin.ClientPause(ctx, 100*time.Millisecond).Err(); err != nil {
+			t.Fatal(err)
+		}
+		tctx, cancel := context.WithTimeout(ctx, 20*time.Millisecond)
+		l, err := s.TryAcquire(tctx)
+		cancel()
+		if err == nil {
+			// The script's reply came in time after all: fine, give it back.
+			if err := l.Release(ctx); err != nil {
+				t.Fatal(err)
+			}
+		} else if !errors.Is(err, context.DeadlineExceeded) {
+			t.Fatalf("iteration %d: %v", i, err)
+		}
+		// Wait for the pause to end and anything queued before to run.
+		if err := admin.Ping(ctx).Err(); err != nil {
+			t.Fatal(err)
+		}
+		if r := raw(t, ctx, admin, name); r.holders != 0 {
+			t.Fatalf("iteration %d: %+v left behind by an abandoned TryAcquire", i, r)
+		}
+	}
+	checkClean(t, ctx, admin, name)
+}
