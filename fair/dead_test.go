@@ -62,7 +62,7 @@ func TestDeadWaiterEvictedFromMiddle(t *testing.T) {
 	t.Parallel()
 	ctx := redistest.Ctx(t, 40*time.Second)
 	name := redistest.Name(t)
-	opts := fair.Options{QueueTTL: 1500 * time.Millisecond, Observer: noEvictions(t)}
+	opts := fair.Options{QueueTTL: 2 * time.Second, Observer: noEvictions(t)}
 	s0 := newSem(t, redistest.Client(t), name, 1, opts)
 	s1 := newSem(t, redistest.Client(t), name, 1, opts)
 	s3 := newSem(t, redistest.Client(t), name, 1, opts)
@@ -182,7 +182,7 @@ func TestPausedWaiterRequeues(t *testing.T) {
 	t.Parallel()
 	ctx := redistest.Ctx(t, 40*time.Second)
 	name := redistest.Name(t)
-	opts := fair.Options{QueueTTL: time.Second}
+	opts := fair.Options{QueueTTL: 2 * time.Second}
 	s0 := newSem(t, redistest.Client(t), name, 1, opts)
 	s1 := newSem(t, redistest.Client(t), name, 1, opts)
 
@@ -239,7 +239,7 @@ func TestLiveWaitersOutlastQueueTTL(t *testing.T) {
 	ctx := redistest.Ctx(t, 30*time.Second)
 	name := redistest.Name(t)
 	c := redistest.Client(t)
-	opts := fair.Options{QueueTTL: 1500 * time.Millisecond, Observer: noEvictions(t)}
+	opts := fair.Options{QueueTTL: 2 * time.Second, Observer: noEvictions(t)}
 	s0 := newSem(t, redistest.Client(t), name, 1, opts)
 	s1 := newSem(t, redistest.Client(t), name, 1, opts)
 	holder, err := s0.TryAcquire(ctx)
@@ -253,7 +253,7 @@ func TestLiveWaitersOutlastQueueTTL(t *testing.T) {
 	}
 	first := status(t, ctx, s0)
 	before := arrivals(t, ctx, c, name)
-	// Wait until every session was renewed to twice QueueTTL beyond its
+	// Wait until every session was renewed to 1.5 QueueTTL beyond its
 	// first deadline.
 	waitFor(t, 15*time.Second, "the sessions to be renewed", func() (bool, error) {
 		st, err := s0.Status(ctx)
@@ -261,7 +261,7 @@ func TestLiveWaitersOutlastQueueTTL(t *testing.T) {
 			return false, err
 		}
 		for i, w := range st.Waiters {
-			if w.Deadline.Before(first.Waiters[i].Deadline.Add(2 * opts.QueueTTL)) {
+			if w.Deadline.Before(first.Waiters[i].Deadline.Add(opts.QueueTTL * 3 / 2)) {
 				return false, nil
 			}
 		}

@@ -271,7 +271,7 @@ func TestClaimedGrantOutlivesSession(t *testing.T) {
 	ctx := redistest.Ctx(t, 30*time.Second)
 	name := redistest.Name(t)
 	c := redistest.Client(t)
-	opts := fair.Options{QueueTTL: time.Second, LeaseTTL: time.Minute}
+	opts := fair.Options{QueueTTL: 2 * time.Second, LeaseTTL: time.Minute}
 	s0 := newSem(t, redistest.Client(t), name, 1, opts)
 	s1 := newSem(t, redistest.Client(t), name, 1, opts)
 	holder, err := s0.TryAcquire(ctx)

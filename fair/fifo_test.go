@@ -204,7 +204,7 @@ func TestTryAcquireNeverJumpsQueue(t *testing.T) {
 
 	// A grant its waiter never claims is revoked when the waiter's session
 	// expires; then the slot is free again.
-	queueRaw(t, ctx, c, name, 1, "frozen-waiter", "frozensession", 300*time.Millisecond)
+	queueRaw(t, ctx, c, name, 1, "frozen-waiter", "frozensession", time.Second)
 	if err := l.Release(ctx); err != nil { // grants the slot to frozen-waiter
 		t.Fatal(err)
 	}
