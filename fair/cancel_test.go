@@ -229,7 +229,7 @@ func TestCancelRaceNoLeak(t *testing.T) {
 		if err != nil {
 			t.Fatalf("TryAcquire %d at the end: %v", i, err)
 		}
-		defer l.Release(ctx)
+		defer func() { _ = l.Release(ctx) }()
 	}
 }
 

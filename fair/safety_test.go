@@ -103,8 +103,10 @@ func TestHammerSafety(t *testing.T) {
 	checkClean(t, ctx, c, name)
 	// No slot leaked: all limit slots can be taken at once.
 	for i := 0; i < limit; i++ {
-		if _, err := sems[0].TryAcquire(ctx); err != nil {
+		l, err := sems[0].TryAcquire(ctx)
+		if err != nil {
 			t.Fatalf("TryAcquire %d after the hammer: %v", i, err)
 		}
+		defer func() { _ = l.Release(ctx) }()
 	}
 }

@@ -209,7 +209,7 @@ func TestLostMessagesFallback(t *testing.T) {
 
 	// Keep cutting every pub/sub connection while the queue drains.
 	stop := make(chan struct{})
-	killed := make(chan int)
+	killed := make(chan int, 1)
 	go func() {
 		kills := 0
 		defer func() { killed <- kills }()
