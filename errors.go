@@ -3,6 +3,7 @@ package redsem
 import (
 	"errors"
 	"fmt"
+	"time"
 )
 
 var (
@@ -20,13 +21,14 @@ var (
 	// ErrInvalidConfig is matched by every error that New returns for bad
 	// input; the concrete error is a *ConfigError naming the field.
 	ErrInvalidConfig = errors.New("redsem: invalid configuration")
-	// ErrEvicted is returned by a fair Acquire when its queue entry was
-	// evicted (its process missed heart-beats for longer than QueueTTL) and
-	// it could not queue again before ctx ended.
-	ErrEvicted = errors.New("redsem: waiter evicted from the queue")
-	// ErrClosed is returned by an Acquire that was waiting when the
-	// semaphore's Close was called; it left the queue before returning.
+	// ErrClosed is returned by Acquire and TryAcquire once the semaphore was
+	// closed (also to calls blocked at the time). Leases keep working.
 	ErrClosed = errors.New("redsem: semaphore closed")
+	// ErrNotReplicated is returned by Acquire and TryAcquire when the
+	// semaphore requires replica acknowledgement (Options.MinReplicas) and
+	// fewer replicas acknowledged the grant within Options.ReplicaTimeout.
+	// The slot was released again. The error is a *ReplicationError.
+	ErrNotReplicated = errors.New("redsem: grant not acknowledged by enough replicas")
 )
 
 // LimitMismatchError tells which limits disagree. It matches ErrLimitMismatch.
@@ -58,3 +60,20 @@ func (e *ConfigError) Error() string {
 
 // Is reports whether target is ErrInvalidConfig.
 func (e *ConfigError) Is(target error) bool { return target == ErrInvalidConfig }
+
+// ReplicationError tells how many replicas acknowledged a grant. It matches
+// ErrNotReplicated.
+type ReplicationError struct {
+	Name    string        // the semaphore's name
+	Want    int           // Options.MinReplicas
+	Got     int           // replicas that acknowledged within Timeout
+	Timeout time.Duration // Options.ReplicaTimeout
+}
+
+func (e *ReplicationError) Error() string {
+	return fmt.Sprintf("redsem: grant of %q acknowledged by %d of the %d replicas required within %v (the slot was released)",
+		e.Name, e.Got, e.Want, e.Timeout)
+}
+
+// Is reports whether target is ErrNotReplicated.
+func (e *ReplicationError) Is(target error) bool { return target == ErrNotReplicated }

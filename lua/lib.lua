@@ -205,7 +205,6 @@ local function admit(now, now_us, limit)
       break
     end
     local id = head[1]
-    redis.call('ZREM', Q, id)
     local w = redis.call('HGET', W, id)
     local sid, lease_ms
     if w then
@@ -213,13 +212,14 @@ local function admit(now, now_us, limit)
     end
     local sdl = sid and tonumber(redis.call('ZSCORE', S, sid))
     if not sdl or sdl <= now then
-      claim(id) -- dead waiter (its session is gone): evict
+      drop_waiter(id) -- dead waiter (its session is gone): evict
     else
       lease_ms = tonumber(lease_ms)
       local slot, token = grant(id, now, now_us, lease_ms, limit)
       if slot == nil then
-        break
+        break -- no free slot after all: the waiter keeps its place
       end
+      redis.call('ZREM', Q, id)
       redis.call('SPUBLISH', CHAN .. ':s:' .. sid,
         'g ' .. id .. ' ' .. slot .. ' ' .. fmt(token) .. ' ' .. fmt(now) .. ' ' .. fmt(lease_ms))
       out[#out + 1] = id

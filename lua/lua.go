@@ -31,6 +31,12 @@ var (
 	statusSrc string
 	//go:embed setlimit.lua
 	setLimitSrc string
+	//go:embed fence_lib.lua
+	fenceLib string
+	//go:embed fence.lua
+	fenceSrc string
+	//go:embed fence_set.lua
+	fenceSetSrc string
 )
 
 var (
@@ -46,6 +52,13 @@ var (
 	Status = redis.NewScript(lib + statusSrc)
 	// SetLimit sets the limit for every client of a name.
 	SetLimit = redis.NewScript(lib + setLimitSrc)
+
+	// Fence checks a fencing token for one slot of a resource and records
+	// it (package fencing). It runs in the store-side Redis, on a fence key
+	// rather than the eight semaphore keys; fence_lib.lua is prepended.
+	Fence = redis.NewScript(fenceLib + fenceSrc)
+	// FenceSet is Fence plus a SET of one data key, only when not stale.
+	FenceSet = redis.NewScript(fenceLib + fenceSetSrc)
 )
 
 // KeyCount is the number of KEYS every script takes (see lib.lua).

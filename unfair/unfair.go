@@ -31,6 +31,19 @@ type Options struct {
 	// Logger, if set, logs events with log/slog: lost leases, evictions and
 	// warnings at Warn, the rest at Debug. Nil: silent.
 	Logger *slog.Logger
+	// MinReplicas, if positive, makes Acquire and TryAcquire wait until
+	// this many replicas of the Redis primary acknowledged the grant (Redis
+	// WAIT, on one connection to the primary that owns the semaphore's
+	// slot). If fewer acknowledge within ReplicaTimeout, the slot is
+	// released and the call returns a *redsem.ReplicationError (matching
+	// redsem.ErrNotReplicated). Zero: no waiting; a failover may then lose
+	// recent grants (see docs/reliability.md). It needs a *redis.Client, a
+	// failover client or a *redis.ClusterClient, and costs two round trips
+	// per grant plus the replication delay.
+	MinReplicas int
+	// ReplicaTimeout bounds the wait for MinReplicas; zero: 1s. Keep it
+	// below the client's ReadTimeout.
+	ReplicaTimeout time.Duration
 }
 
 // Semaphore is the unfair (sorted-set) semaphore. It is safe for concurrent
@@ -52,6 +65,7 @@ func New(client redis.UniversalClient, name string, limit int, opts Options) (*S
 		Prefix: opts.KeyPrefix, LeaseTTL: opts.LeaseTTL,
 		DisableAutoRenew: opts.DisableAutoRenew, Fallback: opts.FallbackInterval,
 		Observer: opts.Observer, Logger: opts.Logger,
+		MinReplicas: opts.MinReplicas, ReplicaTimeout: opts.ReplicaTimeout,
 	})
 	if err != nil {
 		return nil, err
@@ -90,8 +104,9 @@ func (s *Semaphore) SetLimit(ctx context.Context, limit int) error {
 // Name is the semaphore's name as given to New.
 func (s *Semaphore) Name() string { return s.e.Name() }
 
-// Close stops the background wake-up subscription, which otherwise ends by
-// itself shortly after the last waiter. Acquire calls waiting at that moment
-// return an error matching redsem.ErrClosed; a later Acquire subscribes
-// again. Leases keep working after Close.
+// Close stops the background wake-up subscription (and, fair, the session
+// heartbeat), which otherwise end by themselves shortly after the last
+// waiter leaves. Acquire calls blocked at the time leave the queue and
+// return redsem.ErrClosed, as do later Acquire and TryAcquire calls.
+// Leases already granted keep working (renew, release) after Close.
 func (s *Semaphore) Close() error { return s.e.Close() }

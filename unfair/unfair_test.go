@@ -3,11 +3,14 @@ package unfair_test
 import (
 	"context"
 	"errors"
+	"fmt"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/redis/go-redis/v9"
 	"github.com/redsem/redsem"
 	"github.com/redsem/redsem/internal/redistest"
 	"github.com/redsem/redsem/unfair"
@@ -159,4 +162,70 @@ func TestHammerNeverExceedsLimit(t *testing.T) {
 	if p := peak.Load(); p > limit || p < 1 {
 		t.Fatalf("peak concurrent holders %d, limit %d", p, limit)
 	}
+}
+
+// scriptCalls returns how many scripts the server has run (EVALSHA + EVAL).
+func scriptCalls(t *testing.T, ctx context.Context, c interface {
+	Info(ctx context.Context, section ...string) *redis.StringCmd
+}) int64 {
+	t.Helper()
+	info, err := c.Info(ctx, "commandstats").Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var total int64
+	for _, line := range strings.Split(info, "\n") {
+		for _, cmd := range []string{"cmdstat_evalsha:", "cmdstat_eval:"} {
+			if rest, ok := strings.CutPrefix(strings.TrimSpace(line), cmd); ok {
+				var n int64
+				fmt.Sscanf(rest, "calls=%d", &n)
+				total += n
+			}
+		}
+	}
+	return total
+}
+
+// Blocked waiters do not poll Redis: with the slot held and no release,
+// each waiter runs about one attempt per FallbackInterval, not hundreds.
+func TestWaitersDoNotHammerRedis(t *testing.T) {
+	srv := redistest.Start(t)
+	c := srv.Client(t)
+	ctx := redistest.Ctx(t, 20*time.Second)
+	const waiters, fallback, window = 5, 200 * time.Millisecond, time.Second
+	s, err := unfair.New(c, redistest.Name(t), 1, unfair.Options{FallbackInterval: fallback, LeaseTTL: time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	l, err := s.Acquire(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	wctx, cancel := context.WithTimeout(ctx, window)
+	defer cancel()
+	before := scriptCalls(t, ctx, c)
+	var wg sync.WaitGroup
+	for i := 0; i < waiters; i++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if _, err := s.Acquire(wctx); !errors.Is(err, context.DeadlineExceeded) {
+				t.Errorf("waiter: %v", err)
+			}
+		}()
+	}
+	wg.Wait()
+	calls := scriptCalls(t, ctx, c) - before
+	// Per waiter: two attempts around the subscription, then one per
+	// fallback period (jitter down to 0.8x), and the undo on give-up.
+	periods := int64(window / (fallback * 8 / 10)) // fallback with the lowest jitter
+	limit := waiters * (2 + periods + 1 + 2)
+	if calls > limit {
+		t.Fatalf("%d script calls by %d waiters in %v, want <= %d", calls, waiters, window, limit)
+	}
+	if calls < waiters {
+		t.Fatalf("%d script calls: the waiters did not try at all", calls)
+	}
+	_ = l.Release(ctx)
 }

@@ -18,8 +18,11 @@ const (
 	DefaultLeaseTTL = 30 * time.Second
 	DefaultQueueTTL = 10 * time.Second
 	DefaultFallback = time.Second
-	MaxLimit        = 1 << 20
-	MaxNameLen      = 512
+	// DefaultReplicaTimeout is how long a grant waits for replica
+	// acknowledgement when MinReplicas is set.
+	DefaultReplicaTimeout = time.Second
+	MaxLimit              = 1 << 20
+	MaxNameLen            = 512
 )
 
 // Config is what an Engine is built from; fair.New and unfair.New fill it
@@ -39,6 +42,11 @@ type Config struct {
 	Fallback time.Duration
 	Observer redsem.Observer
 	Logger   *slog.Logger
+	// MinReplicas, if positive, makes every grant wait (WAIT) until this
+	// many replicas acknowledged it, at most ReplicaTimeout; a grant that
+	// too few acknowledge is released and reported as ErrNotReplicated.
+	MinReplicas    int
+	ReplicaTimeout time.Duration
 }
 
 func cfgErr(field, format string, args ...any) error {
@@ -77,6 +85,19 @@ func (c *Config) validate() error {
 	}
 	if c.Fallback, err = ttl("Options.FallbackInterval", c.Fallback, DefaultFallback); err != nil {
 		return err
+	}
+	if c.ReplicaTimeout, err = ttl("Options.ReplicaTimeout", c.ReplicaTimeout, DefaultReplicaTimeout); err != nil {
+		return err
+	}
+	if c.MinReplicas < 0 {
+		return cfgErr("Options.MinReplicas", "negative count %d", c.MinReplicas)
+	}
+	if c.MinReplicas > 0 {
+		switch c.Client.(type) {
+		case *redis.Client, *redis.ClusterClient:
+		default:
+			return cfgErr("Options.MinReplicas", "needs a *redis.Client, a failover client or a *redis.ClusterClient, not %T", c.Client)
+		}
 	}
 	return nil
 }

@@ -10,6 +10,7 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"net"
 	"strconv"
 	"sync"
 	"time"
@@ -34,8 +35,9 @@ type Engine struct {
 	policyOnce sync.Once
 	policy     string
 
-	hubMu sync.Mutex
-	hub   *hub
+	hubMu  sync.Mutex
+	hub    *hub
+	closed bool // under hubMu
 }
 
 // New validates cfg and returns an Engine.
@@ -53,13 +55,12 @@ func (e *Engine) Name() string { return e.cfg.Name }
 func (e *Engine) Keys() Keys { return e.keys }
 
 // Close stops the background work of waiting (the wake-up subscription and
-// the fair heartbeat). Acquire calls waiting at that moment leave the queue
-// and return ErrClosed; later calls start the machinery again. Leases
-// already granted keep renewing until released.
+// the fair heartbeat). Leases already granted keep renewing until released.
 func (e *Engine) Close() error {
 	e.hubMu.Lock()
 	h := e.hub
 	e.hub = nil
+	e.closed = true
 	e.hubMu.Unlock()
 	if h != nil {
 		h.shutdown()
@@ -120,6 +121,7 @@ func (e *Engine) tryOnce(ctx context.Context, id string, queue bool, sid string)
 		return attempt{}, e.wrap(fmt.Errorf("unexpected acquire reply %v", v))
 	}
 	e.clock.observe(sent, toInt(v[4]))
+	e.checkEvictionPolicy(ctx)
 	a := attempt{code: toInt(v[0])}
 	switch a.code {
 	case 1:
@@ -135,8 +137,10 @@ func (e *Engine) tryOnce(ctx context.Context, id string, queue bool, sid string)
 
 // TryAcquire makes one attempt and never waits.
 func (e *Engine) TryAcquire(ctx context.Context) (redsem.Lease, error) {
+	if e.isClosed() {
+		return nil, redsem.ErrClosed
+	}
 	start := time.Now()
-	e.checkEvictionPolicy(ctx)
 	id := uuid.NewString()
 	a, err := e.tryOnce(ctx, id, false, "")
 	if err != nil {
@@ -147,7 +151,11 @@ func (e *Engine) TryAcquire(ctx context.Context) (redsem.Lease, error) {
 	if a.code != 1 {
 		return nil, redsem.ErrNoSlot
 	}
-	return e.granted(start, id, a.slot, a.token, a.deadline), nil
+	l, err := e.replicated(ctx, e.granted(start, id, a.slot, a.token, a.deadline), nil)
+	if err != nil {
+		e.failed(err)
+	}
+	return l, err
 }
 
 // granted makes the lease of a grant and reports it.
@@ -168,8 +176,12 @@ func (e *Engine) failed(err error) {
 
 // undo releases id after a failed or abandoned acquire: a reply lost on the
 // wire may have granted or queued it. A limit mismatch wrote nothing.
+//
+// When the last error was a failed dial, the server could not be reached and
+// undo does not try either (it would only wait for the same failure); a
+// grant made by an earlier, retried attempt then expires after LeaseTTL.
 func (e *Engine) undo(ctx context.Context, id string, cause error) {
-	if errors.Is(cause, redsem.ErrLimitMismatch) {
+	if errors.Is(cause, redsem.ErrLimitMismatch) || isDialError(cause) {
 		return
 	}
 	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cleanupTimeout)
@@ -179,10 +191,24 @@ func (e *Engine) undo(ctx context.Context, id string, cause error) {
 	}
 }
 
+func (e *Engine) isClosed() bool {
+	e.hubMu.Lock()
+	defer e.hubMu.Unlock()
+	return e.closed
+}
+
+// isDialError reports whether err is a failure to connect.
+func isDialError(err error) bool {
+	var op *net.OpError
+	return errors.As(err, &op) && op.Op == "dial"
+}
+
 // Acquire blocks until a slot is granted or ctx ends.
 func (e *Engine) Acquire(ctx context.Context) (redsem.Lease, error) {
+	if e.isClosed() {
+		return nil, redsem.ErrClosed
+	}
 	start := time.Now()
-	e.checkEvictionPolicy(ctx)
 	var l redsem.Lease
 	var err error
 	if e.cfg.Fair {
@@ -190,6 +216,7 @@ func (e *Engine) Acquire(ctx context.Context) (redsem.Lease, error) {
 	} else {
 		l, err = e.acquireUnfair(ctx, start)
 	}
+	l, err = e.replicated(ctx, l, err)
 	if err != nil {
 		if ctx.Err() != nil {
 			e.emit(redsem.Event{Kind: redsem.EventAcquireTimedOut, Wait: time.Since(start), Err: err})
@@ -198,11 +225,6 @@ func (e *Engine) Acquire(ctx context.Context) (redsem.Lease, error) {
 		}
 	}
 	return l, err
-}
-
-// closed is the error of an Acquire that was waiting when Close was called.
-func (e *Engine) closed() error {
-	return fmt.Errorf("redsem: acquire %q: %w", e.cfg.Name, redsem.ErrClosed)
 }
 
 func (e *Engine) gaveUp(ctx context.Context) error {
@@ -247,12 +269,12 @@ func (e *Engine) acquireUnfair(ctx context.Context, start time.Time) (redsem.Lea
 		select {
 		case <-w.events:
 		case <-t.C:
+		case <-w.h.quit:
+			t.Stop()
+			return nil, redsem.ErrClosed
 		case <-ctx.Done():
 			t.Stop()
 			return nil, e.gaveUp(ctx)
-		case <-w.h.quit: // Close: nothing would wake this waiter any more
-			t.Stop()
-			return nil, e.closed()
 		}
 		t.Stop()
 	}
@@ -307,15 +329,13 @@ func (e *Engine) acquireFair(ctx context.Context, start time.Time) (redsem.Lease
 			default:
 				goto wait
 			}
+		case <-w.h.quit: // Close: leave the queue
+			e.undo(ctx, id, nil)
+			return nil, redsem.ErrClosed
 		case <-ctx.Done():
 			// Leave the queue, or hand back a slot granted in the race.
 			e.undo(ctx, id, nil)
 			return nil, e.gaveUp(ctx)
-		case <-w.h.quit:
-			// Close stopped the heartbeat and the subscription: the entry
-			// would be evicted and nothing would wake this waiter.
-			e.undo(ctx, id, nil)
-			return nil, e.closed()
 		}
 	}
 }

@@ -84,6 +84,10 @@ func (e *Engine) heartbeatEvery() time.Duration {
 // returns once the wake-up subscription is confirmed.
 func (e *Engine) register(ctx context.Context, id string, fair bool) (*waiter, error) {
 	e.hubMu.Lock()
+	if e.closed {
+		e.hubMu.Unlock()
+		return nil, redsem.ErrClosed
+	}
 	h := e.hub
 	if h == nil {
 		h = &hub{
@@ -325,6 +329,7 @@ func (h *hub) heartbeats() {
 		return
 	}
 	every := h.e.heartbeatEvery()
+	next := time.Now().Add(every)
 	t := time.NewTimer(every)
 	defer t.Stop()
 	for {
@@ -333,13 +338,16 @@ func (h *hub) heartbeats() {
 			h.beat()
 			return
 		case <-t.C:
-		case <-h.kick:
+			h.beat()
+			next = time.Now().Add(every)
+		case <-h.kick: // a new hint: maybe beat earlier, no beat now
 		}
-		h.beat()
 		h.mu.Lock()
-		d := every
+		at := next
 		if h.hint >= 0 && len(h.waiters) > 0 {
-			d = min(d, time.Duration(h.hint+1)*time.Millisecond)
+			if due := time.Now().Add(time.Duration(h.hint+1) * time.Millisecond); due.Before(at) {
+				at = due
+			}
 		}
 		h.mu.Unlock()
 		if !t.Stop() {
@@ -348,7 +356,7 @@ func (h *hub) heartbeats() {
 			default:
 			}
 		}
-		t.Reset(d)
+		t.Reset(time.Until(at))
 	}
 }
 

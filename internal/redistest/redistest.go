@@ -71,27 +71,48 @@ func Main(m *testing.M) int {
 // when no Redis can be had.
 func Shared(t testing.TB) *Server {
 	t.Helper()
-	sharedOnce.Do(func() {
-		if u := os.Getenv("REDIS_URL"); u != "" {
-			opt, err := redis.ParseURL(u)
-			if err != nil {
-				sharedErr = fmt.Errorf("redistest: REDIS_URL: %w", err)
-				return
-			}
-			shared = &Server{Addr: opt.Addr, external: true, url: u}
+	s, err := SharedServer()
+	if err != nil {
+		t.Fatalf("%s (%v)", HowToGetRedis, err)
+	}
+	return s
+}
+
+// SharedServer is Shared for code that has no testing.TB, such as Example
+// functions: it returns the shared server, or the reason none can be had.
+func SharedServer() (*Server, error) {
+	sharedOnce.Do(startShared)
+	return shared, sharedErr
+}
+
+func startShared() {
+	if u := os.Getenv("REDIS_URL"); u != "" {
+		opt, err := redis.ParseURL(u)
+		if err != nil {
+			sharedErr = fmt.Errorf("redistest: REDIS_URL: %w", err)
 			return
 		}
-		shared, sharedErr = startLocal()
-		if sharedErr != nil {
-			if s, err := startContainer(); err == nil {
-				shared, sharedErr = s, nil
-			}
-		}
-	})
-	if sharedErr != nil {
-		t.Fatalf("%s (%v)", HowToGetRedis, sharedErr)
+		shared = &Server{Addr: opt.Addr, external: true, url: u}
+		return
 	}
-	return shared
+	shared, sharedErr = startLocal()
+	if sharedErr != nil {
+		if s, err := startContainer(); err == nil {
+			shared, sharedErr = s, nil
+		}
+	}
+}
+
+// SharedAddr returns the address of the shared server, starting it on first
+// use; for examples, which have no *testing.T. It exits the test binary with
+// one clear line when no Redis can be had.
+func SharedAddr() string {
+	s, err := SharedServer()
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "%s (%v)\n", HowToGetRedis, err)
+		os.Exit(1)
+	}
+	return s.Addr
 }
 
 // Client returns a client of the shared server, closed when the test ends.

@@ -1,0 +1,218 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"strconv"
+	"strings"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/redsem/redsem/internal/core"
+	"github.com/redsem/redsem/lua"
+)
+
+// stdin is where purge reads its confirmation (a variable so that tests
+// can answer).
+var stdin io.Reader = os.Stdin
+
+func runSetLimit(args []string, stdout, stderr io.Writer) int {
+	c := newCommand("set-limit", "NAME N [flags]",
+		"Sets the limit of NAME to N for every client at once, overriding the limit\n"+
+			"each was built with. It never expires. Raising it admits fair waiters at\n"+
+			"once; lowering it revokes no lease: new grants wait until fewer than N are held.", stdout, stderr)
+	pos, code, stop := c.parse(args, 2, "NAME N")
+	if stop {
+		return code
+	}
+	n, err := strconv.Atoi(pos[1])
+	if err != nil || n < 1 || n > core.MaxLimit {
+		return c.usageError("limit %q is not an integer in [1, %d]", pos[1], core.MaxLimit)
+	}
+	client, t, code, stop := c.connect()
+	if stop {
+		return code
+	}
+	defer client.Close()
+	e, err := c.engine(client, pos[0])
+	if err != nil {
+		return c.fail(err)
+	}
+	ctx, cancel := opContext(context.Background())
+	defer cancel()
+	before, err := read(ctx, client, e, c.prefix, readOpts{})
+	if err != nil {
+		return c.fail(reachErr(t, err))
+	}
+	if err := e.SetLimit(ctx, n); err != nil {
+		return c.fail(reachErr(t, err))
+	}
+	was := "unknown"
+	if before.Limit != nil {
+		was = strconv.Itoa(*before.Limit)
+	}
+	fmt.Fprintf(stdout, "limit of %q: %s -> %d (for every client, now; run 'redsem status %s' to see it)\n", e.Name(), was, n, e.Name())
+	if len(before.Holders) > n {
+		fmt.Fprintf(stdout, "note: %d leases are held; none is revoked, new grants wait until fewer than %d are held\n", len(before.Holders), n)
+	}
+	return exitOK
+}
+
+func runRelease(args []string, stdout, stderr io.Writer) int {
+	c := newCommand("release", "NAME ID [flags]",
+		"Force-releases the holder with lease id ID (as shown by status; a unique\n"+
+			"prefix is enough), with the same script a client's Release runs, and admits\n"+
+			"the next waiters. The holder's process learns it at its next renewal\n"+
+			"(within LeaseTTL/3): its lease reports ErrLeaseLost. ID may also be a fair\n"+
+			"waiter's: it leaves the queue, and its process queues it again at the back.", stdout, stderr)
+	pos, code, stop := c.parse(args, 2, "NAME ID")
+	if stop {
+		return code
+	}
+	client, t, code, stop := c.connect()
+	if stop {
+		return code
+	}
+	defer client.Close()
+	e, err := c.engine(client, pos[0])
+	if err != nil {
+		return c.fail(err)
+	}
+	ctx, cancel := opContext(context.Background())
+	defer cancel()
+	s, err := read(ctx, client, e, c.prefix, readOpts{})
+	if err != nil {
+		return c.fail(reachErr(t, err))
+	}
+	id, err := resolveID(s, pos[1])
+	if err != nil {
+		return c.fail(err)
+	}
+	limit := 1 // only used by the script when no limit is known
+	if s.Limit != nil {
+		limit = *s.Limit
+	}
+	keys := e.Keys()
+	v, err := lua.Release.Run(ctx, client, keys.List, keys.Chan, limit, id).Slice()
+	if err != nil {
+		return c.fail(reachErr(t, err))
+	}
+	kind, _ := v[0].(int64)
+	admitted := (len(v) - 2) / 4
+	switch kind {
+	case 1:
+		what := "holder " + id
+		for _, h := range s.Holders {
+			if h.ID == id {
+				what = fmt.Sprintf("holder %s (slot %d, token %d)", id, h.Slot, h.Token)
+			}
+		}
+		fmt.Fprintf(stdout, "released %s of %q; its process sees ErrLeaseLost at its next renewal\n", what, e.Name())
+	case 2:
+		fmt.Fprintf(stdout, "removed waiter %s from the queue of %q; its process will queue it again, at the back\n", id, e.Name())
+	default:
+		return c.fail(fmt.Errorf("%q has no live holder or waiter with id %s (already released or expired?)", e.Name(), id))
+	}
+	if admitted > 0 {
+		fmt.Fprintf(stdout, "admitted %d waiting\n", admitted)
+	}
+	return exitOK
+}
+
+// resolveID returns the live holder or waiter id that arg names exactly or
+// is the unique prefix of; an arg that names none is returned as is.
+func resolveID(s *snapshot, arg string) (string, error) {
+	var match []string
+	for _, h := range s.Holders {
+		if h.ID == arg {
+			return arg, nil
+		}
+		if strings.HasPrefix(h.ID, arg) {
+			match = append(match, h.ID)
+		}
+	}
+	for _, w := range s.Waiters {
+		if w.ID == arg {
+			return arg, nil
+		}
+		if strings.HasPrefix(w.ID, arg) {
+			match = append(match, w.ID)
+		}
+	}
+	if len(match) > 1 {
+		return "", fmt.Errorf("id prefix %q is ambiguous: %s", arg, strings.Join(match, ", "))
+	}
+	if len(match) == 1 {
+		return match[0], nil
+	}
+	return arg, nil
+}
+
+func runPurge(args []string, stdout, stderr io.Writer) int {
+	c := newCommand("purge", "NAME [flags]",
+		"Deletes every key of semaphore NAME, the set-limit override included.\n"+
+			"Holders lose their leases (they learn it at their next renewal), fair\n"+
+			"waiters queue again, and the next client establishes the limit afresh.\n"+
+			"It asks for confirmation on stdin unless --yes.", stdout, stderr)
+	yes := c.fs.Bool("yes", false, "do not ask for confirmation")
+	pos, code, stop := c.parse(args, 1, "NAME")
+	if stop {
+		return code
+	}
+	client, t, code, stop := c.connect()
+	if stop {
+		return code
+	}
+	defer client.Close()
+	e, err := c.engine(client, pos[0])
+	if err != nil {
+		return c.fail(err)
+	}
+	ctx, cancel := opContext(context.Background())
+	defer cancel()
+	s, err := read(ctx, client, e, c.prefix, readOpts{})
+	if err != nil {
+		return c.fail(reachErr(t, err))
+	}
+	keys := e.Keys().List
+	var present []string
+	pipe := client.Pipeline()
+	cmds := make([]*redis.IntCmd, len(keys))
+	for i, k := range keys {
+		cmds[i] = pipe.Exists(ctx, k)
+	}
+	if _, err := pipe.Exec(ctx); err != nil {
+		return c.fail(reachErr(t, err))
+	}
+	for i, k := range keys {
+		if cmds[i].Val() > 0 {
+			present = append(present, k)
+		}
+	}
+	if len(present) == 0 {
+		fmt.Fprintf(stdout, "nothing to purge: %q has no keys under prefix %q\n", e.Name(), c.prefix)
+		return exitOK
+	}
+	if !*yes {
+		fmt.Fprintf(stderr, "purge %q: delete %d keys (%s)? %d holders lose their leases, %d waiters queue again. [y/N] ",
+			e.Name(), len(present), strings.Join(present, " "), len(s.Holders), len(s.Waiters))
+		answer, err := bufio.NewReader(stdin).ReadString('\n')
+		if err != nil && !errors.Is(err, io.EOF) {
+			return c.fail(err)
+		}
+		if a := strings.ToLower(strings.TrimSpace(answer)); a != "y" && a != "yes" {
+			fmt.Fprintln(stderr)
+			return c.fail(errors.New("not confirmed: nothing deleted (use --yes to skip the question)"))
+		}
+	}
+	n, err := client.Del(ctx, present...).Result()
+	if err != nil {
+		return c.fail(reachErr(t, err))
+	}
+	fmt.Fprintf(stdout, "purged %q: deleted %d keys; %d holders lost their leases, %d waiters will queue again\n",
+		e.Name(), n, len(s.Holders), len(s.Waiters))
+	return exitOK
+}

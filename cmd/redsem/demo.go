@@ -1,0 +1,599 @@
+package main
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	mrand "math/rand/v2"
+	"os"
+	"os/signal"
+	"sort"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/redsem/redsem"
+	"github.com/redsem/redsem/fair"
+	"github.com/redsem/redsem/internal/core"
+	"github.com/redsem/redsem/internal/redisproc"
+	"github.com/redsem/redsem/unfair"
+)
+
+// noRedis is the one line the demo prints when it can find no Redis.
+const noRedis = "no Redis to run on: install redis-server (e.g. apt-get install redis-server, brew install redis) " +
+	"or pass --redis URL / set REDIS_URL; an embedded in-process Redis (miniredis) cannot run redsem: " +
+	"it lacks the sharded pub/sub (SPUBLISH/SSUBSCRIBE) that redsem's wake-ups use"
+
+// demoConfig is what the demo's flags set.
+type demoConfig struct {
+	duration       time.Duration
+	instances      int
+	workers        int
+	limit          int
+	hold           time.Duration
+	refresh        time.Duration
+	acquireTimeout time.Duration
+}
+
+func runDemo(args []string, stdout, stderr io.Writer) int {
+	c := newCommand("demo", "[flags]",
+		"Runs simulated service instances (goroutines, each with its own Redis client)\n"+
+			"that share one global limit, on a fair and an unfair semaphore side by side;\n"+
+			"shows live who holds which slot, the queue and the tokens; then reports\n"+
+			"utilisation, waits and fairness, and shows a paused holder (a zombie)\n"+
+			"rejected by per-slot fencing. It uses --redis or REDIS_URL if given, else\n"+
+			"starts a throw-away redis-server from PATH (stopped at the end). It removes\n"+
+			"its keys when done.", stdout, stderr)
+	var cfg demoConfig
+	c.fs.DurationVar(&cfg.duration, "duration", 12*time.Second, "how long the simulated load runs (the fencing part adds ~2s)")
+	c.fs.IntVar(&cfg.instances, "instances", 3, "simulated service instances per variant")
+	c.fs.IntVar(&cfg.workers, "workers", 4, "workers per instance")
+	c.fs.IntVar(&cfg.limit, "limit", 3, "the global limit")
+	c.fs.DurationVar(&cfg.hold, "hold", 250*time.Millisecond, "mean time a worker holds a slot")
+	c.fs.DurationVar(&cfg.refresh, "refresh", time.Second, "time between live views")
+	c.fs.DurationVar(&cfg.acquireTimeout, "acquire-timeout", 5*time.Second, "a worker gives up waiting after this long (counted as a timeout)")
+	if _, code, stop := c.parse(args, 0, "no arguments"); stop {
+		return code
+	}
+	if cfg.duration <= 0 || cfg.instances < 1 || cfg.workers < 1 || cfg.limit < 1 || cfg.limit > core.MaxLimit ||
+		cfg.hold <= 0 || cfg.refresh <= 0 || cfg.acquireTimeout <= 0 {
+		return c.usageError("--duration, --hold, --refresh, --acquire-timeout, --instances, --workers and --limit must be positive")
+	}
+	ctx, stopSignals := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stopSignals()
+
+	// Which Redis: --redis or REDIS_URL if given, else a redis-server of our own.
+	given := os.Getenv("REDIS_URL") != ""
+	from := "REDIS_URL"
+	c.fs.Visit(func(f *flag.Flag) {
+		if f.Name == "redis" {
+			given, from = true, "--redis"
+		}
+	})
+	var t *target
+	if given {
+		var err error
+		if t, err = parseTarget(c.redis); err != nil {
+			return c.usageError("%v", err)
+		}
+		fmt.Fprintf(stdout, "redis: using %s (from %s)\n", t.display, from)
+	} else {
+		sctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		p, err := redisproc.Start(sctx)
+		cancel()
+		if errors.Is(err, redisproc.ErrNotFound) {
+			return c.fail(errors.New(noRedis))
+		}
+		if err != nil {
+			return c.fail(err)
+		}
+		defer p.Stop()
+		t = &target{url: &redis.Options{Addr: p.Addr()}, display: p.Addr()}
+		fmt.Fprintf(stdout, "redis: started redis-server %s (%s) on %s; it stops when the demo ends\n", p.Version(), p.Path(), p.Addr())
+	}
+	admin := t.client()
+	defer admin.Close()
+	pctx, cancel := opContext(ctx)
+	err := admin.Ping(pctx).Err()
+	cancel()
+	if err != nil {
+		return c.fail(reachErr(t, err))
+	}
+	d := &demo{cfg: cfg, t: t, prefix: c.prefix, out: stdout, admin: admin, tty: isTerminal(stdout)}
+	return d.run(ctx, c)
+}
+
+type demo struct {
+	cfg    demoConfig
+	t      *target
+	prefix string
+	out    io.Writer
+	admin  redis.UniversalClient
+	tty    bool
+
+	mu      sync.Mutex
+	clients []redis.UniversalClient
+}
+
+// client returns a new client of the demo's Redis, closed at the end.
+func (d *demo) client() redis.UniversalClient {
+	c := d.t.client()
+	d.mu.Lock()
+	d.clients = append(d.clients, c)
+	d.mu.Unlock()
+	return c
+}
+
+func (d *demo) run(ctx context.Context, c *command) int {
+	defer func() {
+		for _, cl := range d.clients {
+			_ = cl.Close()
+		}
+	}()
+	var suffix [3]byte
+	_, _ = rand.Read(suffix[:])
+	tag := hex.EncodeToString(suffix[:])
+	variants := []*variant{
+		{label: "FAIR (FIFO queue)", name: "demo-fair-" + tag, fair: true},
+		{label: "UNFAIR (sorted set)", name: "demo-unfair-" + tag},
+	}
+	zombieName := "demo-zombie-" + tag
+	defer d.purge(append([]string{zombieName}, variants[0].name, variants[1].name)...)
+
+	cfg := d.cfg
+	fmt.Fprintf(d.out, "demo: %d instances x %d workers per semaphore, global limit %d, holds of ~%s, for %s\n",
+		cfg.instances, cfg.workers, cfg.limit, cfg.hold, cfg.duration)
+	fmt.Fprintf(d.out, "      fair %q and unfair %q run side by side on the same load (prefix %q)\n\n",
+		variants[0].name, variants[1].name, d.prefix)
+
+	for _, v := range variants {
+		if err := d.setup(v); err != nil {
+			return c.fail(err)
+		}
+	}
+	loadCtx, stopLoad := context.WithTimeout(ctx, cfg.duration)
+	defer stopLoad()
+	start := time.Now()
+	var wg sync.WaitGroup
+	for _, v := range variants {
+		v.start = start
+		for i, sem := range v.sems {
+			for w := 0; w < cfg.workers; w++ {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					v.work(loadCtx, sem, fmt.Sprintf("i%d.w%d", i, w), cfg)
+				}()
+			}
+		}
+	}
+	d.live(loadCtx, variants, start)
+	wg.Wait()
+	elapsed := time.Since(start)
+	for _, v := range variants {
+		for _, s := range v.sems {
+			_ = s.(interface{ Close() error }).Close()
+		}
+	}
+	if ctx.Err() != nil {
+		fmt.Fprintln(d.out, "\ninterrupted")
+		return exitError
+	}
+	d.summary(variants, elapsed)
+	if err := d.zombie(ctx, zombieName); err != nil {
+		if ctx.Err() != nil {
+			fmt.Fprintln(d.out, "\ninterrupted")
+			return exitError
+		}
+		return c.fail(err)
+	}
+	fmt.Fprintf(d.out, "\ndone: the demo removed its keys. Next: docs/operations.md, 'redsem status NAME', 'redsem watch NAME'.\n")
+	return exitOK
+}
+
+// purge deletes the demo's keys (best effort).
+func (d *demo) purge(names ...string) {
+	ctx, cancel := context.WithTimeout(context.Background(), opTimeout)
+	defer cancel()
+	for _, n := range names {
+		_ = d.admin.Del(ctx, core.KeysFor(d.prefix, n).List...).Err()
+	}
+}
+
+// variant is one semaphore of the demo and what its workers measured.
+type variant struct {
+	label string
+	name  string
+	fair  bool
+	sems  []redsem.Semaphore // one per instance, each with its own client
+	view  *core.Engine       // reads Status for the live view
+	start time.Time
+
+	lost atomic.Int64 // EventLeaseLost, through the Observer hook
+
+	mu       sync.Mutex
+	who      map[string]string    // lease id -> worker
+	heldAt   map[string]time.Time // lease id -> when Acquire returned
+	waiting  map[string]time.Time // worker -> when it started waiting
+	grants   map[string]int       // worker -> grants
+	waits    []time.Duration
+	holdSum  time.Duration
+	holders  int // leases between Acquire returning and Release being called
+	most     int
+	timeouts int
+	errs     int
+	lastErr  error
+}
+
+func (d *demo) setup(v *variant) error {
+	v.who, v.heldAt, v.waiting, v.grants = map[string]string{}, map[string]time.Time{}, map[string]time.Time{}, map[string]int{}
+	observer := func(ev redsem.Event) {
+		if ev.Kind == redsem.EventLeaseLost {
+			v.lost.Add(1)
+		}
+	}
+	for i := 0; i < d.cfg.instances; i++ {
+		var s redsem.Semaphore
+		var err error
+		if v.fair {
+			s, err = fair.New(d.client(), v.name, d.cfg.limit, fair.Options{
+				LeaseTTL: 10 * time.Second, QueueTTL: 3 * time.Second, KeyPrefix: d.prefix, Observer: observer})
+		} else {
+			s, err = unfair.New(d.client(), v.name, d.cfg.limit, unfair.Options{
+				LeaseTTL: 10 * time.Second, KeyPrefix: d.prefix, Observer: observer})
+		}
+		if err != nil {
+			return err
+		}
+		v.sems = append(v.sems, s)
+	}
+	var err error
+	v.view, err = core.New(core.Config{Client: d.client(), Name: v.name, Limit: d.cfg.limit, Prefix: d.prefix})
+	return err
+}
+
+// work is one worker: acquire, hold for a random time around cfg.hold,
+// release, again, until ctx ends.
+func (v *variant) work(ctx context.Context, s redsem.Semaphore, me string, cfg demoConfig) {
+	for ctx.Err() == nil {
+		v.mu.Lock()
+		v.waiting[me] = time.Now()
+		v.mu.Unlock()
+		actx, cancel := context.WithTimeout(ctx, cfg.acquireTimeout)
+		asked := time.Now()
+		l, err := s.Acquire(actx)
+		cancel()
+		got := time.Now()
+		v.mu.Lock()
+		delete(v.waiting, me)
+		if err != nil {
+			if ctx.Err() == nil {
+				if errors.Is(err, context.DeadlineExceeded) {
+					v.timeouts++
+				} else {
+					v.errs++
+					v.lastErr = err
+				}
+			}
+			v.mu.Unlock()
+			if ctx.Err() == nil && !errors.Is(err, context.DeadlineExceeded) {
+				time.Sleep(100 * time.Millisecond) // a Redis error: do not spin
+			}
+			continue
+		}
+		v.who[l.ID()] = me
+		v.heldAt[l.ID()] = got
+		v.grants[me]++
+		v.waits = append(v.waits, got.Sub(asked))
+		v.holders++
+		v.most = max(v.most, v.holders)
+		v.mu.Unlock()
+
+		hold := time.Duration(float64(cfg.hold) * (0.5 + mrand.Float64())) // the simulated work
+		t := time.NewTimer(hold)
+		select {
+		case <-t.C:
+		case <-ctx.Done():
+			t.Stop()
+		}
+		v.mu.Lock()
+		v.holders--
+		v.holdSum += time.Since(got)
+		delete(v.heldAt, l.ID())
+		v.mu.Unlock()
+		rctx, rcancel := context.WithTimeout(context.Background(), opTimeout)
+		_ = l.Release(rctx)
+		rcancel()
+	}
+}
+
+// live prints a view of both semaphores every refresh until ctx ends.
+func (d *demo) live(ctx context.Context, vs []*variant, start time.Time) {
+	tick := time.NewTicker(d.cfg.refresh)
+	defer tick.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-tick.C:
+		}
+		cols := make([][]string, len(vs))
+		for i, v := range vs {
+			cols[i] = v.frame(ctx, d.cfg.limit)
+		}
+		if ctx.Err() != nil {
+			return
+		}
+		if d.tty {
+			fmt.Fprint(d.out, "\033[H\033[2J")
+		}
+		fmt.Fprintf(d.out, "--- t=%.1fs (read from Redis with Status; who = instance.worker) ---\n", time.Since(start).Seconds())
+		for _, line := range sideBySide(cols, 50) {
+			fmt.Fprintln(d.out, line)
+		}
+		fmt.Fprintln(d.out)
+	}
+}
+
+// frame is the live view of one variant, a few lines of at most 48 chars.
+func (v *variant) frame(ctx context.Context, limit int) []string {
+	rctx, cancel := opContext(ctx)
+	st, err := v.view.Status(rctx)
+	cancel()
+	lines := []string{v.label}
+	if err != nil {
+		return append(lines, "status: "+oneLine(err.Error()))
+	}
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	bySlot := map[int]redsem.Holder{}
+	for _, h := range st.Holders {
+		bySlot[h.Slot] = h
+	}
+	for s := 0; s < limit; s++ {
+		h, ok := bySlot[s]
+		if !ok {
+			lines = append(lines, fmt.Sprintf("slot %d  (free)", s))
+			continue
+		}
+		who, held := v.who[h.ID], ""
+		if who == "" {
+			who = h.ID[:6]
+		}
+		if at, ok := v.heldAt[h.ID]; ok {
+			held = fmt.Sprintf("%.2fs", time.Since(at).Seconds())
+		}
+		lines = append(lines, fmt.Sprintf("slot %d  %-6s token %d %s", s, who, h.Token, held))
+	}
+	if v.fair {
+		ids := make([]string, 0, 3)
+		for i, w := range st.Waiters {
+			if i == 3 {
+				ids = append(ids, "...")
+				break
+			}
+			ids = append(ids, w.ID[:4])
+		}
+		lines = append(lines, fmt.Sprintf("queue in Redis: %d  %s", len(st.Waiters), strings.Join(ids, " ")))
+	} else {
+		lines = append(lines, "queue in Redis: none (unfair waiters retry)")
+	}
+	longest, since := "", time.Time{}
+	for w, t := range v.waiting {
+		if since.IsZero() || t.Before(since) {
+			longest, since = w, t
+		}
+	}
+	if longest != "" {
+		lines = append(lines, fmt.Sprintf("waiting: %d, longest %s %.2fs", len(v.waiting), longest, time.Since(since).Seconds()))
+	} else {
+		lines = append(lines, "waiting: 0")
+	}
+	total := 0
+	for _, n := range v.grants {
+		total += n
+	}
+	lines = append(lines, fmt.Sprintf("grants so far: %d", total))
+	return lines
+}
+
+// sideBySide lays out columns of lines next to each other.
+func sideBySide(cols [][]string, width int) []string {
+	n := 0
+	for _, c := range cols {
+		n = max(n, len(c))
+	}
+	out := make([]string, n)
+	for i := 0; i < n; i++ {
+		var b strings.Builder
+		for j, c := range cols {
+			cell := ""
+			if i < len(c) {
+				cell = c[i]
+			}
+			if j < len(cols)-1 {
+				fmt.Fprintf(&b, "%-*s", width, cell)
+			} else {
+				b.WriteString(cell)
+			}
+		}
+		out[i] = strings.TrimRight(b.String(), " ")
+	}
+	return out
+}
+
+// summary reports what the workers measured.
+func (d *demo) summary(vs []*variant, elapsed time.Duration) {
+	cfg := d.cfg
+	fmt.Fprintf(d.out, "results over %.1fs (limit %d, %d workers per semaphore; holds and waits measured by the workers):\n",
+		elapsed.Seconds(), cfg.limit, cfg.instances*cfg.workers)
+	rows := [][]string{{"", vs[0].label[:strings.IndexByte(vs[0].label, ' ')], vs[1].label[:strings.IndexByte(vs[1].label, ' ')], ""}}
+	add := func(name, note string, f func(v *variant) string) {
+		rows = append(rows, []string{name, f(vs[0]), f(vs[1]), note})
+	}
+	add("grants", "", func(v *variant) string { return fmt.Sprint(len(v.waits)) })
+	add("utilisation", "sum of holds / (limit x time)", func(v *variant) string {
+		return fmt.Sprintf("%.2f", v.holdSum.Seconds()/(float64(cfg.limit)*elapsed.Seconds()))
+	})
+	add("wait p50", "", func(v *variant) string { return demoDur(demoQuantile(v.waits, 0.50)) })
+	add("wait p99", "", func(v *variant) string { return demoDur(demoQuantile(v.waits, 0.99)) })
+	add("wait max", "", func(v *variant) string { return demoDur(demoQuantile(v.waits, 1)) })
+	add("timeouts", fmt.Sprintf("gave up after %s", cfg.acquireTimeout), func(v *variant) string { return fmt.Sprint(v.timeouts) })
+	add("errors", "", func(v *variant) string { return fmt.Sprint(v.errs) })
+	add("Jain's fairness", "of grants per worker; 1 = all equal", func(v *variant) string {
+		return fmt.Sprintf("%.3f", demoJain(v.grants, cfg.instances, cfg.workers))
+	})
+	add("grants per worker", "min-max", func(v *variant) string {
+		lo, hi := demoMinMax(v.grants, cfg.instances, cfg.workers)
+		return fmt.Sprintf("%d-%d", lo, hi)
+	})
+	add("most holders at once", fmt.Sprintf("workers' own view; never above %d", cfg.limit), func(v *variant) string { return fmt.Sprint(v.most) })
+	add("leases lost", "from the Observer hook", func(v *variant) string { return fmt.Sprint(v.lost.Load()) })
+	for _, r := range rows {
+		fmt.Fprintf(d.out, "  %-21s %9s %9s   %s\n", r[0], r[1], r[2], r[3])
+	}
+	for _, v := range vs {
+		if v.lastErr != nil {
+			fmt.Fprintf(d.out, "  %s: last error: %s\n", v.name, oneLine(v.lastErr.Error()))
+		}
+	}
+	fmt.Fprintln(d.out, "  fair admits strictly in arrival order, so its waits are even; unfair lets whoever retries first win.")
+}
+
+func demoQuantile(ds []time.Duration, q float64) time.Duration {
+	if len(ds) == 0 {
+		return 0
+	}
+	s := append([]time.Duration(nil), ds...)
+	sort.Slice(s, func(i, j int) bool { return s[i] < s[j] })
+	i := int(q*float64(len(s))+0.5) - 1
+	return s[min(max(i, 0), len(s)-1)]
+}
+
+func demoDur(d time.Duration) string {
+	if d < time.Second {
+		return fmt.Sprintf("%dms", d.Milliseconds())
+	}
+	return fmt.Sprintf("%.2fs", d.Seconds())
+}
+
+// demoJain is Jain's fairness index of the grants of every worker (workers
+// with none count as zero): (sum x)^2 / (n * sum x^2), 1 when all are equal.
+func demoJain(grants map[string]int, instances, workers int) float64 {
+	n := float64(instances * workers)
+	var sum, sq float64
+	for _, g := range grants {
+		sum += float64(g)
+		sq += float64(g) * float64(g)
+	}
+	if sq == 0 {
+		return 0
+	}
+	return sum * sum / (n * sq)
+}
+
+func demoMinMax(grants map[string]int, instances, workers int) (int, int) {
+	lo, hi := -1, 0
+	for i := 0; i < instances; i++ {
+		for w := 0; w < workers; w++ {
+			g := grants[fmt.Sprintf("i%d.w%d", i, w)]
+			if lo < 0 || g < lo {
+				lo = g
+			}
+			hi = max(hi, g)
+		}
+	}
+	return lo, hi
+}
+
+// fenceStore is the demo's stand-in for a downstream store that fences per
+// slot: it keeps the highest token it has seen for each slot and refuses a
+// write with a lower one. (Package fencing has the real helpers.)
+type fenceStore struct {
+	highest map[int]int64
+}
+
+func (s *fenceStore) write(slot int, token int64) error {
+	if h, ok := s.highest[slot]; ok && token < h {
+		return fmt.Errorf("slot %d has seen token %d, this write has %d", slot, h, token)
+	}
+	s.highest[slot] = token
+	return nil
+}
+
+// zombie shows a holder that pauses past its lease being refused by a store
+// that fences per slot, while a concurrent holder with a lower token (on
+// another slot) is accepted.
+func (d *demo) zombie(ctx context.Context, name string) error {
+	const ttl = time.Second
+	fmt.Fprintf(d.out, "\nfencing: a paused holder (a zombie) is refused by a store that fences per slot\n")
+	fmt.Fprintf(d.out, "  (the store keeps the highest token per slot; package fencing has real helpers; limit 2, LeaseTTL %s)\n", ttl)
+	newSem := func(noRenew bool) (redsem.Semaphore, error) {
+		return unfair.New(d.client(), name, 2, unfair.Options{LeaseTTL: ttl, KeyPrefix: d.prefix, DisableAutoRenew: noRenew})
+	}
+	semA, err := newSem(true) // A will "pause": no watchdog renews its lease
+	if err != nil {
+		return err
+	}
+	semB, err := newSem(false)
+	if err != nil {
+		return err
+	}
+	semC, err := newSem(false)
+	if err != nil {
+		return err
+	}
+	store := &fenceStore{highest: map[int]int64{}}
+	say := func(who, format string, args ...any) {
+		fmt.Fprintf(d.out, "  %s  %s\n", who, fmt.Sprintf(format, args...))
+	}
+	actx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	a, err := semA.Acquire(actx)
+	if err != nil {
+		return err
+	}
+	say("A", "acquired slot %d, token %d; write: %s", a.Slot(), a.Token(), fenceVerdict(store.write(a.Slot(), a.Token())))
+	b, err := semB.Acquire(actx)
+	if err != nil {
+		return err
+	}
+	defer b.Release(context.WithoutCancel(ctx))
+	say("B", "acquired slot %d, token %d; write: %s", b.Slot(), b.Token(), fenceVerdict(store.write(b.Slot(), b.Token())))
+	say("A", "pauses (think: a long GC pause) and stops renewing; its lease expires after %s", ttl)
+	waited := time.Now()
+	cl, err := semC.Acquire(actx) // blocks until A's lease expires
+	if err != nil {
+		return err
+	}
+	defer cl.Release(context.WithoutCancel(ctx))
+	say("C", "acquired slot %d, token %d after waiting %.1fs for A's lease to expire; write: %s",
+		cl.Slot(), cl.Token(), time.Since(waited).Seconds(), fenceVerdict(store.write(cl.Slot(), cl.Token())))
+	say("B", "writes again with token %d (lower than C's %d, but slot %d): %s",
+		b.Token(), cl.Token(), b.Slot(), fenceVerdict(store.write(b.Slot(), b.Token())))
+	say(" ", "(one \"highest token seen\" for the whole store would have refused B, a legitimate holder)")
+	say("A", "wakes up and writes with token %d on slot %d: %s", a.Token(), a.Slot(), fenceVerdict(store.write(a.Slot(), a.Token())))
+	say("A", "Release: %v", errOrOK(a.Release(actx), "ok"))
+	return nil
+}
+
+func fenceVerdict(err error) string {
+	if err != nil {
+		return "REFUSED (" + err.Error() + ")"
+	}
+	return "accepted"
+}
+
+func errOrOK(err error, ok string) string {
+	if err != nil {
+		return err.Error()
+	}
+	return ok
+}

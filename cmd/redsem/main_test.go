@@ -1,0 +1,677 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/redsem/redsem"
+	"github.com/redsem/redsem/fair"
+	"github.com/redsem/redsem/internal/core"
+	"github.com/redsem/redsem/internal/redistest"
+	"github.com/redsem/redsem/unfair"
+)
+
+func TestMain(m *testing.M) { os.Exit(redistest.Main(m)) }
+
+// cli runs the command in-process against the shared test server and
+// returns its exit code, stdout and stderr.
+func cli(t *testing.T, args ...string) (int, string, string) {
+	t.Helper()
+	srv := redistest.Shared(t)
+	var out, errb bytes.Buffer
+	args = append(args, "--redis", "redis://"+srv.Addr)
+	code := run(args, &out, &errb)
+	return code, out.String(), errb.String()
+}
+
+// waitFor polls cond until it holds or d passes.
+func waitFor(t *testing.T, d time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(d)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %s waiting for %s", d, what)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+func TestStatusIdle(t *testing.T) {
+	name := redistest.Name(t)
+	code, out, errs := cli(t, "status", name)
+	if code != exitOK || errs != "" {
+		t.Fatalf("exit %d, stderr %q", code, errs)
+	}
+	if !strings.Contains(out, "limit:   unknown: idle, no live state") || !strings.Contains(out, "holders: 0\n") {
+		t.Fatalf("idle status does not say the limit is unknown:\n%s", out)
+	}
+	code, out, _ = cli(t, "status", "--json", name)
+	if code != exitOK {
+		t.Fatalf("exit %d", code)
+	}
+	var s snapshot
+	if err := json.Unmarshal([]byte(out), &s); err != nil {
+		t.Fatalf("bad JSON %q: %v", out, err)
+	}
+	if s.Live || s.Limit != nil || s.LimitSource != "unknown" || len(s.Holders) != 0 {
+		t.Fatalf("idle snapshot = %+v", s)
+	}
+}
+
+func TestStatusHoldersAndWaiters(t *testing.T) {
+	ctx := redistest.Ctx(t, 30*time.Second)
+	client := redistest.Client(t)
+	name := redistest.Name(t)
+	sem, err := fair.New(client, name, 2, fair.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sem.Close()
+	var leases []redsem.Lease
+	for i := 0; i < 2; i++ {
+		l, err := sem.Acquire(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer l.Release(context.Background())
+		leases = append(leases, l)
+	}
+	wctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	done := make(chan error, 1)
+	go func() {
+		l, err := sem.Acquire(wctx)
+		if err == nil {
+			l.Release(context.Background())
+		}
+		done <- err
+	}()
+	defer func() { cancel(); <-done }()
+	waitFor(t, 10*time.Second, "the waiter to queue", func() bool {
+		st, err := sem.Status(ctx)
+		return err == nil && len(st.Waiters) == 1
+	})
+
+	code, out, errs := cli(t, "status", name, "--lease-ttl", "30s")
+	if code != exitOK || errs != "" {
+		t.Fatalf("exit %d, stderr %q", code, errs)
+	}
+	t.Logf("status:\n%s", out)
+	for _, l := range leases {
+		row := regexp.MustCompile(`(?m)^\s+` + regexp.QuoteMeta(itoa(l.Slot())) + `\s+` + regexp.QuoteMeta(itoa64(l.Token())) +
+			`\s+>=\S+\s+\S+\s+\S+\s+` + regexp.QuoteMeta(l.ID()) + `$`)
+		if !row.MatchString(out) {
+			t.Errorf("no holder row with slot %d, token %d, id %s", l.Slot(), l.Token(), l.ID())
+		}
+	}
+	for _, want := range []string{"limit:   2 (established by live clients)", "holders: 2 of 2", "waiters: 1", "full: all 2 slots held, 1 waiting"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("status lacks %q", want)
+		}
+	}
+	if strings.Contains(out, "past 0.8 x LeaseTTL") {
+		t.Errorf("fresh holders flagged as past 0.8 x LeaseTTL")
+	}
+	// Without --lease-ttl, the TTL comes from the queued waiter's record.
+	_, out, _ = cli(t, "status", name)
+	if !strings.Contains(out, "holders checked against LeaseTTL 30s: the LeaseTTL that the queued fair clients asked for") {
+		t.Errorf("no LeaseTTL from the queue:\n%s", out)
+	}
+
+	code, out, _ = cli(t, "status", name, "--json")
+	if code != exitOK {
+		t.Fatalf("exit %d", code)
+	}
+	var s snapshot
+	if err := json.Unmarshal([]byte(out), &s); err != nil {
+		t.Fatalf("bad JSON %q: %v", out, err)
+	}
+	if !s.Live || s.Limit == nil || *s.Limit != 2 || s.LimitSource != "established" || len(s.Holders) != 2 || len(s.Waiters) != 1 {
+		t.Fatalf("snapshot = %s", out)
+	}
+	for _, h := range s.Holders {
+		if h.MinAgeMs == nil || *h.MinAgeMs < 0 || *h.MinAgeMs > 30_000 {
+			t.Errorf("holder %s: min age %v, want a small lower bound", h.ID, h.MinAgeMs)
+		}
+		if h.ExpiresInMs <= 0 || h.ExpiresInMs > 30_000 {
+			t.Errorf("holder %s expires in %dms, want (0, 30s]", h.ID, h.ExpiresInMs)
+		}
+	}
+	if s.Waiters[0].Position != 0 || s.Waiters[0].EvictInMs <= 0 {
+		t.Errorf("waiter = %+v", s.Waiters[0])
+	}
+}
+
+func TestStatusWarnsOnOldHolder(t *testing.T) {
+	ctx := redistest.Ctx(t, 30*time.Second)
+	name := redistest.Name(t)
+	sem, err := unfair.New(redistest.Client(t), name, 3, unfair.Options{LeaseTTL: 2 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	l, err := sem.Acquire(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Release(context.Background())
+	// Wait (by the server's reading of the age) until the holder is past
+	// 0.8 x 2s; the watchdog keeps renewing it.
+	waitFor(t, 10*time.Second, "the holder to age past 1.6s", func() bool {
+		_, out, _ := cli(t, "status", name, "--json")
+		var s snapshot
+		return json.Unmarshal([]byte(out), &s) == nil && len(s.Holders) == 1 &&
+			s.Holders[0].MinAgeMs != nil && *s.Holders[0].MinAgeMs > 1700
+	})
+	code, out, _ := cli(t, "status", name, "--lease-ttl", "2s")
+	if code != exitOK || !strings.Contains(out, "past 0.8 x LeaseTTL (2s)") {
+		t.Fatalf("exit %d; no 0.8 x LeaseTTL warning:\n%s", code, out)
+	}
+	if strings.Contains(out, "full:") {
+		t.Errorf("1 of 3 held reported full:\n%s", out)
+	}
+}
+
+func TestWatch(t *testing.T) {
+	ctx := redistest.Ctx(t, 30*time.Second)
+	name := redistest.Name(t)
+	sem, err := fair.New(redistest.Client(t), name, 1, fair.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sem.Close()
+	l, err := sem.Acquire(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Release(context.Background())
+	code, out, errs := cli(t, "watch", name, "--count", "3", "--interval", "50ms", "--full-after", "50ms")
+	if code != exitOK || errs != "" {
+		t.Fatalf("exit %d, stderr %q", code, errs)
+	}
+	if n := strings.Count(out, "every 50ms, Ctrl-C to stop"); n != 3 {
+		t.Fatalf("%d refreshes, want 3:\n%s", n, out)
+	}
+	if !strings.Contains(out, "always full: full at every refresh for") {
+		t.Fatalf("no 'always full' warning after 3 full refreshes 50ms apart:\n%s", out)
+	}
+	code, out, _ = cli(t, "watch", name, "--count", "2", "--interval", "10ms", "--json")
+	if code != exitOK {
+		t.Fatalf("exit %d", code)
+	}
+	lines := strings.Split(strings.TrimSpace(out), "\n")
+	if len(lines) != 2 {
+		t.Fatalf("%d JSON lines, want 2:\n%s", len(lines), out)
+	}
+	for _, line := range lines {
+		var s snapshot
+		if err := json.Unmarshal([]byte(line), &s); err != nil || len(s.Holders) != 1 || s.Holders[0].ID != l.ID() {
+			t.Fatalf("bad refresh %q (%v)", line, err)
+		}
+	}
+}
+
+func TestSetLimit(t *testing.T) {
+	ctx := redistest.Ctx(t, 30*time.Second)
+	name := redistest.Name(t)
+	sem, err := fair.New(redistest.Client(t), name, 1, fair.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sem.Close()
+	l, err := sem.Acquire(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Release(context.Background())
+	// A waiter that the raised limit admits at once.
+	got := make(chan redsem.Lease, 1)
+	go func() {
+		l2, err := sem.Acquire(ctx)
+		if err == nil {
+			got <- l2
+		}
+	}()
+	waitFor(t, 10*time.Second, "the waiter to queue", func() bool {
+		st, err := sem.Status(ctx)
+		return err == nil && len(st.Waiters) == 1
+	})
+	code, out, errs := cli(t, "set-limit", name, "2")
+	if code != exitOK || errs != "" {
+		t.Fatalf("exit %d, stderr %q", code, errs)
+	}
+	if !strings.Contains(out, `limit of "`+name+`": 1 -> 2`) {
+		t.Fatalf("output: %s", out)
+	}
+	select {
+	case l2 := <-got:
+		l2.Release(ctx)
+	case <-time.After(10 * time.Second):
+		t.Fatal("raising the limit did not admit the waiter")
+	}
+	st, err := sem.Status(ctx)
+	if err != nil || st.Limit != 2 {
+		t.Fatalf("limit %d, err %v; want 2", st.Limit, err)
+	}
+	_, out, _ = cli(t, "status", name, "--json")
+	var s snapshot
+	if err := json.Unmarshal([]byte(out), &s); err != nil || s.LimitSource != "set-limit" || *s.Override != 2 {
+		t.Fatalf("status after set-limit: %s", out)
+	}
+	for _, bad := range []string{"0", "-1", "x", "2000000"} {
+		if code, _, errs := cli(t, "set-limit", name, bad); code != exitUsage || strings.Count(errs, "\n") != 1 {
+			t.Errorf("set-limit %s: exit %d, stderr %q; want usage error in one line", bad, code, errs)
+		}
+	}
+}
+
+func TestReleaseForce(t *testing.T) {
+	ctx := redistest.Ctx(t, 30*time.Second)
+	name := redistest.Name(t)
+	sem, err := unfair.New(redistest.Client(t), name, 1, unfair.Options{LeaseTTL: 3 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sem.Close()
+	l, err := sem.Acquire(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	code, out, errs := cli(t, "release", name, l.ID()[:8]) // a unique prefix is enough
+	if code != exitOK || errs != "" {
+		t.Fatalf("exit %d, stderr %q", code, errs)
+	}
+	if !strings.Contains(out, "released holder "+l.ID()) {
+		t.Fatalf("output: %s", out)
+	}
+	// The holder's watchdog (every second) finds the lease gone.
+	select {
+	case <-l.Done():
+	case <-time.After(10 * time.Second):
+		t.Fatal("the force-released lease was not reported lost")
+	}
+	if !errors.Is(l.Err(), redsem.ErrLeaseLost) {
+		t.Fatalf("Err = %v, want ErrLeaseLost", l.Err())
+	}
+	// The slot is free for others.
+	l2, err := sem.TryAcquire(ctx)
+	if err != nil {
+		t.Fatalf("slot not free after force release: %v", err)
+	}
+	l2.Release(ctx)
+
+	code, _, errs = cli(t, "release", name, "no-such-id")
+	if code != exitError || !strings.Contains(errs, "no live holder or waiter with id no-such-id") || strings.Count(errs, "\n") != 1 {
+		t.Fatalf("unknown id: exit %d, stderr %q", code, errs)
+	}
+}
+
+func TestPurge(t *testing.T) {
+	ctx := redistest.Ctx(t, 30*time.Second)
+	client := redistest.Client(t)
+	name := redistest.Name(t)
+	sem, err := fair.New(client, name, 2, fair.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sem.Close()
+	l, err := sem.Acquire(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Release(context.Background())
+	if err := sem.SetLimit(ctx, 3); err != nil {
+		t.Fatal(err)
+	}
+	keys := core.KeysFor(core.DefaultPrefix, name).List
+	count := func() int64 { return client.Exists(ctx, keys...).Val() }
+	if count() == 0 {
+		t.Fatal("no keys before purge")
+	}
+
+	stdin = strings.NewReader("n\n")
+	code, _, errs := cli(t, "purge", name)
+	if code != exitError || !strings.Contains(errs, "not confirmed") || count() == 0 {
+		t.Fatalf("answer n: exit %d, stderr %q, keys %d", code, errs, count())
+	}
+	stdin = strings.NewReader("") // no terminal: EOF is no
+	if code, _, _ := cli(t, "purge", name); code != exitError || count() == 0 {
+		t.Fatalf("EOF: exit %d, keys %d", code, count())
+	}
+	stdin = strings.NewReader("y\n")
+	code, out, _ := cli(t, "purge", name)
+	if code != exitOK || count() != 0 || !strings.Contains(out, "1 holders lost their leases") {
+		t.Fatalf("answer y: exit %d, keys %d, out %q", code, count(), out)
+	}
+	stdin = os.Stdin
+
+	code, out, _ = cli(t, "purge", name, "--yes")
+	if code != exitOK || !strings.Contains(out, "nothing to purge") {
+		t.Fatalf("purge of nothing: exit %d, out %q", code, out)
+	}
+	// The holder learns at its next renewal; the semaphore works afresh.
+	if err := l.Renew(ctx); !errors.Is(err, redsem.ErrLeaseLost) {
+		t.Fatalf("Renew after purge = %v, want ErrLeaseLost", err)
+	}
+	l2, err := sem.TryAcquire(ctx)
+	if err != nil {
+		t.Fatalf("acquire after purge: %v", err)
+	}
+	l2.Release(ctx)
+}
+
+func TestUsage(t *testing.T) {
+	for _, tc := range []struct {
+		args []string
+		code int
+		out  string // in stdout
+		err  string // in stderr
+	}{
+		{nil, exitUsage, "", "Usage:"},
+		{[]string{"-h"}, exitOK, "Commands:", ""},
+		{[]string{"help"}, exitOK, "(see docs/benchmarks.md)", ""},
+		{[]string{"nope"}, exitUsage, "", `unknown command "nope"`},
+		{[]string{"status"}, exitUsage, "", "missing arguments: want NAME"},
+		{[]string{"status", "a", "b"}, exitUsage, "", "too many arguments"},
+		{[]string{"status", "-h"}, exitOK, "Usage: redsem status NAME", ""},
+		{[]string{"purge", "--help"}, exitOK, "-yes", ""},
+		{[]string{"status", "--bogus", "x"}, exitUsage, "", "flag provided but not defined: -bogus"},
+		{[]string{"status", "x", "--redis", "ftp://x"}, exitUsage, "", "bad --redis URL"},
+		{[]string{"status", "x", "--redis", "nohostport"}, exitUsage, "", "bad --redis address"},
+		{[]string{"status", "x", "--prefix", "a{b"}, exitUsage, "", "contains a brace"},
+		{[]string{"release", "x"}, exitUsage, "", "want NAME ID"},
+		{[]string{"watch", "x", "--interval", "0s"}, exitUsage, "", "--interval"},
+		{[]string{"demo", "--limit", "0"}, exitUsage, "", "must be positive"},
+	} {
+		var out, errb bytes.Buffer
+		code := run(tc.args, &out, &errb)
+		if strings.Count(out.String(), "Usage:") > 1 {
+			t.Errorf("%q: usage printed twice", tc.args)
+		}
+		if code != tc.code || !strings.Contains(out.String(), tc.out) || !strings.Contains(errb.String(), tc.err) {
+			t.Errorf("%q: exit %d, stdout %q, stderr %q; want exit %d, %q, %q", tc.args, code, out.String(), errb.String(), tc.code, tc.out, tc.err)
+		}
+		if tc.code == exitUsage && len(tc.args) > 0 && (strings.Count(errb.String(), "\n") != 1 || out.Len() != 0) {
+			t.Errorf("%q: usage error is not one line: %q", tc.args, errb.String())
+		}
+	}
+}
+
+func TestParseTarget(t *testing.T) {
+	for _, tc := range []struct {
+		in      string
+		cluster bool
+		addr    string
+		tls     bool
+	}{
+		{"redis://127.0.0.1:6379/2", false, "127.0.0.1:6379", false},
+		{"rediss://user:secret@example.com:6380", false, "example.com:6380", true},
+		{"10.0.0.1:7000", false, "10.0.0.1:7000", false},
+		{"10.0.0.1:7000, 10.0.0.2:7000,10.0.0.3:7000", true, "", false},
+	} {
+		tg, err := parseTarget(tc.in)
+		if err != nil {
+			t.Errorf("%q: %v", tc.in, err)
+			continue
+		}
+		c := tg.client()
+		_, isCluster := c.(*redis.ClusterClient)
+		c.Close()
+		if isCluster != tc.cluster {
+			t.Errorf("%q: cluster client %v, want %v", tc.in, isCluster, tc.cluster)
+		}
+		if tc.cluster {
+			if len(tg.cluster.Addrs) != 3 {
+				t.Errorf("%q: seeds %v", tc.in, tg.cluster.Addrs)
+			}
+			continue
+		}
+		if tg.url.Addr != tc.addr || (tg.url.TLSConfig != nil) != tc.tls {
+			t.Errorf("%q: addr %q tls %v", tc.in, tg.url.Addr, tg.url.TLSConfig != nil)
+		}
+		if strings.Contains(tg.display, "secret") {
+			t.Errorf("%q: display %q shows the password", tc.in, tg.display)
+		}
+	}
+}
+
+func TestDemo(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs the demo for a few seconds")
+	}
+	code, out, errs := cli(t, "demo", "--duration", "2s", "--refresh", "500ms", "--instances", "2", "--workers", "3", "--limit", "2", "--hold", "50ms")
+	if code != exitOK || errs != "" {
+		t.Fatalf("exit %d, stderr %q\n%s", code, errs, out)
+	}
+	for _, want := range []string{
+		"redis: using redis://", "FAIR (FIFO queue)", "UNFAIR (sorted set)", "slot 0", "Jain's fairness",
+		"utilisation", "most holders at once", "package fencing",
+		"REFUSED (slot 0 has seen token", "Release: redsem: lease lost", "the demo removed its keys",
+	} {
+		if !strings.Contains(out, want) {
+			t.Errorf("demo output lacks %q", want)
+		}
+	}
+	// The workers' own view never saw more holders than the limit.
+	m := regexp.MustCompile(`most holders at once\s+(\d+)\s+(\d+)`).FindStringSubmatch(out)
+	if m == nil || m[1] > "2" || m[2] > "2" {
+		t.Errorf("most holders at once: %v, want <= 2", m)
+	}
+	// The demo cleaned up: no demo key is left.
+	client := redistest.Client(t)
+	tag := regexp.MustCompile(`"demo-fair-([0-9a-f]+)"`).FindStringSubmatch(out)
+	if tag == nil {
+		t.Fatal("no demo name in the output")
+	}
+	if keys, _ := client.Keys(context.Background(), "redsem:{demo-*-"+tag[1]+"}:*").Result(); len(keys) != 0 {
+		t.Errorf("demo left keys: %v", keys)
+	}
+	t.Logf("demo output:\n%s", out)
+}
+
+// TestBinary builds the command and checks its exit codes and streams as a
+// user's shell sees them.
+func TestBinary(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds the binary")
+	}
+	bin := filepath.Join(t.TempDir(), "redsem")
+	build := exec.Command("go", "build", "-o", bin, ".")
+	if out, err := build.CombinedOutput(); err != nil {
+		t.Fatalf("go build: %v\n%s", err, out)
+	}
+	srv := redistest.Shared(t)
+	name := redistest.Name(t)
+	for _, tc := range []struct {
+		args   []string
+		code   int
+		stdout string
+		stderr string
+		env    string // an extra environment variable
+	}{
+		{nil, 2, "", "Usage:", ""},
+		{[]string{"-h"}, 0, "Commands:", "", ""},
+		{[]string{"status", name, "--redis", "redis://" + srv.Addr}, 0, "limit:   unknown", "", ""},
+		{[]string{"status", name, "--redis", "redis://127.0.0.1:1"}, 1, "", "redsem status: cannot reach Redis at redis://127.0.0.1:1: dial tcp", ""},
+		{[]string{"status"}, 2, "", "missing arguments", ""},
+		{[]string{"purge", name, "--redis", "redis://" + srv.Addr}, 0, "nothing to purge", "", ""},
+		// No --redis, no REDIS_URL: the demo starts its own redis-server.
+		{[]string{"demo", "--duration", "1s", "--instances", "1", "--workers", "2", "--limit", "1"}, 0, "redis: started redis-server", "", ""},
+		// ... and without one on PATH it says what to do, in one line.
+		{[]string{"demo"}, 1, "", "no Redis to run on: install redis-server", "PATH=" + t.TempDir()},
+	} {
+		cmd := exec.Command(bin, tc.args...)
+		cmd.Env = append(os.Environ(), "REDIS_URL=")
+		if tc.env != "" {
+			cmd.Env = append(cmd.Env, tc.env)
+		}
+		var out, errb bytes.Buffer
+		cmd.Stdout, cmd.Stderr = &out, &errb
+		err := cmd.Run()
+		code := 0
+		var ee *exec.ExitError
+		if errors.As(err, &ee) {
+			code = ee.ExitCode()
+		} else if err != nil {
+			t.Fatal(err)
+		}
+		if code != tc.code || !strings.Contains(out.String(), tc.stdout) || !strings.Contains(errb.String(), tc.stderr) {
+			t.Errorf("redsem %q: exit %d, stdout %q, stderr %q; want %d, %q, %q", tc.args, code, out.String(), errb.String(), tc.code, tc.stdout, tc.stderr)
+		}
+		if code == 1 && strings.Count(errb.String(), "\n") != 1 {
+			t.Errorf("redsem %q: error is not one line: %q", tc.args, errb.String())
+		}
+	}
+	watchUntilInterrupt(t, bin, "redis://"+srv.Addr, name)
+}
+
+// watchUntilInterrupt runs 'redsem watch' and checks that SIGINT ends it
+// with exit code 0 after at least one refresh.
+func watchUntilInterrupt(t *testing.T, bin, redisURL, name string) {
+	cmd := exec.Command(bin, "watch", name, "--interval", "50ms", "--redis", redisURL)
+	var out syncBuffer
+	cmd.Stdout, cmd.Stderr = &out, &out
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 10*time.Second, "watch to refresh", func() bool { return strings.Contains(out.String(), "every 50ms") })
+	if err := cmd.Process.Signal(os.Interrupt); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- cmd.Wait() }()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatalf("watch after SIGINT: %v\n%s", err, out.String())
+		}
+	case <-time.After(10 * time.Second):
+		_ = cmd.Process.Kill()
+		t.Fatal("watch did not exit on SIGINT")
+	}
+}
+
+// syncBuffer is a bytes.Buffer safe for a writer and a reader goroutine.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+func itoa(n int) string     { return strconv.Itoa(n) }
+func itoa64(n int64) string { return strconv.FormatInt(n, 10) }
+
+// startCluster starts a three-node Redis Cluster on loopback and returns its
+// addresses once every node reports cluster_state:ok.
+func startCluster(t *testing.T) []string {
+	t.Helper()
+	ctx := redistest.Ctx(t, 30*time.Second)
+	var addrs []string
+	var nodes []*redis.Client
+	for i := 0; i < 3; i++ {
+		s := redistest.Start(t, "--cluster-enabled", "yes", "--cluster-node-timeout", "2000")
+		addrs = append(addrs, s.Addr)
+		nodes = append(nodes, s.Client(t))
+	}
+	const slots = 16384
+	for i, n := range nodes {
+		lo, hi := i*slots/3, (i+1)*slots/3-1
+		if err := n.Do(ctx, "CLUSTER", "ADDSLOTSRANGE", lo, hi).Err(); err != nil {
+			t.Fatalf("ADDSLOTSRANGE: %v", err)
+		}
+	}
+	for _, a := range addrs[1:] {
+		host, port, _ := strings.Cut(a, ":")
+		if err := nodes[0].ClusterMeet(ctx, host, port).Err(); err != nil {
+			t.Fatalf("CLUSTER MEET: %v", err)
+		}
+	}
+	waitFor(t, 20*time.Second, "the cluster to form", func() bool {
+		for _, n := range nodes {
+			info, err := n.ClusterInfo(ctx).Result()
+			if err != nil || !strings.Contains(info, "cluster_state:ok") || !strings.Contains(info, "cluster_known_nodes:3") {
+				return false
+			}
+		}
+		return true
+	})
+	return addrs
+}
+
+func TestCluster(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts a three-node cluster")
+	}
+	addrs := startCluster(t)
+	ctx := redistest.Ctx(t, 30*time.Second)
+	cc := redis.NewClusterClient(&redis.ClusterOptions{Addrs: addrs})
+	defer cc.Close()
+	waitFor(t, 10*time.Second, "the client to see the slots", func() bool {
+		cc.ReloadState(ctx)
+		return cc.Ping(ctx).Err() == nil && cc.Set(ctx, "probe{x}", 1, time.Second).Err() == nil
+	})
+	name := redistest.Name(t) + "{braces}"
+	sem, err := fair.New(cc, name, 2, fair.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sem.Close()
+	l, err := sem.Acquire(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	seeds := strings.Join(addrs, ",")
+	runC := func(args ...string) (int, string, string) {
+		var out, errb bytes.Buffer
+		code := run(append(args, "--redis", seeds), &out, &errb)
+		return code, out.String(), errb.String()
+	}
+	code, out, errs := runC("status", name, "--json")
+	if code != exitOK {
+		t.Fatalf("status on a cluster: exit %d, stderr %q", code, errs)
+	}
+	var s snapshot
+	if err := json.Unmarshal([]byte(out), &s); err != nil || len(s.Holders) != 1 || s.Holders[0].ID != l.ID() || *s.Limit != 2 {
+		t.Fatalf("status on a cluster: %s (%v)", out, err)
+	}
+	if code, _, errs := runC("set-limit", name, "3"); code != exitOK {
+		t.Fatalf("set-limit on a cluster: exit %d, %q", code, errs)
+	}
+	if st, err := sem.Status(ctx); err != nil || st.Limit != 3 {
+		t.Fatalf("limit after set-limit: %v %v", st.Limit, err)
+	}
+	if code, _, errs := runC("release", name, l.ID()); code != exitOK {
+		t.Fatalf("release on a cluster: exit %d, %q", code, errs)
+	}
+	if err := l.Renew(ctx); !errors.Is(err, redsem.ErrLeaseLost) {
+		t.Fatalf("Renew after forced release = %v", err)
+	}
+	if code, out, errs := runC("purge", name, "--yes"); code != exitOK || !strings.Contains(out, "purged") {
+		t.Fatalf("purge on a cluster: exit %d, %q %q", code, out, errs)
+	}
+	if n := cc.Exists(ctx, core.KeysFor(core.DefaultPrefix, name).List...).Val(); n != 0 {
+		t.Fatalf("%d keys left after purge", n)
+	}
+}

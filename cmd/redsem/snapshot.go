@@ -1,0 +1,241 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/redsem/redsem/internal/core"
+)
+
+// snapshot is what status and watch show of one semaphore. Times are by the
+// Redis server's clock.
+type snapshot struct {
+	Name       string    `json:"name"`
+	Prefix     string    `json:"prefix"`
+	ServerTime time.Time `json:"server_time"`
+	// Live is false when none of the semaphore's keys but the set-limit
+	// override exists: nobody holds, waits or has established a limit.
+	Live bool `json:"live"`
+	// Limit is the limit in force, nil when unknown (no live state and no
+	// set-limit override: the first client to acquire establishes it).
+	Limit       *int   `json:"limit"`
+	LimitSource string `json:"limit_source"` // "set-limit", "established" or "unknown"
+	Established *int   `json:"established_limit,omitempty"`
+	Override    *int   `json:"set_limit,omitempty"`
+
+	Holders []holderInfo `json:"holders"`
+	Waiters []waiterInfo `json:"waiters"`
+
+	// LeaseTTLMs is the LeaseTTL that holders were checked against, 0 if
+	// unknown; LeaseTTLSource says where it came from.
+	LeaseTTLMs     int64  `json:"lease_ttl_ms,omitempty"`
+	LeaseTTLSource string `json:"lease_ttl_source,omitempty"`
+
+	MaxMemoryPolicy string   `json:"maxmemory_policy,omitempty"`
+	Warnings        []string `json:"warnings"`
+	Notes           []string `json:"notes,omitempty"`
+}
+
+type holderInfo struct {
+	ID          string    `json:"id"`
+	Slot        int       `json:"slot"` // -1: no lease record
+	Token       int64     `json:"token"`
+	Deadline    time.Time `json:"deadline"`
+	ExpiresInMs int64     `json:"expires_in_ms"`
+	// MinAgeMs is a lower bound of the time since the grant, derived from
+	// the fencing token (never below the server clock in µs at the grant);
+	// nil when the token is ahead of the clock, so no bound can be derived.
+	MinAgeMs *int64 `json:"min_age_ms"`
+}
+
+type waiterInfo struct {
+	ID       string `json:"id"`
+	Position int    `json:"position"`
+	// EvictDeadline is when the waiter is evicted unless its process
+	// heart-beats (its session's deadline).
+	EvictDeadline time.Time `json:"evict_deadline"`
+	EvictInMs     int64     `json:"evict_in_ms"`
+	// SeenForMs (watch only) is how long this watch has seen the waiter
+	// queued: a lower bound of its wait. The queue stores arrival order, not
+	// arrival time, so status cannot tell a waiter's age.
+	SeenForMs *int64 `json:"seen_for_ms,omitempty"`
+}
+
+// queuedLeaseTTL returns the LeaseTTL that the fair semaphore's waiting
+// clients asked for: each queue record is "session lease_ms". It returns 0
+// when there is no record or the clients disagree.
+func queuedLeaseTTL(ctx context.Context, client redis.UniversalClient, waitersKey string) (time.Duration, string) {
+	vals, err := client.HVals(ctx, waitersKey).Result()
+	if err != nil || len(vals) == 0 {
+		return 0, ""
+	}
+	var ttl int64 = -1
+	for _, v := range vals {
+		_, f, ok := strings.Cut(v, " ")
+		n, err := strconv.ParseInt(f, 10, 64)
+		if !ok || err != nil || (ttl >= 0 && n != ttl) {
+			return 0, ""
+		}
+		ttl = n
+	}
+	return time.Duration(ttl) * time.Millisecond, "the LeaseTTL that the queued fair clients asked for"
+}
+
+// readOpts are the checks a reader asks for.
+type readOpts struct {
+	leaseTTL time.Duration // 0: unknown
+}
+
+// read takes a snapshot of name.
+func read(ctx context.Context, client redis.UniversalClient, e *core.Engine, prefix string, o readOpts) (*snapshot, error) {
+	keys := e.Keys()
+	st, err := e.Status(ctx)
+	if err != nil {
+		return nil, err
+	}
+	// The rest is read right after, from the node that owns the keys.
+	node := redis.Cmdable(client)
+	if cc, ok := client.(*redis.ClusterClient); ok {
+		if n, err := cc.MasterForKey(ctx, keys.List[core.KeyMeta]); err == nil {
+			node = n
+		}
+	}
+	now, err := node.Time(ctx).Result()
+	if err != nil {
+		return nil, err
+	}
+	now = now.UTC()
+	exist := make([]*redis.IntCmd, len(keys.List))
+	pipe := client.Pipeline()
+	for i, k := range keys.List {
+		exist[i] = pipe.Exists(ctx, k)
+	}
+	override := pipe.Get(ctx, keys.List[core.KeyOverride])
+	established := pipe.HGet(ctx, keys.List[core.KeyMeta], "limit")
+	if _, err := pipe.Exec(ctx); err != nil && !errors.Is(err, redis.Nil) {
+		return nil, err
+	}
+	s := &snapshot{Name: e.Name(), Prefix: prefix, ServerTime: now, Holders: []holderInfo{}, Waiters: []waiterInfo{}, Warnings: []string{}}
+	for i, c := range exist {
+		if i != core.KeyOverride && c.Val() > 0 {
+			s.Live = true
+		}
+	}
+	if n, err := strconv.Atoi(override.Val()); err == nil {
+		s.Override = &n
+	}
+	if n, err := strconv.Atoi(established.Val()); err == nil {
+		s.Established = &n
+	}
+	switch {
+	case s.Override != nil:
+		s.Limit, s.LimitSource = s.Override, "set-limit"
+	case s.Established != nil:
+		s.Limit, s.LimitSource = s.Established, "established"
+	default:
+		s.LimitSource = "unknown"
+	}
+	nowMs := now.UnixMilli()
+	for _, h := range st.Holders {
+		hi := holderInfo{ID: h.ID, Slot: h.Slot, Token: h.Token, Deadline: h.Deadline.UTC(), ExpiresInMs: h.Deadline.UnixMilli() - nowMs}
+		if age := nowMs - h.Token/1000; h.Token > 0 && age >= 0 {
+			hi.MinAgeMs = &age
+		}
+		s.Holders = append(s.Holders, hi)
+	}
+	for _, w := range st.Waiters {
+		s.Waiters = append(s.Waiters, waiterInfo{ID: w.ID, Position: w.Position, EvictDeadline: w.Deadline.UTC(), EvictInMs: w.Deadline.UnixMilli() - nowMs})
+	}
+	if v, err := node.ConfigGet(ctx, "maxmemory-policy").Result(); err == nil {
+		s.MaxMemoryPolicy = v["maxmemory-policy"]
+	}
+	if o.leaseTTL <= 0 && len(s.Holders) > 0 {
+		o.leaseTTL, s.LeaseTTLSource = queuedLeaseTTL(ctx, client, keys.List[core.KeyWaiters])
+	} else if o.leaseTTL > 0 {
+		s.LeaseTTLSource = "--lease-ttl"
+	}
+	if o.leaseTTL > 0 {
+		s.LeaseTTLMs = o.leaseTTL.Milliseconds()
+	}
+	s.check(o)
+	return s, nil
+}
+
+func (s *snapshot) warn(format string, args ...any) {
+	s.Warnings = append(s.Warnings, fmt.Sprintf(format, args...))
+}
+
+func (s *snapshot) note(format string, args ...any) {
+	s.Notes = append(s.Notes, fmt.Sprintf(format, args...))
+}
+
+// check adds the warnings and notes that one snapshot supports.
+func (s *snapshot) check(o readOpts) {
+	if s.Limit != nil {
+		limit := *s.Limit
+		switch {
+		case len(s.Holders) > limit:
+			s.warn("over the limit: %d holders, limit %d (the limit was lowered: leases are not revoked, new grants wait until fewer than %d are held)",
+				len(s.Holders), limit, limit)
+		case len(s.Holders) == limit:
+			s.warn("full: all %d slots held, %d waiting in the fair queue (one reading; watch shows how long it stays full)",
+				limit, len(s.Waiters))
+		case len(s.Waiters) > 0:
+			s.warn("%d waiting while %d slots are free: admission is pending (normal for a moment; waiters whose process died are evicted when their deadline passes)",
+				len(s.Waiters), limit-len(s.Holders))
+		}
+		if s.Override != nil && s.Established != nil && *s.Override != *s.Established {
+			s.note("clients were built with limit %d; set-limit's %d overrides it", *s.Established, *s.Override)
+		}
+		for _, h := range s.Holders {
+			if h.Slot >= limit {
+				s.warn("holder %s holds slot %d, outside the limit %d (the limit was lowered)", h.ID, h.Slot, limit)
+			}
+		}
+	}
+	for _, h := range s.Holders {
+		if h.Slot < 0 {
+			s.warn("holder %s has no lease record (keys edited by hand?); it cannot be fenced", h.ID)
+		}
+		if o.leaseTTL <= 0 {
+			continue
+		}
+		ttl := o.leaseTTL.Milliseconds()
+		if h.MinAgeMs != nil && *h.MinAgeMs*10 > ttl*8 {
+			s.warn("holder %s (slot %d) has held for at least %s, past 0.8 x LeaseTTL (%s): fine if it renews on purpose, else a stuck or too slow holder",
+				h.ID, h.Slot, fmtMs(*h.MinAgeMs), o.leaseTTL)
+		}
+		if h.ExpiresInMs*10 < ttl*2 {
+			s.warn("holder %s (slot %d) expires in %s, under 0.2 x LeaseTTL (%s): its renewals are late (the watchdog renews every LeaseTTL/3) or it renews by hand",
+				h.ID, h.Slot, fmtMs(h.ExpiresInMs), o.leaseTTL)
+		}
+	}
+	switch {
+	case len(s.Holders) > 0 && o.leaseTTL <= 0:
+		s.note("LeaseTTL is not stored in Redis: pass --lease-ttl to check holders against 0.8 x LeaseTTL")
+	case len(s.Holders) > 0 && s.LeaseTTLSource != "--lease-ttl":
+		s.note("holders checked against LeaseTTL %s: %s (pass --lease-ttl if holders use another)", o.leaseTTL, s.LeaseTTLSource)
+	}
+	if core.EvictingPolicy(s.MaxMemoryPolicy) {
+		s.warn("Redis maxmemory-policy is %s: it may evict the semaphore's keys (all but the set-limit override have a TTL); use noeviction", s.MaxMemoryPolicy)
+	}
+}
+
+// fmtMs formats milliseconds as a short duration.
+func fmtMs(n int64) string {
+	d := time.Duration(n) * time.Millisecond
+	switch {
+	case d < 0:
+		return "-" + fmtMs(-n)
+	case d < time.Second:
+		return d.String()
+	case d < time.Minute:
+		return fmt.Sprintf("%.1fs", d.Seconds())
+	}
+	return d.Truncate(time.Second).String()
+}

@@ -1,0 +1,226 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+	"text/tabwriter"
+	"time"
+)
+
+func runStatus(args []string, stdout, stderr io.Writer) int {
+	c := newCommand("status", "NAME [flags]",
+		"Shows the live holders (id, slot, fencing token, age, deadline), the fair\n"+
+			"queue (position, time to eviction), the limit in force and warnings.", stdout, stderr)
+	asJSON := c.fs.Bool("json", false, "print one JSON object instead of text")
+	leaseTTL := c.fs.Duration("lease-ttl", 0, "the clients' LeaseTTL, to check holders against 0.8 x LeaseTTL (not stored in Redis)")
+	pos, code, stop := c.parse(args, 1, "NAME")
+	if stop {
+		return code
+	}
+	client, t, code, stop := c.connect()
+	if stop {
+		return code
+	}
+	defer client.Close()
+	e, err := c.engine(client, pos[0])
+	if err != nil {
+		return c.fail(err)
+	}
+	ctx, cancel := opContext(context.Background())
+	defer cancel()
+	s, err := read(ctx, client, e, c.prefix, readOpts{leaseTTL: *leaseTTL})
+	if err != nil {
+		return c.fail(reachErr(t, err))
+	}
+	if *asJSON {
+		return c.printJSON(s)
+	}
+	render(stdout, s)
+	return exitOK
+}
+
+func (c *command) printJSON(v any) int {
+	b, err := json.Marshal(v)
+	if err != nil {
+		return c.fail(err)
+	}
+	fmt.Fprintf(c.stdout, "%s\n", b)
+	return exitOK
+}
+
+// render writes s as text.
+func render(w io.Writer, s *snapshot) {
+	fmt.Fprintf(w, "semaphore %q (prefix %q) at %s (Redis server clock)\n", s.Name, s.Prefix, s.ServerTime.Format("2006-01-02 15:04:05.000 MST"))
+	switch {
+	case s.Limit == nil:
+		fmt.Fprintf(w, "limit:   unknown: idle, no live state (the first client to acquire establishes its limit)\n")
+	case s.LimitSource == "set-limit":
+		fmt.Fprintf(w, "limit:   %d (set with set-limit; never expires)\n", *s.Limit)
+	default:
+		fmt.Fprintf(w, "limit:   %d (established by live clients)\n", *s.Limit)
+	}
+	if !s.Live && s.Limit != nil {
+		fmt.Fprintf(w, "state:   idle: no holders, no waiters\n")
+	}
+	if s.Limit != nil {
+		fmt.Fprintf(w, "holders: %d of %d\n", len(s.Holders), *s.Limit)
+	} else {
+		fmt.Fprintf(w, "holders: %d\n", len(s.Holders))
+	}
+	if len(s.Holders) > 0 {
+		tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+		fmt.Fprintln(tw, "  SLOT\tTOKEN\tAGE\tEXPIRES IN\tDEADLINE\tID")
+		for _, h := range s.Holders {
+			age := "?"
+			if h.MinAgeMs != nil {
+				age = ">=" + fmtMs(*h.MinAgeMs)
+			}
+			fmt.Fprintf(tw, "  %d\t%d\t%s\t%s\t%s\t%s\n", h.Slot, h.Token, age, fmtMs(h.ExpiresInMs),
+				h.Deadline.Format("15:04:05.000"), h.ID)
+		}
+		tw.Flush()
+	}
+	fmt.Fprintf(w, "waiters: %d (fair queue, head first; unfair waiters retry and are not stored in Redis)\n", len(s.Waiters))
+	if len(s.Waiters) > 0 {
+		tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+		fmt.Fprintln(tw, "  POS\tWAITING\tEVICTED IN\tID")
+		for _, q := range s.Waiters {
+			seen := "?"
+			if q.SeenForMs != nil {
+				seen = ">=" + fmtMs(*q.SeenForMs)
+			}
+			fmt.Fprintf(tw, "  %d\t%s\t%s\t%s\n", q.Position, seen, fmtMs(q.EvictInMs), q.ID)
+		}
+		tw.Flush()
+	}
+	if len(s.Warnings) > 0 {
+		fmt.Fprintln(w, "warnings:")
+		for _, x := range s.Warnings {
+			fmt.Fprintf(w, "  ! %s\n", x)
+		}
+	}
+	if len(s.Notes) > 0 || len(s.Holders) > 0 || len(s.Waiters) > 0 {
+		fmt.Fprintln(w, "notes:")
+		for _, x := range s.Notes {
+			fmt.Fprintf(w, "  - %s\n", x)
+		}
+		if len(s.Holders) > 0 {
+			fmt.Fprintln(w, "  - AGE is a lower bound derived from the fencing token, which is never below the server clock in µs at the grant")
+		}
+		if len(s.Waiters) > 0 {
+			fmt.Fprintln(w, "  - the queue stores arrival order, not time: WAITING is how long watch has seen a waiter (status cannot tell)")
+		}
+	}
+}
+
+func runWatch(args []string, stdout, stderr io.Writer) int {
+	c := newCommand("watch", "NAME [flags]",
+		"Shows status NAME, refreshed every --interval until Ctrl-C (or --count\n"+
+			"refreshes). It also tracks what one reading cannot: how long the\n"+
+			"semaphore has stayed full, and how long each waiter has waited.", stdout, stderr)
+	asJSON := c.fs.Bool("json", false, "print one JSON object per refresh (one per line)")
+	leaseTTL := c.fs.Duration("lease-ttl", 0, "the clients' LeaseTTL, to check holders against 0.8 x LeaseTTL (not stored in Redis)")
+	interval := c.fs.Duration("interval", time.Second, "time between refreshes")
+	count := c.fs.Int("count", 0, "stop after this many refreshes (0: until Ctrl-C)")
+	alwaysFull := c.fs.Duration("full-after", 30*time.Second, "warn 'always full' once the semaphore has been full at every refresh for this long")
+	pos, code, stop := c.parse(args, 1, "NAME")
+	if stop {
+		return code
+	}
+	if *interval <= 0 || *count < 0 || *alwaysFull <= 0 {
+		return c.usageError("--interval and --full-after must be positive and --count not negative")
+	}
+	client, t, code, stop := c.connect()
+	if stop {
+		return code
+	}
+	defer client.Close()
+	e, err := c.engine(client, pos[0])
+	if err != nil {
+		return c.fail(err)
+	}
+	ctx, stopSignals := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stopSignals()
+
+	clear := isTerminal(stdout) && !*asJSON
+	var fullSince time.Time // server time of the first reading of the current full run
+	firstSeen := map[string]time.Time{}
+	failed := false
+	for n := 0; *count == 0 || n < *count; n++ {
+		if n > 0 {
+			select {
+			case <-ctx.Done():
+				return exitOK
+			case <-time.After(*interval):
+			}
+		}
+		rctx, cancel := opContext(ctx)
+		s, err := read(rctx, client, e, c.prefix, readOpts{leaseTTL: *leaseTTL})
+		cancel()
+		if ctx.Err() != nil {
+			return exitOK
+		}
+		if err != nil {
+			failed = true
+			fmt.Fprintf(stderr, "redsem watch: %s\n", oneLine(reachErr(t, err).Error()))
+			continue
+		}
+		failed = false
+		// What one reading cannot tell.
+		if s.Limit != nil && len(s.Holders) >= *s.Limit {
+			if fullSince.IsZero() {
+				fullSince = s.ServerTime
+			}
+			if d := s.ServerTime.Sub(fullSince); d >= *alwaysFull {
+				s.warn("always full: full at every refresh for %s: the limit is too low for the load, or holders leak (see docs/operations.md)", fmtMs(d.Milliseconds()))
+			}
+		} else {
+			fullSince = time.Time{}
+		}
+		seen := map[string]time.Time{}
+		for i := range s.Waiters {
+			q := &s.Waiters[i]
+			first, ok := firstSeen[q.ID]
+			if !ok {
+				first = s.ServerTime
+			}
+			seen[q.ID] = first
+			d := s.ServerTime.Sub(first).Milliseconds()
+			q.SeenForMs = &d
+		}
+		firstSeen = seen
+		if *asJSON {
+			if code := c.printJSON(s); code != exitOK {
+				return code
+			}
+			continue
+		}
+		if clear {
+			fmt.Fprint(stdout, "\033[H\033[2J")
+		} else if n > 0 {
+			fmt.Fprintln(stdout)
+		}
+		fmt.Fprintf(stdout, "every %s, Ctrl-C to stop\n", *interval)
+		render(stdout, s)
+	}
+	if failed {
+		return exitError
+	}
+	return exitOK
+}
+
+// isTerminal reports whether w is a terminal (so watch may redraw in place).
+func isTerminal(w io.Writer) bool {
+	f, ok := w.(*os.File)
+	if !ok {
+		return false
+	}
+	fi, err := f.Stat()
+	return err == nil && fi.Mode()&os.ModeCharDevice != 0 && !strings.EqualFold(os.Getenv("TERM"), "dumb")
+}

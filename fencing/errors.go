@@ -1,0 +1,55 @@
+package fencing
+
+import (
+	"errors"
+	"fmt"
+)
+
+var (
+	// ErrStale is matched by the error a Guard returns when a token is lower
+	// than the highest token already recorded for its (resource, slot): the
+	// presenter is a holder whose lease was lost, and a later holder of the
+	// same slot has already reached the store. The concrete error is a
+	// *StaleError.
+	ErrStale = errors.New("fencing: stale token")
+	// ErrInvalidFence is matched by the error returned for bad input: an empty
+	// resource, a negative slot (or one at or above a guard's MaxSlots), a
+	// zero or negative token, or malformed fencing headers. The concrete
+	// error is an *InvalidFenceError naming the field.
+	ErrInvalidFence = errors.New("fencing: invalid fence")
+)
+
+// StaleError reports a rejected token. It matches ErrStale.
+type StaleError struct {
+	Fence Fence // what was presented
+	// Highest is the token recorded for the slot, which is greater than
+	// Fence.Token; 0 when the guard does not report it (the SQL guard).
+	Highest int64
+}
+
+func (e *StaleError) Error() string {
+	if e.Highest > 0 {
+		return fmt.Sprintf("fencing: stale token %d for resource %q slot %d: token %d was already recorded",
+			e.Fence.Token, e.Fence.Resource, e.Fence.Slot, e.Highest)
+	}
+	return fmt.Sprintf("fencing: stale token %d for resource %q slot %d: a higher token was already recorded",
+		e.Fence.Token, e.Fence.Resource, e.Fence.Slot)
+}
+
+// Is reports whether target is ErrStale.
+func (e *StaleError) Is(target error) bool { return target == ErrStale }
+
+// InvalidFenceError reports bad input to a guard, to the HTTP helpers or to
+// a guard constructor. It matches ErrInvalidFence.
+type InvalidFenceError struct {
+	Field  string // "resource", "slot", "token", a header name or an option
+	Value  string // the offending value as given
+	Reason string // what is wrong with it
+}
+
+func (e *InvalidFenceError) Error() string {
+	return fmt.Sprintf("fencing: invalid %s %q: %s", e.Field, e.Value, e.Reason)
+}
+
+// Is reports whether target is ErrInvalidFence.
+func (e *InvalidFenceError) Is(target error) bool { return target == ErrInvalidFence }

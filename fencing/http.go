@@ -1,0 +1,136 @@
+package fencing
+
+import (
+	"errors"
+	"net/http"
+	"net/url"
+	"strconv"
+)
+
+// The request headers that carry a fence. The resource is percent-encoded
+// (url.PathEscape) so that any resource name fits in a header.
+const (
+	HeaderResource = "Redsem-Fence-Resource"
+	HeaderSlot     = "Redsem-Fence-Slot"
+	HeaderToken    = "Redsem-Fence-Token"
+)
+
+// SetHeaders validates f and writes it into h as the three fencing headers.
+// It returns an *InvalidFenceError and leaves h unchanged for bad input.
+func SetHeaders(h http.Header, f Fence) error {
+	if err := f.Validate(); err != nil {
+		return err
+	}
+	h.Set(HeaderResource, url.PathEscape(f.Resource))
+	h.Set(HeaderSlot, strconv.Itoa(f.Slot))
+	h.Set(HeaderToken, strconv.FormatInt(f.Token, 10))
+	return nil
+}
+
+// ParseHeaders reads the fence from h. It returns an *InvalidFenceError
+// (naming the header) when a header is missing, repeated, malformed or out
+// of range.
+func ParseHeaders(h http.Header) (Fence, error) {
+	get := func(name string) (string, error) {
+		v := h.Values(name)
+		switch len(v) {
+		case 0:
+			return "", &InvalidFenceError{Field: name, Reason: "missing header"}
+		case 1:
+			return v[0], nil
+		}
+		return "", &InvalidFenceError{Field: name, Value: v[0], Reason: "repeated header"}
+	}
+	var f Fence
+	raw, err := get(HeaderResource)
+	if err != nil {
+		return f, err
+	}
+	if f.Resource, err = url.PathUnescape(raw); err != nil {
+		return f, &InvalidFenceError{Field: HeaderResource, Value: raw, Reason: "bad percent-encoding"}
+	}
+	raw, err = get(HeaderSlot)
+	if err != nil {
+		return f, err
+	}
+	slot, err := strconv.ParseInt(raw, 10, 32)
+	if err != nil {
+		return f, &InvalidFenceError{Field: HeaderSlot, Value: raw, Reason: "not a 32-bit integer"}
+	}
+	f.Slot = int(slot)
+	raw, err = get(HeaderToken)
+	if err != nil {
+		return f, err
+	}
+	if f.Token, err = strconv.ParseInt(raw, 10, 64); err != nil {
+		return f, &InvalidFenceError{Field: HeaderToken, Value: raw, Reason: "not a 64-bit integer"}
+	}
+	return f, f.Validate()
+}
+
+// Transport is an http.RoundTripper that sends the fence found in each
+// request's context (see WithLease, WithFence) as the fencing headers. A
+// request whose context carries no fence is sent unchanged: a server behind
+// Middleware answers it with 400. A fence that fails Validate makes
+// RoundTrip return the *InvalidFenceError without sending anything.
+type Transport struct {
+	// Base sends the requests; nil: http.DefaultTransport.
+	Base http.RoundTripper
+}
+
+// RoundTrip implements http.RoundTripper. It does not modify req: it sends
+// a clone with the headers set.
+func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
+	base := t.Base
+	if base == nil {
+		base = http.DefaultTransport
+	}
+	f, ok := FromContext(req.Context())
+	if !ok {
+		return base.RoundTrip(req)
+	}
+	if err := f.Validate(); err != nil {
+		if req.Body != nil {
+			_ = req.Body.Close() // a RoundTripper must close the body, even on error
+		}
+		return nil, err
+	}
+	r := req.Clone(req.Context())
+	_ = SetHeaders(r.Header, f) // validated above
+	return base.RoundTrip(r)
+}
+
+// Middleware checks the fence in each request's headers with guard before
+// calling next, and passes the fence on in the request's context (read it
+// with FromContext). It answers 400 Bad Request when the headers are
+// missing or malformed, 409 Conflict when the token is stale, and 503
+// Service Unavailable when the guard fails otherwise; in each case next is
+// not called and the body is a one-line error message.
+//
+// The check happens when the request arrives, so it orders requests, not
+// the writes that next makes: a request admitted just before a newer holder
+// of the same slot is admitted can still write after it. Where that matters,
+// do the check and the write atomically in the store instead (RedisGuard.Set,
+// or SQLGuard.Check in the write's transaction) and use ParseHeaders in
+// the handler.
+func Middleware(guard Guard, next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		f, err := ParseHeaders(r.Header)
+		if err != nil {
+			http.Error(w, err.Error(), http.StatusBadRequest)
+			return
+		}
+		if err := guard.Check(r.Context(), f); err != nil {
+			switch {
+			case errors.Is(err, ErrStale):
+				http.Error(w, err.Error(), http.StatusConflict)
+			case errors.Is(err, ErrInvalidFence):
+				http.Error(w, err.Error(), http.StatusBadRequest)
+			default:
+				http.Error(w, "fencing: guard failed: "+err.Error(), http.StatusServiceUnavailable)
+			}
+			return
+		}
+		next.ServeHTTP(w, r.WithContext(WithFence(r.Context(), f)))
+	})
+}

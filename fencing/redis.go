@@ -1,0 +1,140 @@
+package fencing
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/redsem/redsem/lua"
+)
+
+// RedisOptions configures a RedisGuard. The zero value is valid.
+type RedisOptions struct {
+	// KeyPrefix is the first part of every key the guard uses; zero:
+	// "redsem-fence". It may not contain braces.
+	KeyPrefix string
+	// MaxSlots, when > 0, makes the guard reject slots >= MaxSlots with an
+	// *InvalidFenceError (set it to the highest limit the semaphore will
+	// ever have); zero: only slot >= 0 is checked.
+	MaxSlots int
+}
+
+// RedisGuard fences writes to a Redis (the store-side Redis, which may be
+// another server than the semaphore's). It keeps one HASH per resource,
+// FenceKey(resource), mapping slot -> highest token, with no TTL: a record
+// that expired would let a zombie through. Keys of one resource share a
+// {hash-tag}, so Redis Cluster keeps them in one slot. It is safe for
+// concurrent use.
+//
+// The guard is only as durable as the store-side Redis: if that Redis loses
+// the fence key (restart without persistence, failover), the next write of
+// each slot is accepted whatever its token. Keep the fence key in the same
+// Redis as the data it protects so that both are lost or kept together.
+type RedisGuard struct {
+	client   redis.UniversalClient
+	prefix   string
+	maxSlots int
+}
+
+var _ Guard = (*RedisGuard)(nil)
+
+// NewRedisGuard returns a guard that records tokens in client. It does no
+// I/O; it returns an *InvalidFenceError for a nil client, a prefix with
+// braces or a negative MaxSlots.
+func NewRedisGuard(client redis.UniversalClient, opts RedisOptions) (*RedisGuard, error) {
+	if client == nil {
+		return nil, &InvalidFenceError{Field: "client", Value: "<nil>", Reason: "nil"}
+	}
+	prefix := opts.KeyPrefix
+	if prefix == "" {
+		prefix = "redsem-fence"
+	}
+	if strings.ContainsAny(prefix, "{}") {
+		return nil, &InvalidFenceError{Field: "RedisOptions.KeyPrefix", Value: prefix, Reason: "contains a brace"}
+	}
+	if opts.MaxSlots < 0 {
+		return nil, &InvalidFenceError{Field: "RedisOptions.MaxSlots", Value: strconv.Itoa(opts.MaxSlots), Reason: "negative"}
+	}
+	return &RedisGuard{client: client, prefix: prefix, maxSlots: opts.MaxSlots}, nil
+}
+
+var tagEscaper = strings.NewReplacer("%", "%25", "{", "%7B", "}", "%7D")
+
+// base is the common start of every key of resource: prefix:{resource}:.
+func (g *RedisGuard) base(resource string) string {
+	return g.prefix + ":{" + tagEscaper.Replace(resource) + "}:"
+}
+
+// FenceKey is the HASH that holds resource's highest token per slot.
+func (g *RedisGuard) FenceKey(resource string) string { return g.base(resource) + "fence" }
+
+// DataKey returns a key named name in resource's {hash-tag}, for Set: in
+// Redis Cluster the data key of a guarded write must share the fence key's
+// hash slot. On a single Redis any key will do.
+func (g *RedisGuard) DataKey(resource, name string) string { return g.base(resource) + "data:" + name }
+
+// Check records f.Token as the highest token of (f.Resource, f.Slot) unless
+// a higher one is recorded; see Guard. A stale token yields a *StaleError
+// that names the recorded token.
+func (g *RedisGuard) Check(ctx context.Context, f Fence) error {
+	if err := f.validate(g.maxSlots); err != nil {
+		return err
+	}
+	v, err := lua.Fence.Run(ctx, g.client, []string{g.FenceKey(f.Resource)},
+		f.Slot, strconv.FormatInt(f.Token, 10)).Slice()
+	return g.reply(f, v, err)
+}
+
+// Set is a guarded write: in one script it checks f as Check does and, only
+// if the token is not stale, sets key to value, with a TTL of ttl when ttl
+// > 0 (ttl is rounded down to milliseconds; a positive ttl below 1ms is an
+// error) or no TTL when ttl is 0. A stale token yields a *StaleError and
+// leaves both the record and key unchanged. In Redis Cluster, key must
+// share the fence key's hash slot: use DataKey.
+func (g *RedisGuard) Set(ctx context.Context, f Fence, key, value string, ttl time.Duration) error {
+	if err := f.validate(g.maxSlots); err != nil {
+		return err
+	}
+	if ttl < 0 || (ttl > 0 && ttl < time.Millisecond) {
+		return &InvalidFenceError{Field: "ttl", Value: ttl.String(), Reason: "negative or below 1ms"}
+	}
+	v, err := lua.FenceSet.Run(ctx, g.client, []string{g.FenceKey(f.Resource), key},
+		f.Slot, strconv.FormatInt(f.Token, 10), value, ttl.Milliseconds()).Slice()
+	return g.reply(f, v, err)
+}
+
+// Highest returns the highest token recorded for (resource, slot), or 0
+// when none is.
+func (g *RedisGuard) Highest(ctx context.Context, resource string, slot int) (int64, error) {
+	if err := (Fence{Resource: resource, Slot: slot, Token: 1}).validate(g.maxSlots); err != nil {
+		return 0, err
+	}
+	n, err := g.client.HGet(ctx, g.FenceKey(resource), strconv.Itoa(slot)).Int64()
+	if errors.Is(err, redis.Nil) {
+		return 0, nil
+	}
+	return n, err
+}
+
+// reply turns a fence script reply into nil, a *StaleError or an error.
+func (g *RedisGuard) reply(f Fence, v []any, err error) error {
+	if err != nil {
+		return fmt.Errorf("fencing: redis guard: %w", err)
+	}
+	if len(v) != 2 {
+		return fmt.Errorf("fencing: redis guard: unexpected reply %v", v)
+	}
+	if ok, _ := v[0].(int64); ok == 1 {
+		return nil
+	}
+	s, _ := v[1].(string)
+	highest, perr := strconv.ParseInt(s, 10, 64)
+	if perr != nil {
+		return fmt.Errorf("fencing: redis guard: unexpected reply %v", v)
+	}
+	return &StaleError{Fence: f, Highest: highest}
+}

@@ -1,0 +1,273 @@
+package faults_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/redsem/redsem"
+	"github.com/redsem/redsem/internal/core"
+	"github.com/redsem/redsem/internal/redistest"
+)
+
+// Both variants work unchanged with a *redis.ClusterClient: every key and
+// channel of a semaphore is in one slot (names with braces included), the
+// scripts run (SPUBLISH inside Lua included), and a blocked Acquire is woken
+// by the sharded pub/sub notice of a release made by another client.
+func TestClusterSmoke(t *testing.T) {
+	checkLeaks(t)
+	cl := redistest.StartCluster(t, 3, 1)
+	cc := cl.Client(t)
+	ctx := redistest.Ctx(t, 60*time.Second)
+
+	for _, v := range variants {
+		for _, suffix := range []string{"plain", "a{b}c", "}x{", "{}", "{", "%7B"} {
+			name := redistest.Name(t) + "-" + v.name + "-" + suffix
+			t.Run(v.name+"/"+suffix, func(t *testing.T) {
+				assertOneSlot(t, ctx, cc, name)
+				s := v.new(t, cc, name, 2, opts{LeaseTTL: 5 * time.Second})
+				a, err := s.TryAcquire(ctx)
+				if err != nil {
+					t.Fatal(err)
+				}
+				b, err := s.TryAcquire(ctx)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if a.Slot() == b.Slot() || b.Token() <= a.Token() {
+					t.Fatalf("leases (slot %d, token %d) and (slot %d, token %d)", a.Slot(), a.Token(), b.Slot(), b.Token())
+				}
+				if _, err := s.TryAcquire(ctx); !errors.Is(err, redsem.ErrNoSlot) {
+					t.Fatalf("third TryAcquire: %v, want ErrNoSlot", err)
+				}
+				expectHolders(t, ctx, s, a.ID(), b.ID())
+				// The keys that exist live on one node: the one owning the slot.
+				have, err := keysOf(ctx, cc, name)
+				if err != nil || len(have) == 0 {
+					t.Fatalf("keys %v, %v", have, err)
+				}
+				for _, l := range []redsem.Lease{a, b} {
+					if err := l.Release(ctx); err != nil {
+						t.Fatal(err)
+					}
+				}
+				expectHolders(t, ctx, s)
+			})
+		}
+	}
+
+	for _, v := range variants {
+		t.Run(v.name+"/wakeup", func(t *testing.T) {
+			name := redistest.Name(t)
+			// A fallback and a lease far longer than the test's bound: only
+			// the release notice can wake the waiter in time. The holder is a
+			// separate semaphore value, so the waiter cannot be woken by the
+			// release reply in its own process either.
+			o := opts{LeaseTTL: 60 * time.Second, QueueTTL: 120 * time.Second, Fallback: 60 * time.Second}
+			holder := v.new(t, cc, name, 1, o)
+			waiter := v.new(t, cc, name, 1, o)
+			l, err := holder.TryAcquire(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			got := acquireAsync(ctx, waiter)
+			waitBlocked(t, ctx, cc, waiter, v.fair, name)
+			if err := l.Release(ctx); err != nil {
+				t.Fatal(err)
+			}
+			w := await(t, got, 20*time.Second, "waiter after release")
+			if w.Token() <= l.Token() {
+				t.Fatalf("token %d not above %d", w.Token(), l.Token())
+			}
+			if err := w.Release(ctx); err != nil {
+				t.Fatal(err)
+			}
+		})
+	}
+
+	for _, v := range variants {
+		t.Run(v.name+"/failover", func(t *testing.T) {
+			if testing.Short() {
+				t.Skip("long fault test; skipped with -short")
+			}
+			clusterFailover(t, ctx, cl, cc, v)
+		})
+	}
+}
+
+// clusterFailover runs workers on one semaphore while the primary owning its
+// slot is replaced by its replica (CLUSTER FAILOVER, which loses no write).
+func clusterFailover(t *testing.T, ctx context.Context, cl *redistest.Cluster, cc *redis.ClusterClient, v variant) {
+	name := redistest.Name(t)
+	s := v.new(t, cc, name, 2, opts{LeaseTTL: 2 * time.Second, QueueTTL: time.Second, Fallback: 200 * time.Millisecond})
+	slot, err := cc.ClusterKeySlot(ctx, core.KeysFor(core.DefaultPrefix, name).List[0]).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	runThroughFailover(t, ctx, s, 2, true, func() { cl.Failover(t, int(slot)) })
+}
+
+// runThroughFailover runs workers that acquire and release s while
+// failover() runs: calls may fail during the switch, but tokens after it
+// are above all tokens before it and the workers acquire again afterwards.
+// With strict (a failover that loses no write) never more than limit may
+// hold at once; otherwise the peak is only logged.
+func runThroughFailover(t *testing.T, ctx context.Context, s redsem.Semaphore, limit int, strict bool, failover func()) {
+	var (
+		mu                sync.Mutex
+		active, peak      int
+		phase             atomic.Int32 // 1 once the failover has settled
+		maxBefore         int64
+		afterOK, errsSeen int
+		lost              int
+		firstErr          error
+		bad               []string
+	)
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	var stopOnce sync.Once
+	halt := func() { stopOnce.Do(func() { close(stop) }); wg.Wait() }
+	defer halt() // also when the test fails half-way
+	for i := 0; i < 4; i++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				p := phase.Load()
+				actx, cancel := context.WithTimeout(ctx, 5*time.Second)
+				l, err := s.Acquire(actx)
+				cancel()
+				mu.Lock()
+				if err != nil {
+					errsSeen++
+					if firstErr == nil {
+						firstErr = err
+					}
+					mu.Unlock()
+					time.Sleep(20 * time.Millisecond)
+					continue
+				}
+				active++
+				peak = max(peak, active)
+				if p == 0 {
+					maxBefore = max(maxBefore, l.Token())
+				} else {
+					afterOK++
+					if l.Token() <= maxBefore {
+						bad = append(bad, fmt.Sprintf("token %d after failover not above %d", l.Token(), maxBefore))
+					}
+				}
+				mu.Unlock()
+				time.Sleep(5 * time.Millisecond)
+				mu.Lock()
+				active--
+				mu.Unlock()
+				// May fail during the switch: the slot then expires.
+				if err := l.Release(ctx); errors.Is(err, redsem.ErrLeaseLost) {
+					mu.Lock()
+					lost++
+					mu.Unlock()
+				}
+			}
+		}()
+	}
+	time.Sleep(300 * time.Millisecond) // let the workers run before the switch
+	failover()
+	phase.Store(1)
+	eventually(t, 30*time.Second, "acquisitions after the failover", func() error {
+		mu.Lock()
+		defer mu.Unlock()
+		if afterOK < 10 {
+			return errorf("%d acquisitions after the failover", afterOK)
+		}
+		return nil
+	})
+	halt()
+	mu.Lock()
+	defer mu.Unlock()
+	if strict && peak > limit {
+		t.Fatalf("%d holders at once, limit %d", peak, limit)
+	}
+	if len(bad) > 0 {
+		t.Fatal(bad[0])
+	}
+	t.Logf("peak %d holders (limit %d), %d errors during the switch (first: %v), %d leases lost, %d acquisitions after it",
+		peak, limit, errsSeen, firstErr, lost, afterOK)
+}
+
+// waitBlocked waits until a blocked Acquire is known to Redis: queued (fair)
+// or subscribed to the freed-slot channel (unfair).
+func waitBlocked(t *testing.T, ctx context.Context, c redis.UniversalClient, s redsem.Semaphore, fair bool, name string) {
+	t.Helper()
+	if fair {
+		eventually(t, 10*time.Second, "waiter queued", func() error {
+			if n, err := waitersOf(ctx, s); err != nil || n != 1 {
+				return errorf("%d waiters, %v", n, err)
+			}
+			return nil
+		})
+		return
+	}
+	ch := core.KeysFor(core.DefaultPrefix, name).Free
+	eventually(t, 10*time.Second, "waiter subscribed", func() error {
+		n, err := shardSubscribers(ctx, c, ch)
+		if err != nil || n < 1 {
+			return errorf("%d subscribers, %v", n, err)
+		}
+		return nil
+	})
+}
+
+// shardSubscribers counts the sharded subscribers of channel on the node
+// that serves it.
+func shardSubscribers(ctx context.Context, c redis.UniversalClient, channel string) (int64, error) {
+	var node redis.Cmdable = c
+	if cc, ok := c.(*redis.ClusterClient); ok {
+		m, err := cc.MasterForKey(ctx, channel)
+		if err != nil {
+			return 0, err
+		}
+		node = m
+	}
+	v, err := node.PubSubShardNumSub(ctx, channel).Result()
+	return v[channel], err
+}
+
+// assertOneSlot checks with CLUSTER KEYSLOT that every key and channel of
+// the semaphore name hashes to one slot, and that it is not the slot of the
+// same name without the hash tag's escaping (i.e. braces did not cut the tag).
+func assertOneSlot(t *testing.T, ctx context.Context, cc *redis.ClusterClient, name string) {
+	t.Helper()
+	k := core.KeysFor(core.DefaultPrefix, name)
+	all := append(append([]string(nil), k.List...), k.Chan, k.Free, k.Chan+":s:0123456789abcdef")
+	want, err := cc.ClusterKeySlot(ctx, all[0]).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	tag, err := cc.ClusterKeySlot(ctx, "{"+core.EscapeTag(name)+"}").Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want != tag {
+		t.Fatalf("key %s in slot %d, but its tag {%s} is in slot %d", all[0], want, core.EscapeTag(name), tag)
+	}
+	for _, key := range all[1:] {
+		got, err := cc.ClusterKeySlot(ctx, key).Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got != want {
+			t.Fatalf("%s in slot %d, %s in slot %d", all[0], want, key, got)
+		}
+	}
+}

@@ -1,0 +1,272 @@
+package faults_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/redsem/redsem"
+	"github.com/redsem/redsem/internal/redistest"
+	"github.com/redsem/redsem/lua"
+)
+
+// The reply to an acquire script is lost after the script ran: go-redis
+// retries the script (MaxRetries) with the same request id, and the retry
+// finds the lease already granted, so one Acquire takes one slot, not two.
+// When every reply is lost the Acquire fails, and its undo leaves nothing
+// behind: no holder, no queue entry.
+func TestReplyLost(t *testing.T) {
+	for _, v := range variants {
+		t.Run(v.name, func(t *testing.T) {
+			checkLeaks(t)
+			srv := redistest.Start(t)
+			p := newProxy(t, srv.Addr)
+			popt := srv.Options()
+			popt.Addr = p.Addr
+			viaProxy := redis.NewClient(popt)
+			t.Cleanup(func() { _ = viaProxy.Close() })
+			direct := srv.Client(t)
+			ctx := redistest.Ctx(t, 60*time.Second)
+			name := redistest.Name(t)
+			o := opts{LeaseTTL: 2 * time.Second, QueueTTL: time.Second, Fallback: 200 * time.Millisecond}
+			s := v.new(t, viaProxy, name, 2, o)
+			check := v.new(t, direct, name, 2, o)
+
+			// Load the scripts, so that the acquire below is one EVALSHA.
+			warm, err := s.TryAcquire(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := warm.Release(ctx); err != nil {
+				t.Fatal(err)
+			}
+
+			marker := []byte(lua.Acquire.Hash())
+			p.dropReplies(marker, 1)
+			l, err := s.Acquire(ctx)
+			if err != nil {
+				t.Fatalf("acquire with one lost reply: %v", err)
+			}
+			if p.droppedReplies() != 1 {
+				t.Fatalf("%d replies dropped, want 1", p.droppedReplies())
+			}
+			expectHolders(t, ctx, check, l.ID())
+
+			// Every reply lost: the acquire (granted by the script each
+			// time, then retried) fails and is undone.
+			p.dropReplies(marker, -1)
+			if _, err := s.Acquire(ctx); err == nil || errors.Is(err, redsem.ErrNoSlot) {
+				t.Fatalf("acquire with every reply lost: %v, want a Redis error", err)
+			}
+			if p.droppedReplies() < 2 {
+				t.Fatalf("only %d replies dropped", p.droppedReplies())
+			}
+			expectHolders(t, ctx, check, l.ID())
+
+			// Same with the semaphore full: the fair acquire queues each time
+			// it runs, and the undo must take the queue entry out again.
+			other, err := check.TryAcquire(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if _, err := s.Acquire(ctx); err == nil {
+				t.Fatal("acquire with every reply lost succeeded")
+			}
+			if n, err := waitersOf(ctx, check); err != nil || n != 0 {
+				t.Fatalf("%d waiters left behind (%v)", n, err)
+			}
+			expectHolders(t, ctx, check, l.ID(), other.ID())
+
+			p.dropReplies(nil, 0)
+			for _, x := range []redsem.Lease{l, other} {
+				if err := x.Release(ctx); err != nil {
+					t.Fatal(err)
+				}
+			}
+			_ = s.Close()
+			expectCleanState(t, direct, name, 5*time.Second)
+		})
+	}
+}
+
+// With Redis unreachable (nothing listening, or a black hole that accepts
+// and never answers) Acquire, TryAcquire and Status return an error that
+// says why (a net.Error, or the context's deadline) and do not hang.
+func TestRedisUnreachable(t *testing.T) {
+	port, err := redistest.FreePort()
+	if err != nil {
+		t.Fatal(err)
+	}
+	refused := "127.0.0.1:" + strconv.Itoa(port) // nothing listens here
+	for _, v := range variants {
+		for _, mode := range []string{"refused", "blackhole"} {
+			t.Run(v.name+"/"+mode, func(t *testing.T) {
+				checkLeaks(t)
+				addr := refused
+				if mode == "blackhole" {
+					p := newProxy(t, refused)
+					p.setBlackhole()
+					addr = p.Addr
+				}
+				c := redis.NewClient(&redis.Options{Addr: addr, ContextTimeoutEnabled: true, DialTimeout: time.Second})
+				t.Cleanup(func() { _ = c.Close() })
+				s := v.new(t, c, redistest.Name(t), 1, opts{})
+				const deadline = time.Second
+				// No hang: the call must return well within this bound (it
+				// may take up to the deadline plus the 2s bounded undo).
+				const bound = deadline + 8*time.Second
+				// The three calls run at once, to keep the test short.
+				ops := []string{"Acquire", "TryAcquire", "Status"}
+				errs := make([]error, len(ops))
+				took := make([]time.Duration, len(ops))
+				var wg sync.WaitGroup
+				for i, op := range ops {
+					wg.Add(1)
+					go func() {
+						defer wg.Done()
+						ctx, cancel := context.WithTimeout(context.Background(), deadline)
+						defer cancel()
+						start := time.Now()
+						switch op {
+						case "Acquire":
+							_, errs[i] = s.Acquire(ctx)
+						case "TryAcquire":
+							_, errs[i] = s.TryAcquire(ctx)
+						case "Status":
+							_, errs[i] = s.Status(ctx)
+						}
+						took[i] = time.Since(start)
+					}()
+				}
+				wg.Wait()
+				for i, op := range ops {
+					err := errs[i]
+					var ne net.Error
+					if err == nil || !(errors.As(err, &ne) || errors.Is(err, context.DeadlineExceeded)) {
+						t.Fatalf("%s: %v (%T), want a net.Error or the deadline", op, err, err)
+					}
+					if took[i] > bound {
+						t.Fatalf("%s took %v with a %v deadline", op, took[i], deadline)
+					}
+					t.Logf("%s: %v after %v", op, err, took[i].Round(time.Millisecond))
+				}
+			})
+		}
+	}
+}
+
+// Latency with jitter on every packet, and every connection reset (RST)
+// every 150ms, while workers acquire, hold and release: never more than the
+// limit at once, tokens of successive holders of a slot increase, errors are
+// only network errors, and once the resets stop the workers acquire again
+// and nothing is left behind.
+func TestJitterAndResets(t *testing.T) {
+	skipShort(t)
+	for _, v := range variants {
+		t.Run(v.name, func(t *testing.T) {
+			checkLeaks(t)
+			srv := redistest.Start(t)
+			p := newProxy(t, srv.Addr)
+			popt := srv.Options()
+			popt.Addr = p.Addr
+			viaProxy := redis.NewClient(popt)
+			t.Cleanup(func() { _ = viaProxy.Close() })
+			direct := srv.Client(t)
+			ctx := redistest.Ctx(t, 60*time.Second)
+			name := redistest.Name(t)
+			const limit = 2
+			s := v.new(t, viaProxy, name, limit, opts{LeaseTTL: time.Second, QueueTTL: time.Second, Fallback: 100 * time.Millisecond})
+			p.setJitter(3 * time.Millisecond)
+
+			var (
+				mu        sync.Mutex
+				active    int
+				peak      int
+				slotToken = map[int]int64{}
+				ok, fails int
+				bad       []string
+			)
+			stop := make(chan struct{})
+			var wg sync.WaitGroup
+			for i := 0; i < 5; i++ {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					for {
+						select {
+						case <-stop:
+							return
+						default:
+						}
+						actx, cancel := context.WithTimeout(ctx, 3*time.Second)
+						l, err := s.Acquire(actx)
+						cancel()
+						mu.Lock()
+						if err != nil {
+							fails++
+							var ne net.Error
+							if !errors.As(err, &ne) && !errors.Is(err, context.DeadlineExceeded) &&
+								!strings.Contains(err.Error(), "EOF") && !strings.Contains(err.Error(), "connection reset") {
+								bad = append(bad, err.Error())
+							}
+							mu.Unlock()
+							continue
+						}
+						ok++
+						active++
+						peak = max(peak, active)
+						if l.Token() <= slotToken[l.Slot()] {
+							bad = append(bad, fmt.Sprintf("slot %d token %d not above %d", l.Slot(), l.Token(), slotToken[l.Slot()]))
+						}
+						slotToken[l.Slot()] = l.Token()
+						mu.Unlock()
+						time.Sleep(2 * time.Millisecond)
+						mu.Lock()
+						active--
+						mu.Unlock()
+						_ = l.Release(ctx) // may fail on a reset: the slot then expires
+					}
+				}()
+			}
+			resets := 0
+			for i := 0; i < 10; i++ {
+				time.Sleep(150 * time.Millisecond)
+				resets += p.resetAll()
+			}
+			mu.Lock()
+			before := ok
+			mu.Unlock()
+			eventually(t, 20*time.Second, "acquisitions after the resets", func() error {
+				mu.Lock()
+				defer mu.Unlock()
+				if ok < before+10 {
+					return errorf("%d acquisitions after the resets", ok-before)
+				}
+				return nil
+			})
+			close(stop)
+			wg.Wait()
+			mu.Lock()
+			defer mu.Unlock()
+			if peak > limit {
+				t.Fatalf("%d holders at once, limit %d", peak, limit)
+			}
+			if len(bad) > 0 {
+				t.Fatalf("%d bad outcomes, first: %s", len(bad), bad[0])
+			}
+			if resets == 0 {
+				t.Fatal("no connection was reset")
+			}
+			t.Logf("%d connections reset; %d acquisitions, %d failed", resets, ok, fails)
+			_ = s.Close()
+			expectCleanState(t, direct, name, 5*time.Second)
+		})
+	}
+}

@@ -1,0 +1,155 @@
+package lua_test
+
+import (
+	"context"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/redsem/redsem/internal/core"
+	"github.com/redsem/redsem/internal/redistest"
+	"github.com/redsem/redsem/lua"
+)
+
+func run(ctx context.Context, t *testing.T, c *redis.Client, s *redis.Script, k core.Keys, args ...any) ([]any, error) {
+	t.Helper()
+	return s.Run(ctx, c, k.List, append([]any{k.Chan}, args...)...).Slice()
+}
+
+// A retried acquire (same id: the reply was lost and go-redis sent it
+// again) takes one slot, not two, and returns the same slot and token.
+func TestAcquireIsIdempotentPerID(t *testing.T) {
+	ctx := redistest.Ctx(t, 10*time.Second)
+	c := redistest.Client(t)
+	k := core.KeysFor("redsem", redistest.Name(t))
+	first, err := run(ctx, t, c, lua.Acquire, k, 2, "id-1", 5000, "try", "", 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	again, err := run(ctx, t, c, lua.Acquire, k, 2, "id-1", 5000, "try", "", 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if first[0] != int64(1) || again[0] != int64(1) || first[1] != again[1] || first[2] != again[2] {
+		t.Fatalf("first %v, retry %v: want the same grant", first, again)
+	}
+	if n := c.ZCard(ctx, k.List[core.KeyHolders]).Val(); n != 1 {
+		t.Fatalf("%d holders after a retried acquire, want 1", n)
+	}
+	// Queue mode: the same waiter id queues once.
+	for i := 0; i < 3; i++ {
+		if _, err := run(ctx, t, c, lua.Acquire, k, 2, "id-x", 5000, "try", "", 0); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for i := 0; i < 3; i++ {
+		r, err := run(ctx, t, c, lua.Acquire, k, 2, "w-1", 5000, "queue", "sess1", 5000)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if r[0] != int64(0) || r[2] != int64(0) {
+			t.Fatalf("queue attempt %d: %v, want queued at position 0", i, r)
+		}
+	}
+	if n := c.ZCard(ctx, k.List[core.KeyQueue]).Val(); n != 1 {
+		t.Fatalf("%d queue entries, want 1", n)
+	}
+}
+
+// Bad arguments are refused with an error before any write.
+func TestBadArgumentsWriteNothing(t *testing.T) {
+	ctx := redistest.Ctx(t, 10*time.Second)
+	c := redistest.Client(t)
+	k := core.KeysFor("redsem", redistest.Name(t))
+	cases := map[string][]any{
+		"zero limit":     {0, "id", 1000, "try", "", 0},
+		"float limit":    {1.5, "id", 1000, "try", "", 0},
+		"empty id":       {1, "", 1000, "try", "", 0},
+		"zero lease":     {1, "id", 0, "try", "", 0},
+		"bad mode":       {1, "id", 1000, "grab", "", 0},
+		"no session":     {1, "id", 1000, "queue", "", 1000},
+		"bad session":    {1, "id", 1000, "queue", "a|b", 1000},
+		"zero queue ttl": {1, "id", 1000, "queue", "s", 0},
+	}
+	for desc, args := range cases {
+		_, err := run(ctx, t, c, lua.Acquire, k, args...)
+		if err == nil || !strings.Contains(err.Error(), "redsem:") {
+			t.Errorf("%s: got %v, want a redsem error", desc, err)
+		}
+	}
+	for name, s := range map[string]*redis.Script{"renew": lua.Renew, "release": lua.Release} {
+		if _, err := run(ctx, t, c, s, k, 1, ""); err == nil {
+			t.Errorf("%s with empty id: no error", name)
+		}
+	}
+	if _, err := run(ctx, t, c, lua.SetLimit, k, 0); err == nil {
+		t.Error("setlimit 0: no error")
+	}
+	if n := c.Exists(ctx, k.List...).Val(); n != 0 {
+		t.Fatalf("%d keys written by refused calls", n)
+	}
+}
+
+// Every key written gets a TTL, except the SetLimit override.
+func TestEveryKeyExpires(t *testing.T) {
+	ctx := redistest.Ctx(t, 10*time.Second)
+	c := redistest.Client(t)
+	k := core.KeysFor("redsem", redistest.Name(t))
+	if _, err := run(ctx, t, c, lua.Acquire, k, 1, "h", 3000, "try", "", 0); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := run(ctx, t, c, lua.Acquire, k, 1, "w", 3000, "queue", "s1", 2000); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := run(ctx, t, c, lua.SetLimit, k, 1); err != nil {
+		t.Fatal(err)
+	}
+	for i, key := range k.List {
+		ttl := c.PTTL(ctx, key).Val()
+		switch {
+		case i == core.KeyOverride:
+			if ttl != -1 {
+				t.Errorf("override %s has TTL %v, want none", key, ttl)
+			}
+		case ttl == -2:
+			t.Errorf("%s missing", key)
+		case ttl < 0 || ttl > 3000*time.Millisecond+time.Second:
+			t.Errorf("%s has TTL %v, want (0, lease+1s]", key, ttl)
+		}
+	}
+}
+
+// All keys and channels of one semaphore share one non-empty hash tag, for
+// any name, including names with braces.
+func TestOneHashTagPerSemaphore(t *testing.T) {
+	tag := func(key string) string {
+		i := strings.IndexByte(key, '{')
+		if i < 0 {
+			return key
+		}
+		j := strings.IndexByte(key[i+1:], '}')
+		if j <= 0 { // no closing brace, or "{}": Redis hashes the whole key
+			return key
+		}
+		return key[i+1 : i+1+j]
+	}
+	names := []string{"db", "a{b}c", "}x{", "{}", "{", "}", "%7B", "a b:c", "ünï"}
+	seen := map[string]string{}
+	for _, n := range names {
+		k := core.KeysFor("redsem", n)
+		want := tag(k.List[0])
+		if want == k.List[0] {
+			t.Fatalf("%q: key %q has no usable hash tag", n, k.List[0])
+		}
+		for _, key := range append(append([]string{}, k.List...), k.Chan, k.Free) {
+			if got := tag(key); got != want {
+				t.Errorf("%q: key %q tag %q, want %q", n, key, got, want)
+			}
+		}
+		if other, dup := seen[want]; dup {
+			t.Errorf("names %q and %q share tag %q", n, other, want)
+		}
+		seen[want] = n
+	}
+}

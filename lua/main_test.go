@@ -1,0 +1,10 @@
+package lua_test
+
+import (
+	"os"
+	"testing"
+
+	"github.com/redsem/redsem/internal/redistest"
+)
+
+func TestMain(m *testing.M) { os.Exit(redistest.Main(m)) }
