@@ -94,6 +94,30 @@ func (c *child) signal(sig syscall.Signal) {
 	}
 }
 
+// stop freezes the child with SIGSTOP and returns once it is stopped: the
+// signal is asynchronous, and a child still running could act (take a
+// grant, print) after the test believes it frozen.
+func (c *child) stop() {
+	c.t.Helper()
+	c.signal(syscall.SIGSTOP)
+	stat := fmt.Sprintf("/proc/%d/stat", c.cmd.Process.Pid)
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		b, err := os.ReadFile(stat)
+		if err != nil {
+			c.t.Fatalf("child state: %v", err)
+		}
+		// "pid (comm) state ...": the state follows the last ')'.
+		if f := strings.Fields(string(b[strings.LastIndexByte(string(b), ')')+1:])); len(f) > 0 && (f[0] == "T" || f[0] == "t") {
+			return
+		}
+		if time.Now().After(deadline) {
+			c.t.Fatal("child did not stop within 10s of SIGSTOP")
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
 // kill ends the child with SIGKILL, as a crash would, and reaps it.
 func (c *child) kill() {
 	c.t.Helper()

@@ -3,6 +3,7 @@ package fair_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"maps"
 	"slices"
 	"syscall"
@@ -11,6 +12,7 @@ import (
 
 	"github.com/redsem/redsem"
 	"github.com/redsem/redsem/fair"
+	"github.com/redsem/redsem/internal/core"
 	"github.com/redsem/redsem/internal/redistest"
 )
 
@@ -146,7 +148,8 @@ func TestSlowWaiterKeepsPlace(t *testing.T) {
 	w := acquireAsync(ctx, s1)
 	ids := waiterIDs(t, waitWaiters(t, ctx, s0, 2))
 
-	c.signal(syscall.SIGSTOP)
+	c.stop()
+	c.noLine()
 	time.Sleep(time.Second) // the fault: a pause well inside QueueTTL
 	if got := waiterIDs(t, status(t, ctx, s0)); !slices.Equal(got, ids) {
 		t.Fatalf("queue changed during a short pause: %v, want %v", got, ids)
@@ -196,7 +199,8 @@ func TestPausedWaiterRequeues(t *testing.T) {
 	w := acquireAsync(ctx, s1)
 	ids := waiterIDs(t, waitWaiters(t, ctx, s0, 2))
 
-	c.signal(syscall.SIGSTOP)
+	c.stop()
+	c.noLine()
 	if err := holder.Release(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -214,7 +218,10 @@ func TestPausedWaiterRequeues(t *testing.T) {
 	waitFor(t, 10*time.Second, "the resumed child to queue again", func() (bool, error) {
 		select {
 		case line := <-c.lines:
-			return false, errors.New("child acquired while another holds the only slot: " + line)
+			hs, _ := redistest.Client(t).ZRangeWithScores(ctx, keysOf(name).List[core.KeyHolders], 0, -1).Result()
+			ws, _ := redistest.Client(t).HGetAll(ctx, keysOf(name).List[core.KeyWaiters]).Result()
+			return false, fmt.Errorf("child acquired while %s holds the only slot: %s (holders %v, waiters %v, status %+v)",
+				l.ID(), line, hs, ws, status(t, ctx, s0))
 		default:
 		}
 		st, err := s0.Status(ctx)
