@@ -15,7 +15,8 @@ import (
 func TestFIFOOrder(t *testing.T) {
 	ctx := redistest.Ctx(t, 20*time.Second)
 	c := redistest.Client(t)
-	s, err := fair.New(c, redistest.Name(t), 1, fair.Options{})
+	name := redistest.Name(t)
+	s, err := fair.New(c, name, 1, fair.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -59,29 +60,41 @@ func TestFIFOOrder(t *testing.T) {
 	}
 	_ = first.Release(ctx)
 	wg.Wait()
+	if len(order) != n {
+		t.Fatalf("%d of %d waiters admitted", len(order), n)
+	}
 	for i, v := range order {
 		if v != i {
 			t.Fatalf("admission order %v, want 0..%d", order, n-1)
 		}
 	}
+	checkClean(t, ctx, c, name)
 }
 
 func TestFairCancel(t *testing.T) {
 	ctx := redistest.Ctx(t, 20*time.Second)
-	s, err := fair.New(redistest.Client(t), redistest.Name(t), 1, fair.Options{})
+	c := redistest.Client(t)
+	name := redistest.Name(t)
+	s, err := fair.New(c, name, 1, fair.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer s.Close()
-	l, _ := s.Acquire(ctx)
+	l, err := s.Acquire(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
 	cctx, cancel := context.WithTimeout(ctx, 100*time.Millisecond)
 	defer cancel()
 	if _, err := s.Acquire(cctx); !errors.Is(err, context.DeadlineExceeded) {
 		t.Fatalf("got %v", err)
 	}
-	st, _ := s.Status(ctx)
+	st := status(t, ctx, s)
 	if len(st.Waiters) != 0 || len(st.Holders) != 1 {
 		t.Fatalf("status %+v", st)
 	}
-	_ = l.Release(ctx)
+	if err := l.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	checkClean(t, ctx, c, name)
 }

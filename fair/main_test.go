@@ -7,4 +7,10 @@ import (
 	"github.com/redsem/redsem/internal/redistest"
 )
 
-func TestMain(m *testing.M) { os.Exit(redistest.Main(m)) }
+func TestMain(m *testing.M) {
+	if os.Getenv(childEnv) != "" {
+		// Re-executed by startChild: play a waiting process, not the tests.
+		os.Exit(childMain())
+	}
+	os.Exit(redistest.Main(m))
+}

@@ -101,7 +101,19 @@ func (e *Engine) tryOnce(ctx context.Context, id string, queue bool, sid string)
 	if queue {
 		mode = "queue"
 	}
-	v, sent, err := e.run(ctx, lua.Acquire, e.cfg.Limit, id, ms(e.cfg.LeaseTTL), mode, sid, ms(e.cfg.QueueTTL))
+	if err := ctx.Err(); err != nil {
+		return attempt{}, e.wrap(err) // nothing sent
+	}
+	// The script runs to completion even if ctx ends meanwhile. A request
+	// abandoned in flight may still run after the release that undoes it
+	// (sent on another connection) and leave a slot or a queue entry that
+	// nobody owns; with the reply in hand, the caller's undo comes after it.
+	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cleanupTimeout)
+	defer cancel()
+	v, sent, err := e.run(rctx, lua.Acquire, e.cfg.Limit, id, ms(e.cfg.LeaseTTL), mode, sid, ms(e.cfg.QueueTTL))
+	if err == nil && ctx.Err() != nil {
+		err = e.wrap(ctx.Err()) // the caller gave up meanwhile: undo what the script did
+	}
 	if err != nil {
 		return attempt{}, err
 	}
@@ -288,10 +300,12 @@ func (e *Engine) acquireFair(ctx context.Context, start time.Time) (redsem.Lease
 	}
 	defer w.h.unregister(w)
 	for {
+		sent := time.Now()
 		a, err := e.tryOnce(ctx, id, true, w.h.sid)
 		if err != nil {
 			return nil, e.fail(ctx, id, err)
 		}
+		w.h.refreshed(sent, time.Now())
 		if a.code == 1 {
 			return e.granted(start, id, a.slot, a.token, a.deadline), nil
 		}
@@ -301,6 +315,13 @@ func (e *Engine) acquireFair(ctx context.Context, start time.Time) (redsem.Lease
 		case ev := <-w.events:
 			switch ev.kind {
 			case evGrant:
+				if !ev.claimed && !w.h.trusted(ev.at) {
+					// The session may have expired since the grant (this
+					// process was paused or cut off), which revokes an
+					// unclaimed grant: ask Redis, which claims it if it
+					// still stands and queues this waiter again if not.
+					continue
+				}
 				return e.granted(start, id, ev.slot, ev.token, ev.deadline), nil
 			case evGone: // evicted: queue again, at the back
 				e.emit(redsem.Event{Kind: redsem.EventWaiterEvicted, LeaseID: id})
@@ -374,7 +395,7 @@ func (e *Engine) deliverGrants(v []any, from int, sent time.Time) {
 	for i := from; i+3 < len(v); i += 4 {
 		h.deliver(toStr(v[i]), event{
 			kind: evGrant, slot: int(toInt(v[i+1])), token: toInt(v[i+2]),
-			deadline: sent.Add(time.Duration(toInt(v[i+3])) * time.Millisecond),
+			deadline: sent.Add(time.Duration(toInt(v[i+3])) * time.Millisecond), at: sent,
 		})
 	}
 }

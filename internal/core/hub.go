@@ -25,6 +25,11 @@ type event struct {
 	slot     int
 	token    int64
 	deadline time.Time
+	// Grants only: at is an early local estimate of when the grant was
+	// made; claimed is set when the session's heartbeat reported (and so
+	// claimed) it, which makes it safe whatever happened before.
+	at      time.Time
+	claimed bool
 }
 
 // waiter is one goroutine blocked in Acquire.
@@ -61,6 +66,12 @@ type hub struct {
 	quit      chan struct{}
 	wg        sync.WaitGroup
 	closeOnce sync.Once
+
+	// Local estimates of the session's life in Redis (fair), under mu: it
+	// surely lives until alive, and has lived without a break since
+	// liveSince.
+	alive     time.Time
+	liveSince time.Time
 }
 
 // heartbeatEvery is how often a fair session heart-beats: three times per
@@ -147,6 +158,32 @@ func (h *hub) queued(w *waiter, hint int64) {
 	if earlier {
 		h.poke()
 	}
+}
+
+// refreshed records a successful call that renewed the session: sent is
+// before the request left, recv after the reply came back.
+func (h *hub) refreshed(sent, recv time.Time) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if !h.alive.IsZero() && !recv.Before(h.alive) {
+		// The session may have expired (e.g. the process was paused)
+		// before this call renewed it; grants it had not claimed by then
+		// were revoked.
+		h.liveSince = recv
+	}
+	if a := sent.Add(h.e.cfg.QueueTTL); a.After(h.alive) {
+		h.alive = a
+	}
+}
+
+// trusted reports whether an unclaimed grant made at local time at (an early
+// estimate) still stands: the session has lived without a break since then,
+// so no expiry can have revoked it. A grant that is not trusted must be
+// checked with Redis before it is used.
+func (h *hub) trusted(at time.Time) bool {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return !at.Before(h.liveSince) && time.Now().Before(h.alive)
 }
 
 func (h *hub) poke() {
@@ -245,7 +282,7 @@ func (h *hub) run() {
 		_ = ps.Close()
 		h.readyErr = err
 		if err == nil {
-			h.readyErr = context.Canceled
+			h.readyErr = redsem.ErrClosed
 		}
 		h.e.hubMu.Lock()
 		if h.e.hub == h {
@@ -276,9 +313,10 @@ func (h *hub) onMessage(m *redis.Message) {
 		return
 	}
 	grantMs, leaseMs := toInt(f[4]), toInt(f[5])
+	at := h.e.clock.localAtLeast(grantMs)
 	h.deliver(f[1], event{
 		kind: evGrant, slot: int(toInt(f[2])), token: toInt(f[3]),
-		deadline: h.e.clock.localAtLeast(grantMs).Add(time.Duration(leaseMs) * time.Millisecond),
+		deadline: at.Add(time.Duration(leaseMs) * time.Millisecond), at: at,
 	})
 }
 
@@ -349,6 +387,7 @@ func (h *hub) beat() {
 		h.mu.Unlock()
 		return
 	}
+	h.refreshed(sent, time.Now())
 	e.clock.observe(sent, toInt(v[0]))
 	h.mu.Lock()
 	h.hint = toInt(v[1])
@@ -358,7 +397,7 @@ func (h *hub) beat() {
 		switch toInt(v[i]) {
 		case 1:
 			h.deliver(id, event{kind: evGrant, slot: int(toInt(v[i+1])), token: toInt(v[i+2]),
-				deadline: sent.Add(time.Duration(toInt(v[i+3])) * time.Millisecond)})
+				deadline: sent.Add(time.Duration(toInt(v[i+3])) * time.Millisecond), claimed: true})
 		case -1:
 			h.deliver(id, event{kind: evGone})
 		}
