@@ -7,6 +7,9 @@ import (
 	"os/exec"
 )
 
-var sigterm = os.Interrupt
+var (
+	sigterm = os.Interrupt
+	sigcont os.Signal // none: a stopped process cannot be continued portably
+)
 
 func setDeathSignal(*exec.Cmd) {}

@@ -1,6 +1,8 @@
-// Package redisproc starts a throw-away redis-server from PATH on a free
-// loopback port, for tools that need a Redis and find none (the demo of the
-// redsem command). It is not a test helper: tests use internal/redistest.
+// Package redisproc starts throw-away redis-server processes: Start for
+// tools that need a Redis and find none (the demo and bench of the redsem
+// command), and Run, the one implementation of "start a server process and
+// wait until it answers", on which internal/redistest builds its test
+// servers, clusters and sentinels.
 package redisproc
 
 import (
@@ -46,6 +48,7 @@ func Start(ctx context.Context) (*Proc, error) {
 	for attempt := 0; attempt < 5; attempt++ { // a free port may be taken before we bind it
 		p, err := launch(ctx, bin, dir)
 		if err == nil {
+			p.dir = dir
 			return p, nil
 		}
 		lastErr = err
@@ -58,16 +61,25 @@ func Start(ctx context.Context) (*Proc, error) {
 }
 
 func launch(ctx context.Context, bin, dir string) (*Proc, error) {
-	port, err := freePort()
+	port, err := FreePort()
 	if err != nil {
 		return nil, fmt.Errorf("redisproc: %w", err)
 	}
-	p := &Proc{addr: net.JoinHostPort("127.0.0.1", strconv.Itoa(port)), bin: bin, dir: dir}
-	logFile := filepath.Join(dir, "redis.log")
-	p.cmd = exec.Command(bin,
+	addr := net.JoinHostPort("127.0.0.1", strconv.Itoa(port))
+	return Run(ctx, []string{bin,
 		"--port", strconv.Itoa(port), "--bind", "127.0.0.1",
 		"--save", "", "--appendonly", "no", "--dir", dir,
-		"--daemonize", "no", "--logfile", logFile)
+		"--daemonize", "no", "--logfile", filepath.Join(dir, "redis.log")}, dir, addr)
+}
+
+// Run starts argv (argv[0] is the redis-server binary) in dir and returns
+// once the server answers PING at addr, or fails when it exits, ctx ends or
+// five seconds pass. The process dies with this one (Linux). Its log is read
+// from dir/redis.log for the error. Stop or Kill it when done; Run does not
+// remove dir.
+func Run(ctx context.Context, argv []string, dir, addr string) (*Proc, error) {
+	p := &Proc{addr: addr, bin: argv[0]}
+	p.cmd = exec.Command(argv[0], argv[1:]...)
 	p.cmd.Dir = dir
 	setDeathSignal(p.cmd)
 	if err := p.cmd.Start(); err != nil {
@@ -89,8 +101,8 @@ func launch(ctx context.Context, bin, dir string) (*Proc, error) {
 		case <-time.After(10 * time.Millisecond):
 		}
 	}
-	p.kill()
-	log, _ := os.ReadFile(logFile)
+	p.Kill()
+	log, _ := os.ReadFile(filepath.Join(dir, "redis.log"))
 	return nil, fmt.Errorf("redisproc: redis-server on %s did not start: %s", p.addr, lastLine(string(log)))
 }
 
@@ -104,7 +116,8 @@ func (p *Proc) Path() string { return p.bin }
 func (p *Proc) Version() string { return p.version }
 
 // Stop ends the server (SIGTERM, then SIGKILL after two seconds), waits for
-// it to exit and removes its directory. It is safe to call twice.
+// it to exit and removes its directory if Start made it. It is safe to call
+// twice.
 func (p *Proc) Stop() {
 	if p.cmd == nil {
 		return
@@ -113,16 +126,29 @@ func (p *Proc) Stop() {
 	select {
 	case <-p.exited:
 	case <-time.After(2 * time.Second):
-		p.kill()
+		p.Kill()
 	}
 	p.cmd = nil
-	_ = os.RemoveAll(p.dir)
+	if p.dir != "" {
+		_ = os.RemoveAll(p.dir)
+	}
 }
 
-func (p *Proc) kill() {
+// Kill ends the server with SIGKILL (continuing it first, should it be
+// stopped) and waits for it to exit.
+func (p *Proc) Kill() {
+	if p.cmd == nil {
+		return
+	}
+	if sigcont != nil {
+		_ = p.Signal(sigcont)
+	}
 	_ = p.cmd.Process.Kill()
 	<-p.exited
 }
+
+// Signal sends sig to the server process.
+func (p *Proc) Signal(sig os.Signal) error { return p.cmd.Process.Signal(sig) }
 
 // ping sends PING then INFO server and returns the redis_version it reports.
 func ping(addr string) (string, error) {
@@ -154,7 +180,8 @@ func ping(addr string) (string, error) {
 	}
 }
 
-func freePort() (int, error) {
+// FreePort returns a TCP port on 127.0.0.1 that was free a moment ago.
+func FreePort() (int, error) {
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		return 0, err

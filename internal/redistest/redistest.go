@@ -12,7 +12,6 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
-	"errors"
 	"fmt"
 	"net"
 	"os"
@@ -26,6 +25,7 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+	"github.com/redsem/redsem/internal/redisproc"
 )
 
 // HowToGetRedis is the one line printed when no Redis can be had.
@@ -40,9 +40,7 @@ type Server struct {
 	port int
 	dir  string
 	args []string
-	cmd  *exec.Cmd
-	// exited is closed once cmd has exited and been reaped.
-	exited chan struct{}
+	proc *redisproc.Proc // nil when not running
 	// external is set when the server is not ours (REDIS_URL or a
 	// container): it cannot be restarted or killed.
 	external bool
@@ -200,10 +198,10 @@ func (s *Server) signal(t testing.TB, sig syscall.Signal) {
 	t.Helper()
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if s.cmd == nil || s.cmd.Process == nil {
+	if s.proc == nil {
 		t.Fatalf("redistest: server %s is not running", s.Addr)
 	}
-	if err := s.cmd.Process.Signal(sig); err != nil {
+	if err := s.proc.Signal(sig); err != nil {
 		t.Fatalf("redistest: signal %v: %v", sig, err)
 	}
 }
@@ -228,13 +226,11 @@ func (s *Server) Stop() {
 }
 
 func (s *Server) killLocked() {
-	if s.cmd == nil {
+	if s.proc == nil {
 		return
 	}
-	_ = s.cmd.Process.Signal(syscall.SIGCONT) // a paused server must be able to die
-	_ = s.cmd.Process.Kill()
-	<-s.exited
-	s.cmd = nil
+	s.proc.Kill() // continues a paused server first
+	s.proc = nil
 }
 
 // startLocal starts redis-server from PATH on a free loopback port.
@@ -267,70 +263,19 @@ func startLocal(extraArgs ...string) (*Server, error) {
 	return nil, lastErr
 }
 
-// launchLocked starts the process and waits until it answers PING.
+// launchLocked starts the process and waits until it answers PING; the
+// server dies with the test binary even if no cleanup runs.
 func (s *Server) launchLocked() error {
-	cmd := exec.Command(s.args[0], s.args[1:]...)
-	cmd.Dir = s.dir
-	// The server dies with the test binary even if no cleanup runs.
-	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-	if err := cmd.Start(); err != nil {
-		return err
-	}
-	exited := make(chan struct{})
-	go func() { _ = cmd.Wait(); close(exited) }()
-	deadline := time.Now().Add(5 * time.Second)
-	for time.Now().Before(deadline) {
-		if pingAddr(s.Addr) == nil {
-			s.cmd, s.exited = cmd, exited
-			return nil
-		}
-		select {
-		case <-exited:
-			deadline = time.Now()
-		case <-time.After(10 * time.Millisecond):
-		}
-	}
-	_ = cmd.Process.Kill()
-	<-exited
-	log, _ := os.ReadFile(filepath.Join(s.dir, "redis.log"))
-	return fmt.Errorf("redis-server on %s did not start: %s", s.Addr, lastLine(string(log)))
-}
-
-func pingAddr(addr string) error {
-	c, err := net.DialTimeout("tcp", addr, 200*time.Millisecond)
+	p, err := redisproc.Run(context.Background(), s.args, s.dir, s.Addr)
 	if err != nil {
 		return err
 	}
-	defer c.Close()
-	_ = c.SetDeadline(time.Now().Add(500 * time.Millisecond))
-	if _, err := c.Write([]byte("PING\r\n")); err != nil {
-		return err
-	}
-	buf := make([]byte, 64)
-	n, err := c.Read(buf)
-	if err != nil {
-		return err
-	}
-	if !strings.HasPrefix(string(buf[:n]), "+PONG") {
-		return errors.New(strings.TrimSpace(string(buf[:n])))
-	}
+	s.proc = p
 	return nil
 }
 
-func lastLine(s string) string {
-	lines := strings.Split(strings.TrimSpace(s), "\n")
-	return lines[len(lines)-1]
-}
-
 // FreePort returns a TCP port on 127.0.0.1 that was free a moment ago.
-func FreePort() (int, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return 0, err
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port, nil
-}
+func FreePort() (int, error) { return redisproc.FreePort() }
 
 // Name returns a semaphore name unique to this test and run.
 func Name(t testing.TB) string {
