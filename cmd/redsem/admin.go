@@ -32,15 +32,11 @@ func runSetLimit(args []string, stdout, stderr io.Writer) int {
 	if err != nil || n < 1 || n > core.MaxLimit {
 		return c.usageError("limit %q is not an integer in [1, %d]", pos[1], core.MaxLimit)
 	}
-	client, t, code, stop := c.connect()
+	client, t, e, code, stop := c.open(pos[0])
 	if stop {
 		return code
 	}
 	defer client.Close()
-	e, err := c.engine(client, pos[0])
-	if err != nil {
-		return c.fail(err)
-	}
 	ctx, cancel := opContext(context.Background())
 	defer cancel()
 	before, err := read(ctx, client, e, c.prefix, readOpts{})
@@ -72,15 +68,11 @@ func runRelease(args []string, stdout, stderr io.Writer) int {
 	if stop {
 		return code
 	}
-	client, t, code, stop := c.connect()
+	client, t, e, code, stop := c.open(pos[0])
 	if stop {
 		return code
 	}
 	defer client.Close()
-	e, err := c.engine(client, pos[0])
-	if err != nil {
-		return c.fail(err)
-	}
 	ctx, cancel := opContext(context.Background())
 	defer cancel()
 	s, err := read(ctx, client, e, c.prefix, readOpts{})
@@ -162,15 +154,11 @@ func runPurge(args []string, stdout, stderr io.Writer) int {
 	if stop {
 		return code
 	}
-	client, t, code, stop := c.connect()
+	client, t, e, code, stop := c.open(pos[0])
 	if stop {
 		return code
 	}
 	defer client.Close()
-	e, err := c.engine(client, pos[0])
-	if err != nil {
-		return c.fail(err)
-	}
 	ctx, cancel := opContext(context.Background())
 	defer cancel()
 	s, err := read(ctx, client, e, c.prefix, readOpts{})

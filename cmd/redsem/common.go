@@ -193,19 +193,23 @@ func (t *target) client() redis.UniversalClient {
 	return redis.NewClient(&o)
 }
 
-// connect parses --redis and returns a client, or the exit code.
-func (c *command) connect() (redis.UniversalClient, *target, int, bool) {
+// open connects to --redis and returns the engine used to read and change
+// semaphore name's state. Its limit (1) is only the fallback the scripts use
+// when no limit is established. On a bad --redis or name it reports the
+// error and returns stop with the exit code; otherwise the caller closes
+// client.
+func (c *command) open(name string) (client redis.UniversalClient, t *target, e *core.Engine, code int, stop bool) {
 	t, err := parseTarget(c.redis)
 	if err != nil {
-		return nil, nil, c.usageError("%v", err), true
+		return nil, nil, nil, c.usageError("%v", err), true
 	}
-	return t.client(), t, 0, false
-}
-
-// engine returns the engine used to read and change NAME's state. Its limit
-// (1) is only the fallback the scripts use when no limit is established.
-func (c *command) engine(client redis.UniversalClient, name string) (*core.Engine, error) {
-	return core.New(core.Config{Client: client, Name: name, Limit: 1, Prefix: c.prefix})
+	client = t.client()
+	e, err = core.New(core.Config{Client: client, Name: name, Limit: 1, Prefix: c.prefix})
+	if err != nil {
+		_ = client.Close()
+		return nil, nil, nil, c.fail(err), true
+	}
+	return client, t, e, 0, false
 }
 
 // opContext returns a context for one Redis operation.

@@ -23,15 +23,11 @@ func runStatus(args []string, stdout, stderr io.Writer) int {
 	if stop {
 		return code
 	}
-	client, t, code, stop := c.connect()
+	client, t, e, code, stop := c.open(pos[0])
 	if stop {
 		return code
 	}
 	defer client.Close()
-	e, err := c.engine(client, pos[0])
-	if err != nil {
-		return c.fail(err)
-	}
 	ctx, cancel := opContext(context.Background())
 	defer cancel()
 	s, err := read(ctx, client, e, c.prefix, readOpts{leaseTTL: *leaseTTL})
@@ -136,15 +132,11 @@ func runWatch(args []string, stdout, stderr io.Writer) int {
 	if *interval <= 0 || *count < 0 || *alwaysFull <= 0 {
 		return c.usageError("--interval and --full-after must be positive and --count not negative")
 	}
-	client, t, code, stop := c.connect()
+	client, t, e, code, stop := c.open(pos[0])
 	if stop {
 		return code
 	}
 	defer client.Close()
-	e, err := c.engine(client, pos[0])
-	if err != nil {
-		return c.fail(err)
-	}
 	ctx, stopSignals := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stopSignals()
 
