@@ -13,6 +13,7 @@ import (
 	"github.com/redsem/redsem"
 	"github.com/redsem/redsem/fair"
 	"github.com/redsem/redsem/internal/bench"
+	"github.com/redsem/redsem/internal/benchtest"
 	"github.com/redsem/redsem/internal/core"
 	"github.com/redsem/redsem/internal/redistest"
 	"github.com/redsem/redsem/lua"
@@ -21,62 +22,27 @@ import (
 // Compare two commits with benchstat: see docs/benchmarks.md.
 
 // BenchmarkTryAcquireRelease is one uncontended TryAcquire+Release cycle:
-// two scripts, two round trips.
+// two scripts, two round trips; redis-µs/op is the time Redis spent in them.
 func BenchmarkTryAcquireRelease(b *testing.B) {
-	ctx := context.Background()
 	c := redistest.Client(b)
 	s, err := fair.New(c, redistest.Name(b), 1, fair.Options{})
 	if err != nil {
 		b.Fatal(err)
 	}
 	defer s.Close()
-	before, err := bench.ReadStats(ctx, c)
-	if err != nil {
-		b.Fatal(err)
-	}
-	ops := 0
-	for b.Loop() {
-		ops++
-		l, err := s.TryAcquire(ctx)
-		if err != nil {
-			b.Fatal(err)
-		}
-		if err := l.Release(ctx); err != nil {
-			b.Fatal(err)
-		}
-	}
-	after, err := bench.ReadStats(ctx, c)
-	if err != nil {
-		b.Fatal(err)
-	}
-	// Time Redis spent in the two scripts, per cycle.
-	b.ReportMetric(float64(after.Sub(before).ScriptUsec)/float64(ops), "redis-µs/op")
+	benchtest.TryAcquireRelease(b, c, s)
 }
 
-// BenchmarkHandoff is a contended loop: limit 1, 8 goroutines in one process
-// acquiring and releasing at once with no hold. One op is one hold, so
-// ns/op is the time from one release to the next grant, all included.
+// BenchmarkHandoff is a contended loop: limit 1, 4 x GOMAXPROCS goroutines
+// in one process acquiring and releasing at once with no hold. One op is one
+// hold, so ns/op is the time from one release to the next grant.
 func BenchmarkHandoff(b *testing.B) {
-	ctx := context.Background()
 	s, err := fair.New(redistest.Client(b), redistest.Name(b), 1, fair.Options{})
 	if err != nil {
 		b.Fatal(err)
 	}
 	defer s.Close()
-	b.SetParallelism(4) // 4 x GOMAXPROCS goroutines
-	b.RunParallel(func(pb *testing.PB) {
-		for pb.Next() {
-			l, err := s.Acquire(ctx)
-			if err != nil {
-				b.Error(err)
-				return
-			}
-			if err := l.Release(ctx); err != nil {
-				b.Error(err)
-				return
-			}
-		}
-	})
+	benchtest.Handoff(b, s)
 }
 
 // BenchmarkQueued measures the scripts' cost as the queue grows: with n
