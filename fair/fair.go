@@ -22,7 +22,11 @@ type Options struct {
 	// grants not yet claimed by a heartbeat or renewal.
 	QueueTTL time.Duration
 	// DisableAutoRenew turns off the background renewal of leases; holders
-	// then call Lease.Renew themselves before Lease.Deadline.
+	// then call Lease.Renew themselves before Lease.Deadline. A lease handed
+	// over while its Acquire waited in the queue may report a Deadline
+	// sooner than LeaseTTL (as soon as two thirds of QueueTTL, typically)
+	// until the first Renew: until then it lasts only as long as the
+	// process's queue session.
 	DisableAutoRenew bool
 	// KeyPrefix is the first part of every Redis key; zero: "redsem". It may
 	// not contain braces.

@@ -3,6 +3,7 @@ package property_test
 import (
 	"fmt"
 	"math"
+	"os"
 	"regexp"
 	"time"
 
@@ -140,9 +141,13 @@ var unstable = regexp.MustCompile(`[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{
 // fatalf logs the full message, then fails with a copy in which ids, tokens
 // and times are blanked out: rapid accepts a smaller failing case only if it
 // fails with the same message, so the message must not change between runs.
+// The full message also goes to stderr at once: when rapid cannot replay a
+// failure (a race), the log of the failing run is not shown, and the numbers
+// are what tells the cause.
 func fatalf(rt *rapid.T, format string, args ...any) {
 	rt.Helper()
 	msg := fmt.Sprintf(format, args...)
 	rt.Log(msg)
+	fmt.Fprintln(os.Stderr, "property failed:", msg)
 	rt.Fatalf("%s", unstable.ReplaceAllString(msg, "#"))
 }

@@ -140,6 +140,8 @@ type interval struct {
 	from, to   int64 // [Acquire returned, Release called) or, for a killed holder, its deadline
 	killedOpen bool
 	lost       bool
+	deadline   int64 // the lease's Deadline() when Acquire returned
+	killed     int64 // when its process was killed; 0 if it was not
 }
 
 func TestConcurrentProcesses(t *testing.T) {
@@ -245,7 +247,8 @@ func runProcesses(t *testing.T, rt *rapid.T, rdb *redis.Client, p helperParams, 
 		for _, r := range c.recs {
 			switch r.Ev {
 			case "acq":
-				iv := &interval{proc: i, id: r.ID, slot: r.Slot, token: r.Token, start: r.Start, from: r.T, to: -1}
+				iv := &interval{proc: i, id: r.ID, slot: r.Slot, token: r.Token, start: r.Start, from: r.T, to: -1,
+					deadline: r.Deadline, killed: c.killed}
 				open[r.ID] = iv
 				lastDeadline = max(lastDeadline, r.Deadline)
 				if c.killed != 0 {
@@ -427,7 +430,7 @@ func cmpInt(a, b int64) int {
 func fmtIv(iv interval) string {
 	s := fmt.Sprintf("proc %d slot %d token %d [%d, %d)", iv.proc, iv.slot, iv.token, iv.from, iv.to)
 	if iv.killedOpen {
-		s += " (killed while held)"
+		s += fmt.Sprintf(" (killed while held: killed at %d, deadline %d)", iv.killed, iv.deadline)
 	}
 	return s
 }

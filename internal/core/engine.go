@@ -126,7 +126,7 @@ func (e *Engine) tryOnce(ctx context.Context, id string, queue bool, sid string)
 	switch a.code {
 	case 1:
 		a.slot, a.token, a.msLeft = int(toInt(v[1])), toInt(v[2]), toInt(v[3])
-		a.deadline = sent.Add(time.Duration(a.msLeft) * time.Millisecond)
+		a.deadline = expiresBy(sent, a.msLeft)
 	case 0:
 		a.hint, a.position = toInt(v[1]), toInt(v[2])
 	case -1:
@@ -315,14 +315,22 @@ func (e *Engine) acquireFair(ctx context.Context, start time.Time) (redsem.Lease
 		case ev := <-w.events:
 			switch ev.kind {
 			case evGrant:
-				if !ev.claimed && !w.h.trusted(ev.at) {
-					// The session may have expired since the grant (this
-					// process was paused or cut off), which revokes an
-					// unclaimed grant: ask Redis, which claims it if it
-					// still stands and queues this waiter again if not.
-					continue
+				deadline := ev.deadline
+				if !ev.claimed {
+					until, ok := w.h.trusted(ev.at)
+					if !ok {
+						// The session may have expired since the grant
+						// (this process was paused or cut off), which
+						// revokes an unclaimed grant: ask Redis, which
+						// claims it if it still stands and queues this
+						// waiter again if not.
+						continue
+					}
+					// Until it is claimed, the grant lasts only as long
+					// as the session.
+					deadline = minTime(deadline, until)
 				}
-				return e.granted(start, id, ev.slot, ev.token, ev.deadline), nil
+				return e.granted(start, id, ev.slot, ev.token, deadline), nil
 			case evGone: // evicted: queue again, at the back
 				e.emit(redsem.Event{Kind: redsem.EventWaiterEvicted, LeaseID: id})
 				continue
@@ -395,7 +403,7 @@ func (e *Engine) deliverGrants(v []any, from int, sent time.Time) {
 	for i := from; i+3 < len(v); i += 4 {
 		h.deliver(toStr(v[i]), event{
 			kind: evGrant, slot: int(toInt(v[i+1])), token: toInt(v[i+2]),
-			deadline: sent.Add(time.Duration(toInt(v[i+3])) * time.Millisecond), at: sent,
+			deadline: expiresBy(sent, toInt(v[i+3])), at: sent,
 		})
 	}
 }
@@ -426,6 +434,23 @@ func (c *serverClock) localAtLeast(serverMs int64) time.Time {
 }
 
 func ms(d time.Duration) int64 { return d.Milliseconds() }
+
+// expiresBy turns a lifetime that a script reported, ms from the server time
+// it read, into a local deadline that is never late, given a local time
+// before that read (when the request was sent). Scripts keep deadlines in
+// whole milliseconds of truncated server time, and an entry is gone once the
+// truncated time reaches its deadline, so by the exact clock it may end up
+// to a millisecond before base + ms: the estimate takes that millisecond off.
+func expiresBy(base time.Time, ms int64) time.Time {
+	return base.Add(time.Duration(ms)*time.Millisecond - time.Millisecond)
+}
+
+func minTime(a, b time.Time) time.Time {
+	if b.Before(a) {
+		return b
+	}
+	return a
+}
 
 func toInt(v any) int64 {
 	switch x := v.(type) {

@@ -171,7 +171,7 @@ func (h *hub) refreshed(sent, recv time.Time) {
 		// were revoked.
 		h.liveSince = recv
 	}
-	if a := sent.Add(h.e.cfg.QueueTTL); a.After(h.alive) {
+	if a := expiresBy(sent, ms(h.e.cfg.QueueTTL)); a.After(h.alive) {
 		h.alive = a
 	}
 }
@@ -180,10 +180,16 @@ func (h *hub) refreshed(sent, recv time.Time) {
 // estimate) still stands: the session has lived without a break since then,
 // so no expiry can have revoked it. A grant that is not trusted must be
 // checked with Redis before it is used.
-func (h *hub) trusted(at time.Time) bool {
+//
+// A trusted grant stays unclaimed until the session's next heartbeat or the
+// lease's first renewal claims it, and if the process stops before that, the
+// grant dies with the session, which may be long before at + LeaseTTL. So
+// trusted also returns until when the grant surely stands: the earliest the
+// session can expire.
+func (h *hub) trusted(at time.Time) (time.Time, bool) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	return !at.Before(h.liveSince) && time.Now().Before(h.alive)
+	return h.alive, !at.Before(h.liveSince) && time.Now().Before(h.alive)
 }
 
 func (h *hub) poke() {
@@ -316,7 +322,7 @@ func (h *hub) onMessage(m *redis.Message) {
 	at := h.e.clock.localAtLeast(grantMs)
 	h.deliver(f[1], event{
 		kind: evGrant, slot: int(toInt(f[2])), token: toInt(f[3]),
-		deadline: at.Add(time.Duration(leaseMs) * time.Millisecond), at: at,
+		deadline: expiresBy(at, leaseMs), at: at,
 	})
 }
 
@@ -397,7 +403,7 @@ func (h *hub) beat() {
 		switch toInt(v[i]) {
 		case 1:
 			h.deliver(id, event{kind: evGrant, slot: int(toInt(v[i+1])), token: toInt(v[i+2]),
-				deadline: sent.Add(time.Duration(toInt(v[i+3])) * time.Millisecond), claimed: true})
+				deadline: expiresBy(sent, toInt(v[i+3])), claimed: true})
 		case -1:
 			h.deliver(id, event{kind: evGone})
 		}

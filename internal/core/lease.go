@@ -47,8 +47,13 @@ func (e *Engine) newLease(id string, slot int, token int64, deadline time.Time) 
 		done: make(chan struct{}),
 	}
 	if !e.cfg.DisableAutoRenew {
+		// The first renewal comes after a third of the TTL, or sooner when
+		// the deadline is nearer than a full TTL (a fair grant not yet
+		// claimed lasts only as long as its session; a retried acquire
+		// returns what is left of its grant).
+		first := min(e.cfg.LeaseTTL/3, max(time.Until(deadline)/2, 0))
 		l.mu.Lock()
-		l.timer = time.AfterFunc(e.cfg.LeaseTTL/3, l.watchdog)
+		l.timer = time.AfterFunc(first, l.watchdog)
 		l.mu.Unlock()
 	}
 	return l
@@ -107,7 +112,7 @@ func (l *Lease) Renew(ctx context.Context) error {
 	}
 	l.mu.Lock()
 	if l.state == held {
-		l.deadline = sent.Add(time.Duration(toInt(v[1])) * time.Millisecond)
+		l.deadline = expiresBy(sent, toInt(v[1]))
 	}
 	l.mu.Unlock()
 	return nil

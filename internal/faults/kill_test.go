@@ -21,7 +21,7 @@ import (
 
 // Environment of a child process started by startChild.
 const (
-	envRole  = "REDSEM_FAULTS_ROLE" // "acquire": Acquire, print "held <id> <slot> <token>", then idle
+	envRole  = "REDSEM_FAULTS_ROLE" // "acquire": Acquire, print "held <id> <slot> <token> <deadline ns>", then idle
 	envAddr  = "REDSEM_FAULTS_ADDR"
 	envName  = "REDSEM_FAULTS_NAME"
 	envFair  = "REDSEM_FAULTS_FAIR"
@@ -55,7 +55,7 @@ func TestHelperProcess(t *testing.T) {
 		fmt.Println("error", err)
 		os.Exit(2)
 	}
-	fmt.Println("held", l.ID(), l.Slot(), l.Token())
+	fmt.Println("held", l.ID(), l.Slot(), l.Token(), l.Deadline().UnixNano())
 	for {
 		select {
 		case <-l.Done():

@@ -148,6 +148,73 @@ func TestPausedHolder(t *testing.T) {
 	}
 }
 
+// A fair waiter in a child process is handed a slot by a release (the grant
+// travels as a message, unclaimed), and the child is frozen with SIGSTOP
+// right after Acquire returned, before its session's next heartbeat claims
+// the grant. The session then dies and the grant is revoked, so the slot goes
+// on to the next waiter: that must not happen before the Deadline the frozen
+// child's lease reported, or a paused holder would trust a lease that Redis
+// has already given away.
+func TestPausedGrantee(t *testing.T) {
+	skipShort(t)
+	srv := redistest.Shared(t)
+	checkLeaks(t)
+	v := variants[1]
+	c := srv.Client(t)
+	ctx := redistest.Ctx(t, 60*time.Second)
+	const lease, queue = 4 * time.Second, 600 * time.Millisecond
+	revoked := 0
+	for attempt := 0; attempt < 3 && revoked == 0; attempt++ {
+		name := redistest.Name(t) + strconv.Itoa(attempt)
+		s := v.new(t, c, name, 1, opts{LeaseTTL: lease, QueueTTL: queue, Fallback: 200 * time.Millisecond})
+		first, err := s.TryAcquire(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		h := startChild(t, v, srv.Addr, name, 1, lease, queue)
+		h.expect(t, "started", 30*time.Second)
+		eventually(t, 10*time.Second, "the child queues", func() error {
+			if n, err := waitersOf(ctx, s); err != nil || n != 1 {
+				return errorf("%d waiters (%v)", n, err)
+			}
+			return nil
+		})
+		if err := first.Release(ctx); err != nil {
+			t.Fatal(err)
+		}
+		f := h.expect(t, "held", 10*time.Second)
+		if err := h.cmd.Process.Signal(syscall.SIGSTOP); err != nil {
+			t.Fatal(err)
+		}
+		granted := time.Now()
+		deadlineNs, _ := strconv.ParseInt(f[4], 10, 64)
+		deadline := time.Unix(0, deadlineNs)
+		l, err := s.Acquire(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got := time.Now()
+		if got.Before(deadline) {
+			t.Fatalf("slot handed on %v before the frozen child's lease deadline (%v after its grant)",
+				deadline.Sub(got), deadline.Sub(granted))
+		}
+		if got.Before(granted.Add(lease / 2)) {
+			revoked++ // the grant was revoked with the session, not expired
+		} else {
+			t.Logf("attempt %d: the child's heartbeat claimed its grant before SIGSTOP; trying again", attempt)
+		}
+		_ = h.cmd.Process.Signal(syscall.SIGCONT)
+		h.expect(t, "lost", 20*time.Second)
+		if err := l.Release(ctx); err != nil {
+			t.Fatal(err)
+		}
+		_ = s.Close()
+	}
+	if revoked == 0 {
+		t.Fatal("in every attempt the grant was claimed before the child froze; nothing was tested")
+	}
+}
+
 // DEL of the semaphore's keys, then FLUSHALL, while workers acquire and
 // release: holders whose state vanished get ErrLeaseLost, nothing panics,
 // tokens keep increasing, and the workers go on acquiring afterwards.
