@@ -68,7 +68,9 @@ func (l *Lease) Slot() int { return l.slot }
 // Token is the lease's fencing token.
 func (l *Lease) Token() int64 { return l.token }
 
-// Deadline is the local estimate of when the lease expires unless renewed.
+// Deadline is the local estimate of when the lease expires unless renewed:
+// never later than the deadline Redis keeps (see expiresBy, and the session
+// bound of an unclaimed fair grant in acquireFair).
 func (l *Lease) Deadline() time.Time {
 	l.mu.Lock()
 	defer l.mu.Unlock()
