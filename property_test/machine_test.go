@@ -343,6 +343,7 @@ func (m *machine) check(rt *rapid.T) {
 			fatalf(rt, "%s was granted while %d holders were live (limit %d): %v", e, i, e.limitAt, describe(m, hs))
 		}
 	}
+	m.checkDeadlines(rt, hs, w)
 	if !m.fair {
 		if len(st.Waiters) > 0 {
 			fatalf(rt, "unfair semaphore lists waiters %v", st.Waiters)
@@ -413,6 +414,24 @@ func (m *machine) check(rt *rapid.T) {
 			if _, err := m.rdb.ZScore(ctx, m.keys.List[core.KeyHolders], e.id).Result(); !errors.Is(err, redis.Nil) {
 				fatalf(rt, "dead waiter %s (its lease or session ended by %d) still holds a slot after a script ran at %d (err %v)", e, e.death.hi, m.lastWrite, err)
 			}
+		}
+	}
+}
+
+// checkDeadlines checks that Lease.Deadline is never late: a lease that
+// Redis no longer lists during w (and that no release or restart ended) must
+// report a Deadline no later than the end of w.
+func (m *machine) checkDeadlines(rt *rapid.T, hs []redsem.Holder, w window) {
+	listed := map[string]bool{}
+	for _, h := range hs {
+		listed[h.ID] = true
+	}
+	for _, e := range m.ents {
+		if e.lease == nil || e.gone || e.death == (span{}) || listed[e.id] {
+			continue
+		}
+		if d := e.lease.Deadline().UnixMilli(); d > w.a {
+			fatalf(rt, "%s is gone from Redis before the Deadline its lease reports: gone at [%d,%d], deadline %d", e, w.b, w.a, d)
 		}
 	}
 }
