@@ -39,7 +39,10 @@ type Lease interface {
 	// token of the same slot.
 	Token() int64
 	// Deadline is when the slot expires unless renewed (a local estimate,
-	// taken before the request that set it was sent, so never late).
+	// taken before the request that set it was sent, so never late). A fair
+	// lease handed over from the queue may report an earlier Deadline than
+	// LeaseTTL until its first renewal: until then it lasts only as long as
+	// its process's queue session.
 	Deadline() time.Time
 	// Renew extends the lease by its TTL. It returns ErrLeaseLost if the
 	// lease is gone; it never re-creates a lost lease.
