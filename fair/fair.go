@@ -24,9 +24,9 @@ type Options struct {
 	// DisableAutoRenew turns off the background renewal of leases; holders
 	// then call Lease.Renew themselves before Lease.Deadline. A lease handed
 	// over while its Acquire waited in the queue may report a Deadline
-	// sooner than LeaseTTL (as soon as two thirds of QueueTTL, typically)
-	// until the first Renew: until then it lasts only as long as the
-	// process's queue session.
+	// sooner than LeaseTTL (about QueueTTL after the grant) until the first
+	// Renew: until then it lasts only as long as the process's queue
+	// session.
 	DisableAutoRenew bool
 	// KeyPrefix is the first part of every Redis key; zero: "redsem". It may
 	// not contain braces.
