@@ -1,6 +1,6 @@
 -- acquire.lua: one attempt to take a slot; in queue mode (fair) it also
 -- joins the queue, or reports the place it already has.
--- KEYS: the eight keys of lib.lua.
+-- KEYS: the nine keys of lib.lua.
 -- ARGV: [1] channel base, [2] client limit,
 --       [3] id (lease/waiter UUID, reused on retries: the script is idempotent),
 --       [4] lease_ms (>= 1), [5] mode: "try" or "queue",

@@ -1,7 +1,7 @@
 -- heartbeat.lua: one call per process session keeps all of its fair waiters
 -- alive, claims its grants, admits waiters whose turn came (e.g. after a
 -- holder expired) and reports on the waiters named.
--- KEYS: the eight keys of lib.lua.
+-- KEYS: the nine keys of lib.lua.
 -- ARGV: [1] channel base, [2] client limit, [3] session id,
 --       [4] queue_ms (>= 1): the session lives that long from now,
 --       [5...] waiter ids of this session to report on.

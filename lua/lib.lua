@@ -1,7 +1,7 @@
 -- lib.lua: shared functions, prepended to every redsem script before it is
 -- loaded (see lua.go). It defines no reply of its own.
 --
--- KEYS (the same eight for every script, all in one {hash-tag} slot):
+-- KEYS (the same nine for every script, all in one {hash-tag} slot):
 --   KEYS[1] holders  ZSET  lease id -> deadline (server ms)
 --   KEYS[2] leases   HASH  lease id -> "slot token"
 --   KEYS[3] queue    ZSET  waiter id -> arrival number (fair)
@@ -11,13 +11,17 @@
 --   KEYS[6] bysess   ZSET  "session|waiter" (score 0, ordered by lex)
 --   KEYS[7] meta     HASH  token (last token), seq (last arrival number),
 --                          limit (limit established by live clients)
---   KEYS[8] override STRING limit set by SetLimit; never expires
+--   KEYS[8] released ZSET  lease id -> the deadline it had (server ms): leases
+--                          their holder released, until that deadline, so that
+--                          a Release retried after a lost reply still reports
+--                          success (see release.lua)
+--   KEYS[9] override STRING limit set by SetLimit; never expires
 -- ARGV common prefix:
 --   ARGV[1] channel base ("prefix:{name}:ch"); grants go to base..":s:"..session,
 --           freed-slot notices to base..":free"
 --   ARGV[2] the calling client's limit (integer >= 1)
 
-local H, L, Q, W, S, B, M, O = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7], KEYS[8]
+local H, L, Q, W, S, B, M, R, O = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7], KEYS[8], KEYS[9]
 local CHAN = ARGV[1]
 -- Keys outlive the longest entry written by this much, so abandoned state
 -- vanishes soon after its last deadline.

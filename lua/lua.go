@@ -57,7 +57,7 @@ var (
 
 	// Fence checks a fencing token for one slot of a resource and records
 	// it (package fencing). It runs in the store-side Redis, on a fence key
-	// rather than the eight semaphore keys; fence_lib.lua is prepended.
+	// rather than the nine semaphore keys; fence_lib.lua is prepended.
 	Fence = redis.NewScript(fenceLib + fenceSrc)
 	// FenceSet is Fence plus a SET of one data key, only when not stale.
 	FenceSet = redis.NewScript(fenceLib + fenceSetSrc)
@@ -70,4 +70,4 @@ var (
 
 // KeyCount is the number of KEYS every semaphore script takes (see lib.lua);
 // the fence scripts and the baseline NaiveZSetAcquire take their own.
-const KeyCount = 8
+const KeyCount = 9

@@ -83,6 +83,9 @@ func TestBadArgumentsWriteNothing(t *testing.T) {
 			t.Errorf("%s with empty id: no error", name)
 		}
 	}
+	if _, err := run(ctx, t, c, lua.Release, k, 1, "id", "holder"); err == nil {
+		t.Error("release with a bad mode: no error")
+	}
 	if _, err := run(ctx, t, c, lua.SetLimit, k, 0); err == nil {
 		t.Error("setlimit 0: no error")
 	}
@@ -99,7 +102,13 @@ func TestEveryKeyExpires(t *testing.T) {
 	if _, err := run(ctx, t, c, lua.Acquire, k, 1, "h", 3000, "try", "", 0); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := run(ctx, t, c, lua.Acquire, k, 1, "w", 3000, "queue", "s1", 2000); err != nil {
+	for _, w := range []string{"w1", "w2"} {
+		if _, err := run(ctx, t, c, lua.Acquire, k, 1, w, 3000, "queue", "s1", 2000); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// The holder's own release leaves a tombstone and admits w1; w2 waits.
+	if _, err := run(ctx, t, c, lua.Release, k, 1, "h", "owner"); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := run(ctx, t, c, lua.SetLimit, k, 1); err != nil {

@@ -1,6 +1,6 @@
 -- renew.lua: extend a lease by lease_ms from now. It never re-creates a lease
 -- that is gone (ZADD XX), and a renewal also claims a fair grant.
--- KEYS: the eight keys of lib.lua.
+-- KEYS: the nine keys of lib.lua.
 -- ARGV: [1] channel base, [2] client limit, [3] lease id, [4] lease_ms (>= 1).
 -- Reply: {1, lease_ms, now} renewed; {0, 0, now} the lease is gone (lost).
 local client_limit, err = int_arg(2, 'limit', 1)

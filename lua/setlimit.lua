@@ -1,6 +1,6 @@
 -- setlimit.lua: set the limit for every client of this name; the setting
 -- never expires. Raising it admits waiters at once.
--- KEYS: the eight keys of lib.lua.
+-- KEYS: the nine keys of lib.lua.
 -- ARGV: [1] channel base, [2] the new limit (>= 1).
 -- Reply: {now, grants...}: grants as in release.lua.
 local limit, err = int_arg(2, 'limit', 1)

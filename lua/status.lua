@@ -1,5 +1,5 @@
 -- status.lua: read the live state; writes nothing.
--- KEYS: the eight keys of lib.lua.
+-- KEYS: the nine keys of lib.lua.
 -- ARGV: [1] channel base, [2] client limit.
 -- Reply: {limit, now, n_holders, (id, slot, token, deadline_ms) x n_holders,
 --         n_waiters, (id, deadline_ms) x n_waiters}

@@ -6,13 +6,13 @@ import "strings"
 // channel carries the same hash tag, {name} with braces escaped, so that a
 // cluster keeps them in one slot and one script may touch them all.
 type Keys struct {
-	List []string // in the order lib.lua expects (KEYS[1..8])
+	List []string // in the order lib.lua expects (KEYS[1..9])
 	Chan string   // channel base; grants go to Chan+":s:"+session
 	Free string   // channel of freed-slot notices for unfair waiters
 }
 
 // Key suffixes, in the order of lib.lua's KEYS.
-var keySuffixes = [...]string{"holders", "leases", "queue", "waiters", "sessions", "bysess", "meta", "limit"}
+var keySuffixes = [...]string{"holders", "leases", "queue", "waiters", "sessions", "bysess", "meta", "released", "limit"}
 
 // Index of each key in Keys.List.
 const (
@@ -23,6 +23,7 @@ const (
 	KeySessions
 	KeyBySession
 	KeyMeta
+	KeyReleased
 	KeyOverride
 )
 

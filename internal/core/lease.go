@@ -123,6 +123,8 @@ func (l *Lease) Renew(ctx context.Context) error {
 // Release stops the watchdog, then frees the slot. A second call returns
 // nil. It returns ErrLeaseLost if the lease was lost before it. On a Redis
 // error the lease stays held (not renewed) and Release may be called again.
+// If the reply is lost and go-redis retries, the rerun finds the tombstone
+// the first run left and still reports success.
 func (l *Lease) Release(ctx context.Context) error {
 	l.mu.Lock()
 	switch l.state {
@@ -138,7 +140,7 @@ func (l *Lease) Release(ctx context.Context) error {
 	called := time.Now()
 	l.stopWatchdog() // no renewal may race the release
 
-	v, sent, err := l.e.run(ctx, lua.Release, l.e.cfg.Limit, l.id)
+	v, sent, err := l.e.run(ctx, lua.Release, l.e.cfg.Limit, l.id, "owner")
 	if err != nil {
 		return err
 	}

@@ -13,6 +13,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 	"github.com/redsem/redsem"
+	"github.com/redsem/redsem/internal/core"
 	"github.com/redsem/redsem/internal/redistest"
 	"github.com/redsem/redsem/lua"
 )
@@ -92,6 +93,92 @@ func TestReplyLost(t *testing.T) {
 			}
 			_ = s.Close()
 			expectCleanState(t, direct, name, 5*time.Second)
+		})
+	}
+}
+
+// The reply to a Release is lost after the script freed the slot: go-redis
+// retries, and the rerun finds the tombstone the first run left, so Release
+// reports success (and the Observer a release, not a lost lease). A release
+// forced by someone else (the redsem command, an undo) leaves no tombstone:
+// the holder's own Release still reports ErrLeaseLost after it.
+func TestReleaseReplyLost(t *testing.T) {
+	for _, v := range variants {
+		t.Run(v.name, func(t *testing.T) {
+			checkLeaks(t)
+			srv := redistest.Start(t)
+			p := newProxy(t, srv.Addr)
+			popt := srv.Options()
+			popt.Addr = p.Addr
+			viaProxy := redis.NewClient(popt)
+			t.Cleanup(func() { _ = viaProxy.Close() })
+			direct := srv.Client(t)
+			ctx := redistest.Ctx(t, 60*time.Second)
+			name := redistest.Name(t)
+			var mu sync.Mutex
+			kinds := map[string][]redsem.EventKind{}
+			o := opts{LeaseTTL: 5 * time.Second, QueueTTL: time.Second, Fallback: 200 * time.Millisecond,
+				Observer: func(ev redsem.Event) {
+					if ev.LeaseID != "" {
+						mu.Lock()
+						kinds[ev.LeaseID] = append(kinds[ev.LeaseID], ev.Kind)
+						mu.Unlock()
+					}
+				}}
+			s := v.new(t, viaProxy, name, 1, o)
+			check := v.new(t, direct, name, 1, opts{LeaseTTL: 5 * time.Second, QueueTTL: time.Second})
+
+			// Load the scripts, so that the release below is one EVALSHA.
+			warm, err := s.TryAcquire(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := warm.Release(ctx); err != nil {
+				t.Fatal(err)
+			}
+
+			l, err := s.TryAcquire(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			p.dropReplies([]byte(lua.Release.Hash()), 1)
+			if err := l.Release(ctx); err != nil {
+				t.Fatalf("Release with its first reply lost: %v, want nil", err)
+			}
+			if p.droppedReplies() != 1 {
+				t.Fatalf("%d replies dropped, want 1", p.droppedReplies())
+			}
+			if l.Err() != nil {
+				t.Fatalf("Err after a successful Release: %v", l.Err())
+			}
+			mu.Lock()
+			got := fmt.Sprint(kinds[l.ID()])
+			mu.Unlock()
+			if want := fmt.Sprint([]redsem.EventKind{redsem.EventAcquired, redsem.EventReleased}); got != want {
+				t.Fatalf("events %s, want %s", got, want)
+			}
+			other, err := check.TryAcquire(ctx)
+			if err != nil {
+				t.Fatalf("the slot was not freed: %v", err)
+			}
+			if err := other.Release(ctx); err != nil {
+				t.Fatal(err)
+			}
+
+			// Forced release by id, as "redsem release NAME ID" does.
+			l2, err := s.TryAcquire(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			k := core.KeysFor(core.DefaultPrefix, name)
+			if err := lua.Release.Run(ctx, direct, k.List, k.Chan, 1, l2.ID()).Err(); err != nil {
+				t.Fatal(err)
+			}
+			if err := l2.Release(ctx); !errors.Is(err, redsem.ErrLeaseLost) {
+				t.Fatalf("Release after a forced release: %v, want ErrLeaseLost", err)
+			}
+			_ = s.Close()
+			expectCleanState(t, direct, name, 10*time.Second)
 		})
 	}
 }
