@@ -27,13 +27,7 @@ func TestReplyLost(t *testing.T) {
 	for _, v := range variants {
 		t.Run(v.name, func(t *testing.T) {
 			checkLeaks(t)
-			srv := redistest.Start(t)
-			p := newProxy(t, srv.Addr)
-			popt := srv.Options()
-			popt.Addr = p.Addr
-			viaProxy := redis.NewClient(popt)
-			t.Cleanup(func() { _ = viaProxy.Close() })
-			direct := srv.Client(t)
+			p, viaProxy, direct := proxied(t)
 			ctx := redistest.Ctx(t, 60*time.Second)
 			name := redistest.Name(t)
 			o := opts{LeaseTTL: 2 * time.Second, QueueTTL: time.Second, Fallback: 200 * time.Millisecond}
@@ -106,13 +100,7 @@ func TestReleaseReplyLost(t *testing.T) {
 	for _, v := range variants {
 		t.Run(v.name, func(t *testing.T) {
 			checkLeaks(t)
-			srv := redistest.Start(t)
-			p := newProxy(t, srv.Addr)
-			popt := srv.Options()
-			popt.Addr = p.Addr
-			viaProxy := redis.NewClient(popt)
-			t.Cleanup(func() { _ = viaProxy.Close() })
-			direct := srv.Client(t)
+			p, viaProxy, direct := proxied(t)
 			ctx := redistest.Ctx(t, 60*time.Second)
 			name := redistest.Name(t)
 			var mu sync.Mutex
@@ -259,13 +247,7 @@ func TestJitterAndResets(t *testing.T) {
 	for _, v := range variants {
 		t.Run(v.name, func(t *testing.T) {
 			checkLeaks(t)
-			srv := redistest.Start(t)
-			p := newProxy(t, srv.Addr)
-			popt := srv.Options()
-			popt.Addr = p.Addr
-			viaProxy := redis.NewClient(popt)
-			t.Cleanup(func() { _ = viaProxy.Close() })
-			direct := srv.Client(t)
+			p, viaProxy, direct := proxied(t)
 			ctx := redistest.Ctx(t, 60*time.Second)
 			name := redistest.Name(t)
 			const limit = 2

@@ -8,6 +8,9 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/redsem/redsem/internal/redistest"
 )
 
 // proxy is a tiny TCP proxy between a client and Redis that can lose the
@@ -30,6 +33,19 @@ type proxy struct {
 	jitter    time.Duration // each forwarded chunk waits a random [0, jitter)
 	closed    bool
 	wg        sync.WaitGroup
+}
+
+// proxied starts a redis-server with a proxy in front of it, and returns
+// the proxy, a client that goes through it and one that does not.
+func proxied(t *testing.T) (p *proxy, viaProxy, direct *redis.Client) {
+	t.Helper()
+	srv := redistest.Start(t)
+	p = newProxy(t, srv.Addr)
+	opt := srv.Options()
+	opt.Addr = p.Addr
+	viaProxy = redis.NewClient(opt)
+	t.Cleanup(func() { _ = viaProxy.Close() })
+	return p, viaProxy, srv.Client(t)
 }
 
 func newProxy(t *testing.T, target string) *proxy {
