@@ -29,6 +29,13 @@ var (
 	// fewer replicas acknowledged the grant within Options.ReplicaTimeout.
 	// The slot was released again. The error is a *ReplicationError.
 	ErrNotReplicated = errors.New("redsem: grant not acknowledged by enough replicas")
+	// ErrWeight is returned by AcquireN and TryAcquireN for n < 1 or n above
+	// the limit in force, at once and writing nothing; and to a queued
+	// AcquireN whose weight a SetLimit made larger than the new limit.
+	ErrWeight = errors.New("redsem: weight outside [1, limit]")
+	// ErrQueueFull is returned by a fair AcquireN, at once and writing
+	// nothing, when Options.MaxWaiters waiters are queued already.
+	ErrQueueFull = errors.New("redsem: queue full")
 )
 
 // LimitMismatchError tells which limits disagree. It matches ErrLimitMismatch.

@@ -25,6 +25,10 @@ type Semaphore interface {
 	SetLimit(ctx context.Context, limit int) error
 	// Name is the semaphore's name as given to New.
 	Name() string
+	// Close stops the semaphore's background work (wake-up subscription,
+	// fair heartbeat); blocked Acquire calls return ErrClosed, as do later
+	// Acquire and TryAcquire calls. Leases already granted keep working.
+	Close() error
 }
 
 // Lease is one granted slot.
