@@ -25,13 +25,22 @@ type Semaphore interface {
 	SetLimit(ctx context.Context, limit int) error
 	// Name is the semaphore's name as given to New.
 	Name() string
+	// AcquireN takes n slots at once, all or nothing (a weighted acquire, as
+	// x/sync/semaphore's Acquire(ctx, n)). Fair: strict arrival order
+	// whatever the weight, so a waiter for n slots at the head is never
+	// overtaken by smaller requests behind it. n < 1 or n above the limit
+	// in force: an error matching ErrWeight at once, nothing left in Redis.
+	AcquireN(ctx context.Context, n int) (Lease, error)
+	// TryAcquireN is the non-blocking AcquireN (ErrNoSlot when it cannot
+	// take n slots now; fair: never jumps the queue).
+	TryAcquireN(ctx context.Context, n int) (Lease, error)
 	// Close stops the semaphore's background work (wake-up subscription,
 	// fair heartbeat); blocked Acquire calls return ErrClosed, as do later
 	// Acquire and TryAcquire calls. Leases already granted keep working.
 	Close() error
 }
 
-// Lease is one granted slot.
+// Lease is one grant of one or more slots (see AcquireN).
 type Lease interface {
 	// ID is unique per acquisition (a UUID), never reused.
 	ID() string
@@ -56,8 +65,15 @@ type Lease interface {
 	Release(ctx context.Context) error
 	// Done is closed once the lease is released or lost.
 	Done() <-chan struct{}
-	// Err is nil while held or after Release; ErrLeaseLost once lost.
+	// Err is nil while held or after Release; ErrLeaseLost once lost
+	// (also after a Release that found the lease lost).
 	Err() error
+	// Slots is every slot the lease holds, ascending, len == its weight.
+	// Slot() is Slots()[0].
+	Slots() []int
+	// Context is cancelled once the lease is lost (context.Cause is
+	// ErrLeaseLost) or released (context.Canceled).
+	Context() context.Context
 }
 
 // Status is a snapshot of a semaphore's live state.
@@ -70,14 +86,18 @@ type Status struct {
 // Holder is one live lease as seen in Redis.
 type Holder struct {
 	ID       string
-	Slot     int
+	Slot     int   // Slots[0]
+	Slots    []int // every slot the lease holds, ascending
 	Token    int64
 	Deadline time.Time // by the Redis server's clock
+	Owner    string    // Options.Owner of the process that acquired it
 }
 
 // Waiter is one live queue entry of a fair semaphore.
 type Waiter struct {
 	ID       string
 	Position int       // 0 is the head: the next to be admitted
+	Weight   int       // slots it waits for
 	Deadline time.Time // when it is evicted unless its process heart-beats
+	Owner    string    // Options.Owner of the process that queued it
 }

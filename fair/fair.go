@@ -53,6 +53,21 @@ type Options struct {
 	// ReplicaTimeout bounds the wait for MinReplicas; zero: 1s. Keep it
 	// below the client's ReadTimeout.
 	ReplicaTimeout time.Duration
+	// Owner is a label stored with every lease and queue entry of this
+	// semaphore, shown by Status, the redsem command and the Prometheus
+	// status collector, to tell which process holds a slot; zero:
+	// "hostname:pid". At most 256 bytes, without '|' or newline.
+	Owner string
+	// MaxHold, if positive, stops the auto-renewal of a lease once it is
+	// this old, so a stuck holder loses its slots at the following deadline
+	// (at most LeaseTTL later); Done, Err, Context and redsem.Do report the
+	// loss as for any other. Zero: no cap.
+	MaxHold time.Duration
+	// MaxWaiters, if positive, bounds the queue: AcquireN returns
+	// redsem.ErrQueueFull at once, writing nothing, when this many entries
+	// are queued (load shedding). Entries of dead processes count until
+	// they reach the head of the queue and are evicted. Zero: no bound.
+	MaxWaiters int
 }
 
 // Semaphore is the fair (FIFO) semaphore. It is safe for concurrent use;
@@ -77,6 +92,7 @@ func New(client redis.UniversalClient, name string, limit int, opts Options) (*S
 		DisableAutoRenew: opts.DisableAutoRenew, Fallback: opts.FallbackInterval,
 		Observer: opts.Observer, Logger: opts.Logger,
 		MinReplicas: opts.MinReplicas, ReplicaTimeout: opts.ReplicaTimeout,
+		Owner: opts.Owner, MaxHold: opts.MaxHold, MaxWaiters: opts.MaxWaiters,
 	})
 	if err != nil {
 		return nil, err
@@ -125,3 +141,23 @@ func (s *Semaphore) Name() string { return s.e.Name() }
 // return redsem.ErrClosed, as do later Acquire and TryAcquire calls.
 // Leases already granted keep working (renew, release) after Close.
 func (s *Semaphore) Close() error { return s.e.Close() }
+
+// AcquireN joins the queue for n slots at once and blocks until they are
+// granted together or ctx ends. Waiters are admitted strictly in arrival
+// order whatever their weight, as in golang.org/x/sync/semaphore: a waiter
+// for n slots at the head is never overtaken by smaller requests behind
+// it, and slots that free one by one stay free for it until n are. n < 1
+// or above the limit in force returns an error matching redsem.ErrWeight
+// at once, writing nothing; a SetLimit that lowers the limit below n while
+// it waits ends the wait with that error too. With Options.MaxWaiters
+// entries queued it returns an error matching redsem.ErrQueueFull at once.
+func (s *Semaphore) AcquireN(ctx context.Context, n int) (redsem.Lease, error) {
+	return s.e.AcquireN(ctx, n)
+}
+
+// TryAcquireN makes one attempt to take n slots at once and never waits. It
+// never jumps the queue: with live waiters queued it returns
+// redsem.ErrNoSlot.
+func (s *Semaphore) TryAcquireN(ctx context.Context, n int) (redsem.Lease, error) {
+	return s.e.TryAcquireN(ctx, n)
+}

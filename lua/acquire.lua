@@ -1,90 +1,120 @@
--- acquire.lua: one attempt to take a slot; in queue mode (fair) it also
--- joins the queue, or reports the place it already has.
--- KEYS: the nine keys of lib.lua.
--- ARGV: [1] channel base, [2] client limit,
---       [3] id (lease/waiter UUID, reused on retries: the script is idempotent),
---       [4] lease_ms (>= 1), [5] mode: "try" or "queue",
---       [6] session id (queue mode), [7] queue_ms: session TTL (queue mode).
--- Reply: {1, slot, token, lease_ms_left, now}   granted (or already held)
---        {0, hint_ms, position, 0, now}        not granted; hint_ms is the time
---                                              to the earliest holder deadline
---                                              (-1: none); position in the queue
---                                              (0 = head) or -1 if not queued
---        {-1, established, 0, 0, now}          the client's limit disagrees
+-- acquire.lua: one attempt to take n slots at once; in queue mode (fair) it
+-- also joins the queue, or reports the place it already has.
+-- KEYS: the seven keys of lib.lua.
+-- ARGV: [1] channel base, [2] publish command, [3] client limit,
+--       [4] id (lease/waiter UUID, reused on retries: the script is idempotent),
+--       [5] n: slots wanted (>= 1), [6] lease_ms (>= 1),
+--       [7] mode: "try" (one attempt), "wait" (one attempt of an unfair
+--           waiter: on failure it asks releases to publish freed-slot
+--           notices for want_ms), or "queue" (fair: queue when not granted),
+--       [8] session id (queue mode; "-" otherwise), [9] want_ms (wait mode),
+--       [10] owner label, [11] max queue entries (queue mode; 0: no bound).
+-- Reply: {1, now, token, deadline_ms, slot, ...}  granted (or held already)
+--        {0, now, hint_ms, position}             not granted; hint_ms is the
+--                                                time until the earliest
+--                                                holder may expire (-1: none);
+--                                                position in the queue (0 =
+--                                                head) or -1 if not queued
+--        {-1, now, established}                  the client's limit disagrees
+--        {-2, now}                               the id was cancelled (undo
+--                                                ran first) or released
+--        {-3, now, limit}                        n is above the limit in force
+--        {-4, now, entries}                      the queue is full
 -- Errors: "ERR redsem: ..." for bad arguments, before any write.
-local client_limit, err = int_arg(2, 'limit', 1)
+local client_limit, err = int_arg(3, 'limit', 1)
 if err then return err end
-local id; id, err = str_arg(3, 'id')
+local id; id, err = id_arg(4, 'id')
 if err then return err end
-local lease_ms; lease_ms, err = int_arg(4, 'lease_ms', 1)
+local n; n, err = int_arg(5, 'n', 1)
 if err then return err end
-local mode = ARGV[5]
-if mode ~= 'try' and mode ~= 'queue' then return fail('bad mode: ' .. tostring(mode)) end
-local sid, queue_ms
+local lease_ms; lease_ms, err = int_arg(6, 'lease_ms', 1)
+if err then return err end
+local mode = ARGV[7]
+if mode ~= 'try' and mode ~= 'wait' and mode ~= 'queue' then return fail('bad mode: ' .. tostring(mode)) end
+local sid, want_ms, max_q
 if mode == 'queue' then
-  sid, err = str_arg(6, 'session')
+  sid, err = id_arg(8, 'session')
   if err then return err end
-  if string.find(sid, '[|%s]') then return fail('bad session: ' .. sid) end
-  queue_ms, err = int_arg(7, 'queue_ms', 1)
+  max_q, err = int_arg(11, 'max_waiters', 0)
+  if err then return err end
+elseif mode == 'wait' then
+  want_ms, err = int_arg(9, 'want_ms', 1)
   if err then return err end
 end
+local owner = ARGV[10] or ''
+if string.find(owner, '[|\n]') then return fail('bad owner: ' .. owner) end
 
 local now, now_us = clock()
+load(id)
+init(now)
 
--- Already held (a retried request, or a fair grant this waiter now claims).
-local held = tonumber(redis.call('ZSCORE', H, id))
-if held and held > now then
-  local slot, token = lease_of(id)
-  claim(id)
-  return {1, slot, token, held - now, now}
+local function granted(token, deadline, slots)
+  local out = {1, now, token, deadline}
+  return finish(append(out, slots))
+end
+
+-- Seen before: held, queued, or finished.
+local rec = get(id)
+if rec then
+  local kind = string.sub(rec, 1, 1)
+  if kind == 'C' or kind == 'R' then
+    return finish({-2, now})
+  elseif kind == 'L' then
+    local held = tonumber(redis.call('ZSCORE', H, id))
+    if held and held > now then
+      local token, slots = parse_lease(rec)
+      return granted(token, held, slots)
+    end
+    -- expired meanwhile: expire() below removes it, and the attempt goes on
+  elseif kind == 'W' then
+    local qsid = parse_waiter(rec)
+    local pos = redis.call('ZRANK', Q, id)
+    if mode == 'queue' and qsid == sid and pos then
+      return finish({0, now, hint(now), pos})
+    end
+    -- queued under another session (the process's session died and it
+    -- queues again under a new one), or asked without queueing: leave
+    if pos then
+      drop_waiter(id)
+    else
+      del(id)
+    end
+  end
 end
 
 expire(now)
+prune(now)
 local limit, established = establish(client_limit)
 if not limit then
-  return {-1, established, 0, 0, now}
+  return finish({-1, now, established})
 end
-local queued = false
-if mode == 'queue' then
-  redis.call('ZADD', S, now + queue_ms, sid)
-  queued = redis.call('ZRANK', Q, id) ~= false -- asked again while queued
+if n > limit then
+  return finish({-3, now, limit})
 end
-local _, free = admit(now, now_us, limit)
-
-if queued then
-  held = tonumber(redis.call('ZSCORE', H, id))
-  if held then -- admitted just now from the queue
-    touch(queue_ms, S, Q, W, B, M)
-    local slot, token = lease_of(id)
-    claim(id)
-    return {1, slot, token, held - now, now}
-  end
-  local pos = redis.call('ZRANK', Q, id)
-  if pos then
-    touch(queue_ms, S, Q, W, B, M)
-    return {0, hint(now), pos, 0, now}
-  end
-  -- evicted by admit (its session was gone): queue again below
+if num('_q') > 0 then
+  admit(now, now_us, limit)
 end
 
--- Free slots after admit mean the queue is empty: nobody is jumped.
-if free > 0 then
-  local slot, token = grant(id, now, now_us, lease_ms, limit)
-  if slot ~= nil then
-    if mode == 'queue' then
-      touch(queue_ms, S, M)
-    end
-    return {1, slot, token, lease_ms, now}
-  end
+-- Free slots with nobody queued: nobody is jumped.
+if num('_q') == 0 and limit - num('_used') >= n then
+  local token, slots = grant(id, n, now, now_us, now + lease_ms, owner)
+  return granted(token, now + lease_ms, slots)
 end
 
 if mode == 'try' then
-  return {0, hint(now), -1, 0, now}
+  return finish({0, now, hint(now), -1})
+elseif mode == 'wait' then
+  if num('_want') < now + want_ms / 2 then -- refreshed at most twice per want_ms
+    set('_want', fmt(now + want_ms))
+  end
+  return finish({0, now, hint(now), -1})
 end
-local seq = (tonumber(meta('seq')) or 0) + 1
-meta_set('seq', seq)
+if max_q > 0 and num('_q') >= max_q then
+  return finish({-4, now, num('_q')})
+end
+local seq = num('_seq') + 1
+set('_seq', seq)
 redis.call('ZADD', Q, seq, id)
-redis.call('HSET', W, id, sid .. ' ' .. lease_ms)
-redis.call('ZADD', B, 0, sid .. '|' .. id)
-touch(queue_ms, S, Q, W, B, M)
-return {0, hint(now), redis.call('ZCARD', Q) - 1, 0, now}
+set(id, 'W|' .. sid .. '|' .. n .. '|' .. lease_ms .. '|' .. owner)
+set('_q', num('_q') + 1)
+return finish({0, now, hint(now), num('_q') - 1})

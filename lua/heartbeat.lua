@@ -1,49 +1,41 @@
 -- heartbeat.lua: one call per process session keeps all of its fair waiters
--- alive, claims its grants, admits waiters whose turn came (e.g. after a
--- holder expired) and reports on the waiters named.
--- KEYS: the nine keys of lib.lua.
--- ARGV: [1] channel base, [2] client limit, [3] session id,
---       [4] queue_ms (>= 1): the session lives that long from now,
---       [5...] waiter ids of this session to report on.
--- Reply: {now, hint_ms, then per waiter id: state, a, b, c} where state is
---        1 (holder: a = slot, b = token, c = ms left), 0 (queued: a = position),
---        -1 (gone: evicted or never queued).
-local client_limit, err = int_arg(2, 'limit', 1)
+-- alive, and admits waiters whose turn came (e.g. after a holder expired).
+-- Its cost does not depend on how many waiters the process has.
+-- KEYS: the seven keys of lib.lua.
+-- ARGV: [1] channel base, [2] publish command, [3] client limit,
+--       [4] session id, [5] queue_ms (>= 1): the session lives that long
+--       from now, [6] "new" for a session's first beat, else "old".
+-- Reply: {now, alive, hint_ms, grants...}: alive is 1 when the session was
+--        live (or new) and is extended; 0 when it had died: it is not
+--        revived (its waiters' places are forfeit) and the caller must
+--        queue its waiters again under a new session. hint_ms is the time
+--        until the earliest holder may expire (-1: none); grants as in
+--        release.lua.
+local client_limit, err = int_arg(3, 'limit', 1)
 if err then return err end
-local sid; sid, err = str_arg(3, 'session')
+local sid; sid, err = id_arg(4, 'session')
 if err then return err end
-if string.find(sid, '[|%s]') then return fail('bad session: ' .. sid) end
-local queue_ms; queue_ms, err = int_arg(4, 'queue_ms', 1)
+local queue_ms; queue_ms, err = int_arg(5, 'queue_ms', 1)
 if err then return err end
+local fresh = ARGV[6] == 'new'
+if not fresh and ARGV[6] ~= 'old' then return fail('bad age: ' .. tostring(ARGV[6])) end
 
 local now, now_us = clock()
-expire(now) -- a session that missed its deadline loses its waiters first
-redis.call('ZADD', S, now + queue_ms, sid)
-touch(queue_ms, S, Q, W, B, M) -- this session's waiters live as long as it
-local limit = limit_in_force(client_limit)
-admit(now, now_us, limit)
-
--- Claim every grant of this session: the process is alive.
-local lo, hi = '[' .. sid .. '|', '[' .. sid .. '}'
-for _, m in ipairs(redis.call('ZRANGE', B, lo, hi, 'BYLEX')) do
-  local id = string.sub(m, #sid + 2)
-  if redis.call('ZSCORE', H, id) then
-    claim(id)
-  end
+load()
+init(now)
+local alive = 1
+local sdl = tonumber(redis.call('ZSCORE', S, sid))
+if fresh or (sdl and sdl > now) then
+  redis.call('ZADD', S, now + queue_ms, sid)
+  extend(now, now + queue_ms)
+else
+  alive = 0
 end
-
-local out = {now, hint(now)}
-for i = 5, #ARGV do
-  local id = ARGV[i]
-  local held = tonumber(redis.call('ZSCORE', H, id))
-  local pos = redis.call('ZRANK', Q, id)
-  if held and held > now then
-    local slot, token = lease_of(id)
-    append(out, {1, slot, token, held - now})
-  elseif pos then
-    append(out, {0, pos, 0, 0})
-  else
-    append(out, {-1, 0, 0, 0})
-  end
+expire(now)
+prune(now)
+local out = {now, alive, 0}
+if num('_q') > 0 then
+  append(out, admit(now, now_us, limit_in_force(client_limit)))
 end
-return out
+out[3] = hint(now)
+return finish(out)

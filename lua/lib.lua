@@ -1,34 +1,63 @@
--- lib.lua: shared functions, prepended to every redsem script before it is
--- loaded (see lua.go). It defines no reply of its own.
+-- lib.lua: shared functions, prepended to every semaphore script before it
+-- is loaded (see lua.go). It defines no reply of its own.
 --
--- KEYS (the same nine for every script, all in one {hash-tag} slot):
+-- KEYS (the same seven for every script, all in one {hash-tag} slot):
 --   KEYS[1] holders  ZSET  lease id -> deadline (server ms)
---   KEYS[2] leases   HASH  lease id -> "slot token"
---   KEYS[3] queue    ZSET  waiter id -> arrival number (fair)
---   KEYS[4] waiters  HASH  waiter id -> "session lease_ms"; kept after a
---                          grant until the grantee claims it
---   KEYS[5] sessions ZSET  session id -> deadline (server ms)
---   KEYS[6] bysess   ZSET  "session|waiter" (score 0, ordered by lex)
---   KEYS[7] meta     HASH  token (last token), seq (last arrival number),
---                          limit (limit established by live clients)
---   KEYS[8] released ZSET  lease id -> the deadline it had (server ms): leases
---                          their holder released, until that deadline, so that
---                          a Release retried after a lost reply still reports
---                          success (see release.lua)
---   KEYS[9] override STRING limit set by SetLimit; never expires
+--   KEYS[2] queue    ZSET  waiter id -> arrival number (fair)
+--   KEYS[3] sessions ZSET  session id -> deadline (server ms) (fair)
+--   KEYS[4] free     ZSET  slot -> slot: the slots below the high-water mark
+--                          "_hw" that no holder entry holds
+--   KEYS[5] ended    ZSET  id -> until (server ms): ids whose record in meta
+--                          is a tombstone (released or cancelled), for pruning
+--   KEYS[6] meta     HASH  counters (fields that start with "_") and one
+--                          record per id (see below)
+--   KEYS[7] limit    STRING the limit set by SetLimit; never expires
+-- The five sets each keep a sentinel member "~" scored +inf, so that none
+-- of them ever becomes empty (Redis would delete it and its TTL with it):
+-- every key but "limit" expires at the horizon "_hz", which is extended
+-- only when an entry outlives it, so a key's TTL is set about once per
+-- lease TTL rather than on every call.
+--
+-- meta counters: _hz horizon (server ms), _limit limit established by live
+--   clients, _fixed SetLimit's limit (mirror of KEYS[7]), _token last fencing
+--   token, _used slots held by holder entries (expired ones included until
+--   removed), _hw high-water mark of slots ever handed out, _seq last arrival
+--   number, _q queue entries (dead ones included until evicted), _next a
+--   lower bound of every holder deadline (expiry work runs only once it has
+--   passed), _want until when unfair waiters want freed-slot notices, _prune
+--   when tombstones and dead sessions are pruned next.
+-- meta records, one field per lease or waiter id (ids never start with "_"):
+--   "L|token|s1,s2,...|owner"           a holder entry's lease
+--   "W|session|weight|lease_ms|owner"   a queue entry's waiter
+--   "R"                                 released by its holder (tombstone)
+--   "C"                                 cancelled: an acquire that runs
+--                                       later (e.g. a request delayed in
+--                                       flight) must not grant or queue it
+--
 -- ARGV common prefix:
---   ARGV[1] channel base ("prefix:{name}:ch"); grants go to base..":s:"..session,
---           freed-slot notices to base..":free"
---   ARGV[2] the calling client's limit (integer >= 1)
+--   ARGV[1] channel base ("prefix:{name}:ch"); grants go to
+--           base..":s:"..session, freed-slot notices to base..":free"
+--   ARGV[2] publish command: "PUBLISH", or "SPUBLISH" on a cluster
+--   ARGV[3] the calling client's limit (integer >= 1)
 
-local H, L, Q, W, S, B, M, R, O = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7], KEYS[8], KEYS[9]
-local CHAN = ARGV[1]
--- Keys outlive the longest entry written by this much, so abandoned state
--- vanishes soon after its last deadline.
+local H, Q, S, F, E, M, O = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7]
+local CHAN, PUB = ARGV[1], ARGV[2]
+local SETS = {H, Q, S, F, E}
+local SENTINEL = '~'
+-- Keys outlive the longest entry by at least this much.
 local MARGIN_MS = 1000
+-- Tombstones live at most this long: a request retried after a lost reply
+-- comes back well within it.
+local TOMB_MS = 15000
+-- How many entries one expiry or prune step handles at most.
+local BATCH = 64
 
 local function fail(msg)
   return redis.error_reply('ERR redsem: ' .. msg)
+end
+
+if PUB ~= 'PUBLISH' and PUB ~= 'SPUBLISH' then
+  return fail('bad publish command: ' .. tostring(PUB))
 end
 
 -- int_arg returns ARGV[i] as an integer >= min, or nil and an error reply.
@@ -40,10 +69,11 @@ local function int_arg(i, name, min)
   return v
 end
 
-local function str_arg(i, name)
+-- id_arg returns ARGV[i] as a lease, waiter or session id.
+local function id_arg(i, name)
   local v = ARGV[i]
-  if v == nil or v == '' then
-    return nil, fail('missing ' .. name)
+  if v == nil or v == '' or #v > 128 or not string.find(v, '^[%w%-]+$') or v == SENTINEL then
+    return nil, fail('bad ' .. name .. ': ' .. tostring(v))
   end
   return v
 end
@@ -59,223 +89,421 @@ local function fmt(n)
   return string.format('%.0f', n)
 end
 
--- The meta hash is read once per script (HMGET) and written through.
-local META
-local function meta(field)
-  if not META then
-    local v = redis.call('HMGET', M, 'limit', 'token', 'seq', 'ttl')
-    META = {limit = v[1], token = v[2], seq = v[3], ttl = v[4]}
-  end
-  return META[field]
-end
+-- The meta hash is read once per script (HMGET of the counters and of the
+-- records a script needs) and written once at the end (flush).
+local META = {}
+local DIRTY, GONE = {}, {}
+local COUNTERS = {'_hz', '_limit', '_fixed', '_token', '_used', '_hw', '_seq', '_q', '_next', '_want', '_prune'}
 
-local function meta_set(field, value)
-  meta(field)
-  META[field] = value
-  redis.call('HSET', M, field, value)
-end
-
--- touch keeps each key given alive while any entry in it may be: it sets the
--- key's TTL to the longest entry lifetime any script of this semaphore has
--- written (meta "ttl", which only grows) plus a margin. A key's TTL is thus
--- never set below the remaining life of an entry in it, and one PEXPIRE per
--- key suffices. A script touches exactly the keys it adds to or extends
--- entries in (removals need no touch), and always the meta key with them, so
--- meta outlives everything it orders and bounds.
-local function touch(ms, ...)
-  local horizon = tonumber(meta('ttl')) or 0
-  if ms > horizon then
-    horizon = ms
-    meta_set('ttl', ms)
+local function load(...)
+  local fields = {}
+  for _, f in ipairs(COUNTERS) do
+    fields[#fields + 1] = f
   end
-  for _, key in ipairs({...}) do
-    redis.call('PEXPIRE', key, horizon + MARGIN_MS)
+  for _, f in ipairs({...}) do
+    fields[#fields + 1] = f
+  end
+  local v = redis.call('HMGET', M, unpack(fields))
+  for i, f in ipairs(fields) do
+    META[f] = v[i]
   end
 end
 
-local function lease_of(id)
-  local v = redis.call('HGET', L, id)
-  if not v then
-    return nil, nil
+-- get returns a meta field as loaded or since set; records not loaded are
+-- read on demand (one HMGET for many with records()).
+local function get(f)
+  return META[f]
+end
+
+local function num(f)
+  return tonumber(META[f]) or 0
+end
+
+-- next_expiry is _next as a number: math.huge when no holder is known.
+local function next_expiry()
+  local v = META['_next']
+  if not v or v == 'inf' then
+    return math.huge
   end
-  local slot, token = string.match(v, '^(%d+) (%d+)$')
-  return tonumber(slot), tonumber(token)
+  return tonumber(v) or 0
 end
 
--- claim drops the record that a fair waiter was granted but has not claimed.
-local function claim(id)
-  local w = redis.call('HGET', W, id)
-  if w then
-    local sid = string.match(w, '^(%S+)')
-    redis.call('ZREM', B, sid .. '|' .. id)
-    redis.call('HDEL', W, id)
-  end
+local function set(f, v)
+  META[f] = v
+  DIRTY[f] = true
+  GONE[f] = nil
 end
 
-local function drop_holder(id)
-  redis.call('ZREM', H, id)
-  redis.call('HDEL', L, id)
-  claim(id)
+local function del(f)
+  META[f] = false
+  DIRTY[f] = nil
+  GONE[f] = true
 end
 
-local function drop_waiter(id)
-  redis.call('ZREM', Q, id)
-  claim(id)
-end
-
--- expire removes holders past their deadline and sessions past theirs; a
--- dead session's waiters leave the queue wherever they stand, and its
--- unclaimed grants are revoked. Returns how many holders were removed.
-local function expire(now)
-  local freed = 0
-  local dead = redis.call('ZRANGE', H, '-inf', now, 'BYSCORE')
-  for _, id in ipairs(dead) do
-    drop_holder(id)
-    freed = freed + 1
-  end
-  local sessions = redis.call('ZRANGE', S, '-inf', now, 'BYSCORE')
-  for _, sid in ipairs(sessions) do
-    local lo, hi = '[' .. sid .. '|', '[' .. sid .. '}'
-    for _, m in ipairs(redis.call('ZRANGE', B, lo, hi, 'BYLEX')) do
-      local id = string.sub(m, #sid + 2)
-      redis.call('ZREM', Q, id)
-      redis.call('HDEL', W, id)
-      if redis.call('ZSCORE', H, id) then
-        redis.call('ZREM', H, id)
-        redis.call('HDEL', L, id)
-        freed = freed + 1
-      end
+-- records loads the meta records of ids not loaded yet, in one HMGET.
+local function records(ids)
+  local want = {}
+  for _, id in ipairs(ids) do
+    if META[id] == nil then
+      want[#want + 1] = id
     end
-    redis.call('ZREMRANGEBYLEX', B, lo, hi)
-    redis.call('ZREM', S, sid)
   end
-  return freed
+  for i = 1, #want, 1000 do
+    local part = {unpack(want, i, math.min(i + 999, #want))}
+    local v = redis.call('HMGET', M, unpack(part))
+    for k, id in ipairs(part) do
+      META[id] = v[k]
+    end
+  end
+end
+
+-- extend keeps every key alive until at least until_ms + MARGIN_MS. It only
+-- writes when that is past the horizon, and then doubles the remaining
+-- lifetime, so it runs about once per TTL, not once per call. The PEXPIREATs
+-- themselves are sent by flush, after every write of the script.
+local HZ_MOVED = false
+local function extend(now, until_ms)
+  local hz = num('_hz')
+  if until_ms + MARGIN_MS <= hz then
+    return
+  end
+  hz = until_ms + MARGIN_MS + math.max(until_ms - now, MARGIN_MS)
+  set('_hz', fmt(hz))
+  HZ_MOVED = true
+end
+
+local function flush()
+  local hset, hdel = {}, {}
+  for f in pairs(DIRTY) do
+    hset[#hset + 1] = f
+    hset[#hset + 1] = META[f]
+  end
+  for f in pairs(GONE) do
+    hdel[#hdel + 1] = f
+  end
+  if #hset > 0 then
+    redis.call('HSET', M, unpack(hset))
+  end
+  if #hdel > 0 then
+    redis.call('HDEL', M, unpack(hdel))
+  end
+  DIRTY, GONE = {}, {}
+  if HZ_MOVED then
+    local hz = META['_hz']
+    for _, k in ipairs(SETS) do
+      redis.call('PEXPIREAT', k, hz)
+    end
+    redis.call('PEXPIREAT', M, hz)
+    HZ_MOVED = false
+  end
+end
+
+-- finish writes what the script changed in meta and returns reply.
+local function finish(reply)
+  flush()
+  return reply
+end
+
+-- init creates a semaphore's keys when meta is missing (first use, or all
+-- keys expired after an idle period): the sentinels, and the limit that
+-- SetLimit fixed, which outlives everything else.
+local function init(now)
+  if get('_hz') then
+    return
+  end
+  for _, k in ipairs(SETS) do
+    redis.call('ZADD', k, 'inf', SENTINEL)
+  end
+  local o = redis.call('GET', O)
+  if o then
+    set('_fixed', o)
+  end
+  set('_hz', '0')
+  set('_next', 'inf')
+  extend(now, now)
+end
+
+-- parse_lease returns token, slots (a list) and owner of a lease record.
+local function parse_lease(rec)
+  local token, slots, owner = string.match(rec, '^L|(%d+)|([%d,]+)|(.*)$')
+  local list = {}
+  for s in string.gmatch(slots, '%d+') do
+    list[#list + 1] = tonumber(s)
+  end
+  return tonumber(token), list, owner
+end
+
+-- parse_waiter returns session, weight, lease_ms and owner of a waiter record.
+local function parse_waiter(rec)
+  local sid, n, lease_ms, owner = string.match(rec, '^W|([^|]+)|(%d+)|(%d+)|(.*)$')
+  return sid, tonumber(n), tonumber(lease_ms), owner
+end
+
+-- give_back returns slots to the free set.
+local function give_back(slots)
+  for i = 1, #slots, 500 do
+    local args = {}
+    for k = i, math.min(i + 499, #slots) do
+      args[#args + 1] = slots[k]
+      args[#args + 1] = slots[k]
+    end
+    redis.call('ZADD', F, unpack(args))
+  end
+  set('_used', num('_used') - #slots)
+end
+
+-- drop_holders removes holder entries and frees their slots. It returns
+-- how many of the ids had a holder entry.
+local function drop_holders(ids)
+  if #ids == 0 then
+    return 0
+  end
+  records(ids)
+  local removed = redis.call('ZREM', H, unpack(ids))
+  local slots = {}
+  for _, id in ipairs(ids) do
+    local rec = get(id)
+    if rec and string.sub(rec, 1, 1) == 'L' then
+      local _, list = parse_lease(rec)
+      for _, s in ipairs(list) do
+        slots[#slots + 1] = s
+      end
+      del(id)
+    end
+  end
+  give_back(slots)
+  return removed
+end
+
+-- expire removes holders past their deadline, once the earliest deadline
+-- may have passed (_next is a lower bound of every holder deadline).
+-- Returns how many holders it removed.
+local function expire(now)
+  if now < next_expiry() then
+    return 0
+  end
+  local dead = redis.call('ZRANGE', H, '-inf', now, 'BYSCORE', 'LIMIT', 0, BATCH)
+  drop_holders(dead)
+  if #dead == BATCH then
+    set('_next', fmt(now)) -- more may be due: the next call goes on
+  else
+    local first = redis.call('ZRANGE', H, 0, 0, 'WITHSCORES')
+    set('_next', first[2] or 'inf')
+  end
+  return #dead
+end
+
+-- prune drops tombstones past their time, and dead sessions with their
+-- waiters wherever they stand in the queue (admit also evicts dead waiters
+-- it meets at the head). It runs at most once a second (sooner while a
+-- batch was full), so its scan of the queue when a session died costs
+-- little.
+local function prune(now)
+  if now < num('_prune') then
+    return
+  end
+  local due = redis.call('ZRANGE', E, '-inf', now, 'BYSCORE', 'LIMIT', 0, BATCH)
+  if #due > 0 then
+    redis.call('ZREM', E, unpack(due))
+    for _, id in ipairs(due) do
+      del(id) -- an id never gets a record again once tombstoned
+    end
+  end
+  local dead = redis.call('ZRANGE', S, '-inf', now, 'BYSCORE', 'LIMIT', 0, BATCH)
+  if #dead > 0 then
+    redis.call('ZREM', S, unpack(dead))
+    if num('_q') > 0 then
+      local gone = {}
+      for _, sid in ipairs(dead) do
+        gone[sid] = true
+      end
+      local ids = redis.call('ZRANGE', Q, 0, -1)
+      ids[#ids] = nil -- the sentinel
+      records(ids)
+      local evict = {}
+      for _, id in ipairs(ids) do
+        local rec = get(id)
+        if not rec or (string.sub(rec, 1, 1) == 'W' and gone[parse_waiter(rec)]) then
+          evict[#evict + 1] = id
+          del(id)
+        end
+      end
+      for i = 1, #evict, 1000 do
+        redis.call('ZREM', Q, unpack(evict, i, math.min(i + 999, #evict)))
+      end
+      set('_q', num('_q') - #evict)
+    end
+  end
+  if #due == BATCH or #dead == BATCH then
+    set('_prune', fmt(now))
+  else
+    set('_prune', fmt(now + 1000))
+  end
+end
+
+-- tombstone marks id as released ("R") or cancelled ("C") until until_ms.
+local function tombstone(id, kind, now, until_ms)
+  set(id, kind)
+  redis.call('ZADD', E, until_ms, id)
+  extend(now, until_ms)
 end
 
 -- limit_in_force is SetLimit's limit, else the one live clients established,
 -- else the caller's.
 local function limit_in_force(client_limit)
-  local o = redis.call('GET', O)
-  if o then
-    return tonumber(o)
-  end
-  return tonumber(meta('limit')) or client_limit
+  return tonumber(get('_fixed')) or tonumber(get('_limit')) or client_limit
 end
 
 -- establish returns the limit for an acquiring client, or nil and the limit
--- that live clients established when they disagree with client_limit.
+-- that live clients established when they disagree with client_limit. A
+-- semaphore with nothing held and nothing queued is idle: a client with
+-- another limit establishes its own.
 local function establish(client_limit)
-  local o = redis.call('GET', O)
-  if o then
-    return tonumber(o)
+  local fixed = tonumber(get('_fixed'))
+  if fixed then
+    return fixed
   end
-  local e = tonumber(meta('limit'))
-  if e and e ~= client_limit and
-      (redis.call('ZCARD', H) > 0 or redis.call('ZCARD', Q) > 0) then
-    return nil, e
-  end
+  local e = tonumber(get('_limit'))
   if e ~= client_limit then
-    meta_set('limit', client_limit)
-    touch(0, M)
+    if e and (num('_used') > 0 or num('_q') > 0) then
+      return nil, e
+    end
+    set('_limit', client_limit)
   end
   return client_limit
 end
 
--- free_slot returns the lowest slot in [0, limit) that no lease holds. Only
--- when none seems free does it check each lease against the holders, and
--- drop leases whose holder entry vanished (e.g. someone deleted the key).
-local function free_slot(limit)
-  for pass = 1, 2 do
-    local used = {}
-    local all = redis.call('HGETALL', L)
-    for i = 1, #all, 2 do
-      if pass == 1 or redis.call('ZSCORE', H, all[i]) then
-        used[tonumber(string.match(all[i + 1], '^(%d+)'))] = true
+-- take_slots takes the n lowest free slots: from the free set, then above
+-- the high-water mark. With _used + n <= limit they all lie below limit.
+local function take_slots(n)
+  local slots = {}
+  local have = num('_hw') - num('_used')
+  if have > 0 then
+    local popped = redis.call('ZPOPMIN', F, math.min(n, have))
+    for i = 1, #popped, 2 do
+      if popped[i] == SENTINEL then
+        redis.call('ZADD', F, 'inf', SENTINEL) -- never happens while the counters hold
       else
-        redis.call('HDEL', L, all[i])
+        slots[#slots + 1] = tonumber(popped[i])
       end
     end
-    for s = 0, limit - 1 do
-      if not used[s] then
-        return s
-      end
-    end
+  end
+  local hw = num('_hw')
+  while #slots < n do
+    slots[#slots + 1] = hw
+    hw = hw + 1
+  end
+  set('_hw', hw)
+  set('_used', num('_used') + n)
+  return slots
+end
+
+-- grant makes id a holder of n slots until deadline, with the next fencing
+-- token: never less than the server clock in microseconds, so tokens keep
+-- increasing even when the counter is lost. Returns token and slots.
+local function grant(id, n, now, now_us, deadline, owner)
+  local slots = take_slots(n)
+  local token = math.max(num('_token') + 1, now_us)
+  set('_token', fmt(token))
+  set(id, 'L|' .. fmt(token) .. '|' .. table.concat(slots, ',') .. '|' .. owner)
+  redis.call('ZADD', H, deadline, id)
+  if deadline < next_expiry() then
+    set('_next', fmt(deadline))
+  end
+  extend(now, deadline)
+  return token, slots
+end
+
+local function publish(channel, msg)
+  redis.call(PUB, channel, msg)
+end
+
+-- session_deadline returns a live session's deadline, or nil.
+local SDL = {}
+local function session_deadline(sid, now)
+  local d = SDL[sid]
+  if d == nil then
+    d = tonumber(redis.call('ZSCORE', S, sid)) or 0
+    SDL[sid] = d
+  end
+  if d > now then
+    return d
   end
   return nil
 end
 
--- grant makes id a holder until now + lease_ms, with a free slot and the
--- next fencing token: never less than the server clock in microseconds, so
--- tokens keep increasing even when the counter is lost.
-local function grant(id, now, now_us, lease_ms, limit)
-  local slot = free_slot(limit)
-  if slot == nil then
-    return nil
-  end
-  local last = tonumber(meta('token')) or 0
-  local token = math.max(last + 1, now_us)
-  meta_set('token', fmt(token))
-  redis.call('HSET', L, id, slot .. ' ' .. fmt(token))
-  redis.call('ZADD', H, now + lease_ms, id)
-  touch(lease_ms, H, L, M)
-  return slot, token
+local function drop_waiter(id)
+  redis.call('ZREM', Q, id)
+  del(id)
+  set('_q', num('_q') - 1)
 end
 
--- admit grants free slots to the earliest live waiters, evicting dead ones it
--- meets at the head, and tells each grantee's session. It returns the grants
--- as a flat list (id, slot, token, lease_ms, ...) and how many slots are
--- still free: when that is more than 0, the queue is empty.
+-- admit grants free slots to the earliest live waiters in arrival order,
+-- evicting dead ones (their session is gone) it meets at the head, and
+-- waiters heavier than the limit (told with an "x" message). A head waiter
+-- that needs more slots than are free keeps its place and stops admission:
+-- nobody overtakes it. A grant lasts until now + lease_ms, but no longer
+-- than the grantee's session until the grantee renews it, so that it dies
+-- with a process that never learned of it. Each grantee's session is told
+-- "g id token deadline slots". Returns the grants as a flat list
+-- (id, token, deadline, "slots", ...).
 local function admit(now, now_us, limit)
   local out = {}
-  local free = limit - redis.call('ZCARD', H)
-  while free > 0 do
-    local head = redis.call('ZRANGE', Q, 0, 0)
-    if #head == 0 then
+  while num('_q') > 0 and limit - num('_used') > 0 do
+    local head = redis.call('ZPOPMIN', Q)
+    local id, seq = head[1], head[2]
+    if id == nil or id == SENTINEL then
+      redis.call('ZADD', Q, 'inf', SENTINEL)
+      set('_q', 0) -- the count drifted: nothing real is queued
       break
     end
-    local id = head[1]
-    local w = redis.call('HGET', W, id)
-    local sid, lease_ms
-    if w then
-      sid, lease_ms = string.match(w, '^(%S+) (%d+)$')
+    records({id})
+    local rec = get(id)
+    local sid, n, lease_ms, owner
+    if rec and string.sub(rec, 1, 1) == 'W' then
+      sid, n, lease_ms, owner = parse_waiter(rec)
     end
-    local sdl = sid and tonumber(redis.call('ZSCORE', S, sid))
-    if not sdl or sdl <= now then
-      drop_waiter(id) -- dead waiter (its session is gone): evict
+    local sdl = sid and session_deadline(sid, now)
+    if not sdl then
+      del(id) -- a dead waiter: evicted
+      set('_q', num('_q') - 1)
+    elseif n > limit then
+      del(id)
+      set('_q', num('_q') - 1)
+      publish(CHAN .. ':s:' .. sid, 'x ' .. id .. ' ' .. limit)
+    elseif n > limit - num('_used') then
+      redis.call('ZADD', Q, seq, id) -- not enough free yet: keep the place
+      break
     else
-      lease_ms = tonumber(lease_ms)
-      local slot, token = grant(id, now, now_us, lease_ms, limit)
-      if slot == nil then
-        break -- no free slot after all: the waiter keeps its place
-      end
-      redis.call('ZREM', Q, id)
-      redis.call('SPUBLISH', CHAN .. ':s:' .. sid,
-        'g ' .. id .. ' ' .. slot .. ' ' .. fmt(token) .. ' ' .. fmt(now) .. ' ' .. fmt(lease_ms))
+      set('_q', num('_q') - 1)
+      local deadline = math.min(now + lease_ms, sdl)
+      local token, slots = grant(id, n, now, now_us, deadline, owner)
+      local list = table.concat(slots, ',')
+      publish(CHAN .. ':s:' .. sid, 'g ' .. id .. ' ' .. fmt(token) .. ' ' .. fmt(deadline) .. ' ' .. list)
       out[#out + 1] = id
-      out[#out + 1] = slot
       out[#out + 1] = token
-      out[#out + 1] = lease_ms
-      free = free - 1
+      out[#out + 1] = deadline
+      out[#out + 1] = list
     end
   end
-  return out, free
+  return out
 end
 
--- notify_free tells unfair waiters how many slots are free, if any; free is
--- what admit returned.
-local function notify_free(free)
-  if free > 0 then
-    redis.call('SPUBLISH', CHAN .. ':free', free)
+-- notify_free tells unfair waiters how many slots are free, if any wait.
+local function notify_free(now, limit)
+  local free = limit - num('_used')
+  if free > 0 and num('_want') > now then
+    publish(CHAN .. ':free', free)
   end
 end
 
--- hint returns ms until the earliest holder deadline, or -1 with no holders.
+-- hint returns ms until the earliest holder may expire, or -1 with none.
 local function hint(now)
-  local first = redis.call('ZRANGE', H, 0, 0, 'WITHSCORES')
-  if #first == 0 then
+  local n = next_expiry()
+  if n == math.huge then
     return -1
   end
-  return math.max(tonumber(first[2]) - now, 0)
+  return math.max(n - now, 0)
 end
 
 local function append(dst, src)

@@ -42,22 +42,23 @@ var (
 )
 
 var (
-	// Acquire takes a slot, or (queue mode) joins the fair queue.
+	// Acquire takes n slots, or (queue mode) joins the fair queue.
 	Acquire = redis.NewScript(lib + acquireSrc)
 	// Renew extends a live lease and never re-creates a lost one.
 	Renew = redis.NewScript(lib + renewSrc)
 	// Release gives a slot back or removes a queue entry, then admits waiters.
 	Release = redis.NewScript(lib + releaseSrc)
-	// Heartbeat keeps a process's fair waiters alive and reports on them.
+	// Heartbeat keeps a process's fair waiters alive, at a cost that does
+	// not grow with their number.
 	Heartbeat = redis.NewScript(lib + heartbeatSrc)
-	// Status reads the live state without writing.
+	// Status reads the live state without writing (run it with RunRO).
 	Status = redis.NewScript(lib + statusSrc)
 	// SetLimit sets the limit for every client of a name.
 	SetLimit = redis.NewScript(lib + setLimitSrc)
 
 	// Fence checks a fencing token for one slot of a resource and records
 	// it (package fencing). It runs in the store-side Redis, on a fence key
-	// rather than the nine semaphore keys; fence_lib.lua is prepended.
+	// rather than the semaphore keys; fence_lib.lua is prepended.
 	Fence = redis.NewScript(fenceLib + fenceSrc)
 	// FenceSet is Fence plus a SET of one data key, only when not stale.
 	FenceSet = redis.NewScript(fenceLib + fenceSetSrc)
@@ -70,4 +71,4 @@ var (
 
 // KeyCount is the number of KEYS every semaphore script takes (see lib.lua);
 // the fence scripts and the baseline NaiveZSetAcquire take their own.
-const KeyCount = 9
+const KeyCount = 7

@@ -14,7 +14,7 @@ import (
 
 func run(ctx context.Context, t *testing.T, c *redis.Client, s *redis.Script, k core.Keys, args ...any) ([]any, error) {
 	t.Helper()
-	return s.Run(ctx, c, k.List, append([]any{k.Chan}, args...)...).Slice()
+	return s.Run(ctx, c, k.List, append([]any{k.Chan, "PUBLISH"}, args...)...).Slice()
 }
 
 // A retried acquire (same id: the reply was lost and go-redis sent it
@@ -23,37 +23,37 @@ func TestAcquireIsIdempotentPerID(t *testing.T) {
 	ctx := redistest.Ctx(t, 10*time.Second)
 	c := redistest.Client(t)
 	k := core.KeysFor("redsem", redistest.Name(t))
-	first, err := run(ctx, t, c, lua.Acquire, k, 2, "id-1", 5000, "try", "", 0)
+	first, err := run(ctx, t, c, lua.Acquire, k, 2, "id-1", 1, 5000, "try", "-", 1000, "test", 0)
 	if err != nil {
 		t.Fatal(err)
 	}
-	again, err := run(ctx, t, c, lua.Acquire, k, 2, "id-1", 5000, "try", "", 0)
+	again, err := run(ctx, t, c, lua.Acquire, k, 2, "id-1", 1, 5000, "try", "-", 1000, "test", 0)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if first[0] != int64(1) || again[0] != int64(1) || first[1] != again[1] || first[2] != again[2] {
+	if first[0] != int64(1) || again[0] != int64(1) || first[2] != again[2] || first[4] != again[4] {
 		t.Fatalf("first %v, retry %v: want the same grant", first, again)
 	}
-	if n := c.ZCard(ctx, k.List[core.KeyHolders]).Val(); n != 1 {
-		t.Fatalf("%d holders after a retried acquire, want 1", n)
+	if r, err := core.Inspect(ctx, c, k); err != nil || r.Holders != 1 {
+		t.Fatalf("%+v (%v) after a retried acquire, want 1 holder", r, err)
 	}
 	// Queue mode: the same waiter id queues once.
 	for i := 0; i < 3; i++ {
-		if _, err := run(ctx, t, c, lua.Acquire, k, 2, "id-x", 5000, "try", "", 0); err != nil {
+		if _, err := run(ctx, t, c, lua.Acquire, k, 2, "id-x", 1, 5000, "try", "-", 1000, "test", 0); err != nil {
 			t.Fatal(err)
 		}
 	}
 	for i := 0; i < 3; i++ {
-		r, err := run(ctx, t, c, lua.Acquire, k, 2, "w-1", 5000, "queue", "sess1", 5000)
+		r, err := run(ctx, t, c, lua.Acquire, k, 2, "w-1", 1, 5000, "queue", "sess1", 1000, "test", 0)
 		if err != nil {
 			t.Fatal(err)
 		}
-		if r[0] != int64(0) || r[2] != int64(0) {
+		if r[0] != int64(0) || r[3] != int64(0) {
 			t.Fatalf("queue attempt %d: %v, want queued at position 0", i, r)
 		}
 	}
-	if n := c.ZCard(ctx, k.List[core.KeyQueue]).Val(); n != 1 {
-		t.Fatalf("%d queue entries, want 1", n)
+	if r, err := core.Inspect(ctx, c, k); err != nil || r.Queue != 1 || r.Waiters != 1 {
+		t.Fatalf("%+v (%v), want 1 queue entry", r, err)
 	}
 }
 
@@ -63,14 +63,19 @@ func TestBadArgumentsWriteNothing(t *testing.T) {
 	c := redistest.Client(t)
 	k := core.KeysFor("redsem", redistest.Name(t))
 	cases := map[string][]any{
-		"zero limit":     {0, "id", 1000, "try", "", 0},
-		"float limit":    {1.5, "id", 1000, "try", "", 0},
-		"empty id":       {1, "", 1000, "try", "", 0},
-		"zero lease":     {1, "id", 0, "try", "", 0},
-		"bad mode":       {1, "id", 1000, "grab", "", 0},
-		"no session":     {1, "id", 1000, "queue", "", 1000},
-		"bad session":    {1, "id", 1000, "queue", "a|b", 1000},
-		"zero queue ttl": {1, "id", 1000, "queue", "s", 0},
+		"zero limit":    {0, "id", 1, 1000, "try", "-", 1000, "", 0},
+		"float limit":   {1.5, "id", 1, 1000, "try", "-", 1000, "", 0},
+		"empty id":      {1, "", 1, 1000, "try", "-", 1000, "", 0},
+		"sentinel id":   {1, "~", 1, 1000, "try", "-", 1000, "", 0},
+		"meta field id": {1, "_limit", 1, 1000, "try", "-", 1000, "", 0},
+		"zero weight":   {1, "id", 0, 1000, "try", "-", 1000, "", 0},
+		"zero lease":    {1, "id", 1, 0, "try", "-", 1000, "", 0},
+		"bad mode":      {1, "id", 1, 1000, "grab", "-", 1000, "", 0},
+		"no session":    {1, "id", 1, 1000, "queue", "", 1000, "", 0},
+		"bad session":   {1, "id", 1, 1000, "queue", "a|b", 1000, "", 0},
+		"zero want":     {1, "id", 1, 1000, "wait", "-", 0, "", 0},
+		"bad owner":     {1, "id", 1, 1000, "try", "-", 1000, "a|b", 0},
+		"bad max queue": {1, "id", 1, 1000, "queue", "s", 1000, "", -1},
 	}
 	for desc, args := range cases {
 		_, err := run(ctx, t, c, lua.Acquire, k, args...)
@@ -83,7 +88,7 @@ func TestBadArgumentsWriteNothing(t *testing.T) {
 			t.Errorf("%s with empty id: no error", name)
 		}
 	}
-	if _, err := run(ctx, t, c, lua.Release, k, 1, "id", "holder"); err == nil {
+	if _, err := run(ctx, t, c, lua.Release, k, 1, "id", "holder", 1000); err == nil {
 		t.Error("release with a bad mode: no error")
 	}
 	if _, err := run(ctx, t, c, lua.SetLimit, k, 0); err == nil {
@@ -99,16 +104,16 @@ func TestEveryKeyExpires(t *testing.T) {
 	ctx := redistest.Ctx(t, 10*time.Second)
 	c := redistest.Client(t)
 	k := core.KeysFor("redsem", redistest.Name(t))
-	if _, err := run(ctx, t, c, lua.Acquire, k, 1, "h", 3000, "try", "", 0); err != nil {
+	if _, err := run(ctx, t, c, lua.Acquire, k, 1, "h", 1, 3000, "try", "-", 1000, "test", 0); err != nil {
 		t.Fatal(err)
 	}
 	for _, w := range []string{"w1", "w2"} {
-		if _, err := run(ctx, t, c, lua.Acquire, k, 1, w, 3000, "queue", "s1", 2000); err != nil {
+		if _, err := run(ctx, t, c, lua.Acquire, k, 1, w, 1, 3000, "queue", "s1", 1000, "test", 0); err != nil {
 			t.Fatal(err)
 		}
 	}
 	// The holder's own release leaves a tombstone and admits w1; w2 waits.
-	if _, err := run(ctx, t, c, lua.Release, k, 1, "h", "owner"); err != nil {
+	if _, err := run(ctx, t, c, lua.Release, k, 1, "h", "owner", 1000); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := run(ctx, t, c, lua.SetLimit, k, 1); err != nil {
@@ -123,8 +128,8 @@ func TestEveryKeyExpires(t *testing.T) {
 			}
 		case ttl == -2:
 			t.Errorf("%s missing", key)
-		case ttl < 0 || ttl > 3000*time.Millisecond+time.Second:
-			t.Errorf("%s has TTL %v, want (0, lease+1s]", key, ttl)
+		case ttl < 0 || ttl > 2*3000*time.Millisecond+2*time.Second:
+			t.Errorf("%s has TTL %v, want (0, 2 x lease + 2s]", key, ttl)
 		}
 	}
 }

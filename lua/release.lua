@@ -1,57 +1,80 @@
--- release.lua: give back a slot or leave the queue, by id; then admit the
--- waiters that may now enter and tell unfair waiters about free slots.
--- KEYS: the nine keys of lib.lua.
--- ARGV: [1] channel base, [2] client limit, [3] lease or waiter id,
---       [4] optional: "owner" when the lease's holder releases it
---           (Lease.Release). Such a release leaves a tombstone in the
---           released key until the lease's deadline, and a rerun of it
---           (go-redis retries a command whose reply was lost) finds the
---           tombstone and reports the release again. Undoing an acquire and
---           a forced release by an operator leave none, so the holder of a
---           force-released lease still learns that it was lost.
+-- release.lua: give back a lease's slots or leave the queue, by id; then
+-- admit the waiters that may now enter and tell unfair waiters about free
+-- slots.
+-- KEYS: the seven keys of lib.lua.
+-- ARGV: [1] channel base, [2] publish command, [3] client limit,
+--       [4] lease or waiter id,
+--       [5] mode: "owner" when the lease's holder releases it
+--           (Lease.Release): it leaves a tombstone, so that a rerun (go-redis
+--           retries a command whose reply was lost) reports the release
+--           again; "undo" when an acquire is abandoned: it leaves a
+--           cancellation record, so that the acquire, should it run later
+--           (a request delayed in flight), grants and queues nothing;
+--           "force" for an operator's forced release: no record, so the
+--           holder of a force-released lease learns that it was lost (a
+--           force-removed waiter's session is told "r id": its process
+--           queues it again),
+--       [6] ms the tombstone or cancellation record lives (owner, undo).
 -- Reply: {kind, now, grants...} where kind is 1 (a live lease was released,
 --        by this call or, for an owner, by an earlier run of it), 2 (a queue
 --        entry was removed), 0 (nothing live had that id: the lease was
---        lost), and grants is a flat list id, slot, token, lease_ms for each
---        waiter admitted by this call (so the caller can wake local ones at once).
-local client_limit, err = int_arg(2, 'limit', 1)
+--        lost), and grants is a flat list (id, token, deadline_ms, "slots")
+--        for each waiter admitted by this call.
+local client_limit, err = int_arg(3, 'limit', 1)
 if err then return err end
-local id; id, err = str_arg(3, 'id')
+local id; id, err = id_arg(4, 'id')
 if err then return err end
-local owner = ARGV[4] == 'owner'
-if ARGV[4] ~= nil and not owner then return fail('bad mode: ' .. tostring(ARGV[4])) end
+local mode = ARGV[5]
+if mode ~= 'owner' and mode ~= 'undo' and mode ~= 'force' then return fail('bad mode: ' .. tostring(mode)) end
+local keep_ms = 0
+if mode ~= 'force' then
+  keep_ms, err = int_arg(6, 'record_ms', 1)
+  if err then return err end
+  keep_ms = math.min(keep_ms, TOMB_MS)
+end
 
 local now, now_us = clock()
-local kind = 0
-local held = tonumber(redis.call('ZSCORE', H, id))
-if held then
-  if held > now then
-    kind = 1
-    if owner then
-      redis.call('ZREMRANGEBYSCORE', R, '-inf', now)
-      redis.call('ZADD', R, held, id)
-      -- The tombstone lives no longer than the lease did, which touch's
-      -- horizon already covers; meta orders nothing in this key.
-      touch(held - now, R)
-    end
+load(id)
+if not get('_hz') then
+  -- Nothing of this semaphore exists (never used, or expired while idle).
+  if mode == 'undo' then
+    init(now)
+    tombstone(id, 'C', now, now + keep_ms)
   end
-  drop_holder(id)
-elseif redis.call('ZSCORE', Q, id) then
+  return finish({0, now})
+end
+-- Holders past their deadline go first, so a lease still in holders after
+-- this is live (this one, if its deadline passed, is now gone).
+expire(now)
+prune(now)
+
+local kind = 0
+local rec = get(id)
+local rk = rec and string.sub(rec, 1, 1)
+if rk == 'L' then
+  if drop_holders({id}) > 0 then
+    kind = 1
+  end
+elseif rk == 'W' then
   kind = 2
   drop_waiter(id)
-else
-  claim(id)
-  if owner then
-    local until_ms = tonumber(redis.call('ZSCORE', R, id))
-    if until_ms and until_ms > now then
-      kind = 1 -- released by an earlier run of this request
-    end
+  if mode == 'force' then
+    -- Its process still waits: tell it to ask again (it queues at the back).
+    publish(CHAN .. ':s:' .. parse_waiter(rec), 'r ' .. id)
   end
+elseif rk == 'R' and mode == 'owner' then
+  kind = 1 -- released by an earlier run of this request
 end
-expire(now)
+if mode == 'owner' and kind == 1 then
+  tombstone(id, 'R', now, now + keep_ms)
+elseif mode == 'undo' and rk ~= 'R' then
+  tombstone(id, 'C', now, now + keep_ms)
+end
+
 local limit = limit_in_force(client_limit)
 local out = {kind, now}
-local grants, free = admit(now, now_us, limit)
-append(out, grants)
-notify_free(free)
-return out
+if num('_q') > 0 then
+  append(out, admit(now, now_us, limit))
+end
+notify_free(now, limit)
+return finish(out)

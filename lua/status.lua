@@ -1,44 +1,47 @@
--- status.lua: read the live state; writes nothing.
--- KEYS: the nine keys of lib.lua.
--- ARGV: [1] channel base, [2] client limit.
--- Reply: {limit, now, n_holders, (id, slot, token, deadline_ms) x n_holders,
---         n_waiters, (id, deadline_ms) x n_waiters}
---        holders ordered by deadline, live waiters in admission order; an
---        unclaimed grant counts as a holder only while its session lives.
-local client_limit, err = int_arg(2, 'limit', 1)
+-- status.lua: read the live state; writes nothing (run it with EVALSHA_RO).
+-- KEYS: the seven keys of lib.lua.
+-- ARGV: [1] channel base, [2] publish command, [3] client limit.
+-- Reply: {limit, now, n_holders, (id, "slots", token, deadline_ms, owner) x
+--         n_holders, n_waiters, (id, weight, deadline_ms, owner) x n_waiters}
+--        holders ordered by deadline, live waiters in admission order.
+local client_limit, err = int_arg(3, 'limit', 1)
 if err then return err end
 local now = clock()
+load()
 local out = {limit_in_force(client_limit), now}
--- session_deadline is the deadline of the session that id waits (or holds
--- an unclaimed grant) for, or nil if none is live.
-local function session_deadline(id)
-  local w = redis.call('HGET', W, id)
-  local sid = w and string.match(w, '^(%S+)')
-  local sdl = sid and tonumber(redis.call('ZSCORE', S, sid))
-  if sdl and sdl > now then
-    return sdl
-  end
-  return nil
-end
 
-local hs = redis.call('ZRANGE', H, '(' .. now, '+inf', 'BYSCORE', 'WITHSCORES')
+local hs = redis.call('ZRANGE', H, '(' .. now, '(inf', 'BYSCORE', 'WITHSCORES')
+local ids = {}
+for i = 1, #hs, 2 do
+  ids[#ids + 1] = hs[i]
+end
+records(ids)
 local holders = {}
 for i = 1, #hs, 2 do
-  -- An unclaimed grant of a dead session is revoked by the next write.
-  if redis.call('HEXISTS', W, hs[i]) == 0 or session_deadline(hs[i]) then
-    local slot, token = lease_of(hs[i])
-    append(holders, {hs[i], slot or -1, token or 0, tonumber(hs[i + 1])})
+  local rec = get(hs[i])
+  if rec and string.sub(rec, 1, 1) == 'L' then
+    local token, slots, owner = parse_lease(rec)
+    append(holders, {hs[i], table.concat(slots, ','), token, tonumber(hs[i + 1]), owner})
   end
 end
-out[#out + 1] = #holders / 4
+out[#out + 1] = #holders / 5
 append(out, holders)
+
 local ws = redis.call('ZRANGE', Q, 0, -1)
+if ws[#ws] == SENTINEL then
+  ws[#ws] = nil
+end
+records(ws)
 local live = {}
 for _, id in ipairs(ws) do
-  local sdl = session_deadline(id)
-  if sdl then
-    append(live, {id, sdl})
+  local rec = get(id)
+  if rec and string.sub(rec, 1, 1) == 'W' then
+    local sid, n, _, owner = parse_waiter(rec)
+    local sdl = session_deadline(sid, now)
+    if sdl then
+      append(live, {id, n, sdl, owner})
+    end
   end
 end
-out[#out + 1] = #live / 2
+out[#out + 1] = #live / 4
 return append(out, live)

@@ -44,6 +44,16 @@ type Options struct {
 	// ReplicaTimeout bounds the wait for MinReplicas; zero: 1s. Keep it
 	// below the client's ReadTimeout.
 	ReplicaTimeout time.Duration
+	// Owner is a label stored with every lease and queue entry of this
+	// semaphore, shown by Status, the redsem command and the Prometheus
+	// status collector, to tell which process holds a slot; zero:
+	// "hostname:pid". At most 256 bytes, without '|' or newline.
+	Owner string
+	// MaxHold, if positive, stops the auto-renewal of a lease once it is
+	// this old, so a stuck holder loses its slots at the following deadline
+	// (at most LeaseTTL later); Done, Err, Context and redsem.Do report the
+	// loss as for any other. Zero: no cap.
+	MaxHold time.Duration
 }
 
 // Semaphore is the unfair (sorted-set) semaphore. It is safe for concurrent
@@ -66,6 +76,7 @@ func New(client redis.UniversalClient, name string, limit int, opts Options) (*S
 		DisableAutoRenew: opts.DisableAutoRenew, Fallback: opts.FallbackInterval,
 		Observer: opts.Observer, Logger: opts.Logger,
 		MinReplicas: opts.MinReplicas, ReplicaTimeout: opts.ReplicaTimeout,
+		Owner: opts.Owner, MaxHold: opts.MaxHold,
 	})
 	if err != nil {
 		return nil, err
@@ -110,3 +121,20 @@ func (s *Semaphore) Name() string { return s.e.Name() }
 // return redsem.ErrClosed, as do later Acquire and TryAcquire calls.
 // Leases already granted keep working (renew, release) after Close.
 func (s *Semaphore) Close() error { return s.e.Close() }
+
+// AcquireN blocks until n slots are granted at once, or ctx ends: all or
+// nothing, so two callers that each need several slots never deadlock each
+// other holding part of what they need. Whoever fits when slots free takes
+// them: a large request can wait long while smaller ones keep taking the
+// slots that free one by one (use the fair variant where that matters).
+// n < 1 or above the limit in force returns an error matching
+// redsem.ErrWeight at once, writing nothing.
+func (s *Semaphore) AcquireN(ctx context.Context, n int) (redsem.Lease, error) {
+	return s.e.AcquireN(ctx, n)
+}
+
+// TryAcquireN makes one attempt to take n slots at once and never waits:
+// redsem.ErrNoSlot when fewer than n are free.
+func (s *Semaphore) TryAcquireN(ctx context.Context, n int) (redsem.Lease, error) {
+	return s.e.TryAcquireN(ctx, n)
+}

@@ -12,7 +12,6 @@ import (
 
 	"github.com/redis/go-redis/v9"
 	"github.com/redsem/redsem/internal/core"
-	"github.com/redsem/redsem/lua"
 )
 
 // stdin is where purge reads its confirmation (a variable so that tests
@@ -83,19 +82,12 @@ func runRelease(args []string, stdout, stderr io.Writer) int {
 	if err != nil {
 		return c.fail(err)
 	}
-	limit := 1 // only used by the script when no limit is known
-	if s.Limit != nil {
-		limit = *s.Limit
-	}
-	keys := e.Keys()
-	v, err := lua.Release.Run(ctx, client, keys.List, keys.Chan, limit, id).Slice()
+	kind, admitted, err := e.ForceRelease(ctx, id)
 	if err != nil {
 		return c.fail(reachErr(t, err))
 	}
-	kind, _ := v[0].(int64)
-	admitted := (len(v) - 2) / 4
 	switch kind {
-	case 1:
+	case core.ReleasedLease:
 		what := "holder " + id
 		for _, h := range s.Holders {
 			if h.ID == id {
@@ -103,7 +95,7 @@ func runRelease(args []string, stdout, stderr io.Writer) int {
 			}
 		}
 		fmt.Fprintf(stdout, "released %s of %q; its process sees ErrLeaseLost at its next renewal\n", what, e.Name())
-	case 2:
+	case core.ReleasedWaiter:
 		fmt.Fprintf(stdout, "removed waiter %s from the queue of %q; its process will queue it again, at the back\n", id, e.Name())
 	default:
 		return c.fail(fmt.Errorf("%q has no live holder or waiter with id %s (already released or expired?)", e.Name(), id))

@@ -69,19 +69,26 @@ type waiterInfo struct {
 // queuedLeaseTTL returns the LeaseTTL that the fair semaphore's waiting
 // clients asked for: each queue record is "session lease_ms". It returns 0
 // when there is no record or the clients disagree.
-func queuedLeaseTTL(ctx context.Context, client redis.UniversalClient, waitersKey string) (time.Duration, string) {
-	vals, err := client.HVals(ctx, waitersKey).Result()
+func queuedLeaseTTL(ctx context.Context, client redis.UniversalClient, metaKey string) (time.Duration, string) {
+	vals, err := client.HVals(ctx, metaKey).Result()
 	if err != nil || len(vals) == 0 {
 		return 0, ""
 	}
 	var ttl int64 = -1
 	for _, v := range vals {
-		_, f, ok := strings.Cut(v, " ")
-		n, err := strconv.ParseInt(f, 10, 64)
-		if !ok || err != nil || (ttl >= 0 && n != ttl) {
+		// A waiter record: "W|session|weight|lease_ms|owner" (lua/lib.lua).
+		f := strings.SplitN(v, "|", 5)
+		if len(f) != 5 || f[0] != "W" {
+			continue
+		}
+		n, err := strconv.ParseInt(f[3], 10, 64)
+		if err != nil || (ttl >= 0 && n != ttl) {
 			return 0, ""
 		}
 		ttl = n
+	}
+	if ttl < 0 {
+		return 0, ""
 	}
 	return time.Duration(ttl) * time.Millisecond, "the LeaseTTL that the queued fair clients asked for"
 }
@@ -116,7 +123,7 @@ func read(ctx context.Context, client redis.UniversalClient, e *core.Engine, pre
 		exist[i] = pipe.Exists(ctx, k)
 	}
 	override := pipe.Get(ctx, keys.List[core.KeyOverride])
-	established := pipe.HGet(ctx, keys.List[core.KeyMeta], "limit")
+	established := pipe.HGet(ctx, keys.List[core.KeyMeta], "_limit")
 	if _, err := pipe.Exec(ctx); err != nil && !errors.Is(err, redis.Nil) {
 		return nil, err
 	}
@@ -155,7 +162,7 @@ func read(ctx context.Context, client redis.UniversalClient, e *core.Engine, pre
 		s.MaxMemoryPolicy = v["maxmemory-policy"]
 	}
 	if o.leaseTTL <= 0 && len(s.Holders) > 0 {
-		o.leaseTTL, s.LeaseTTLSource = queuedLeaseTTL(ctx, client, keys.List[core.KeyWaiters])
+		o.leaseTTL, s.LeaseTTLSource = queuedLeaseTTL(ctx, client, keys.List[core.KeyMeta])
 	} else if o.leaseTTL > 0 {
 		s.LeaseTTLSource = "--lease-ttl"
 	}

@@ -3,6 +3,7 @@ package core
 import (
 	"fmt"
 	"log/slog"
+	"os"
 	"reflect"
 	"strings"
 	"time"
@@ -47,6 +48,26 @@ type Config struct {
 	// too few acknowledge is released and reported as ErrNotReplicated.
 	MinReplicas    int
 	ReplicaTimeout time.Duration
+
+	// Owner is stored with every lease and queue entry (Status shows it);
+	// zero: hostname:pid.
+	Owner string
+	// MaxHold, if positive, stops auto-renewal once a lease is this old.
+	MaxHold time.Duration
+	// MaxWaiters, if positive, bounds the fair queue (ErrQueueFull).
+	MaxWaiters int
+}
+
+// MaxOwnerLen bounds Options.Owner.
+const MaxOwnerLen = 256
+
+// DefaultOwner is hostname:pid.
+func DefaultOwner() string {
+	host, err := os.Hostname()
+	if err != nil || host == "" {
+		host = "unknown"
+	}
+	return fmt.Sprintf("%s:%d", host, os.Getpid())
 }
 
 func cfgErr(field, format string, args ...any) error {
@@ -88,6 +109,18 @@ func (c *Config) validate() error {
 	}
 	if c.ReplicaTimeout, err = ttl("Options.ReplicaTimeout", c.ReplicaTimeout, DefaultReplicaTimeout); err != nil {
 		return err
+	}
+	if c.Owner == "" {
+		c.Owner = DefaultOwner()
+	}
+	if len(c.Owner) > MaxOwnerLen || strings.ContainsAny(c.Owner, "|\n") || !utf8.ValidString(c.Owner) {
+		return cfgErr("Options.Owner", "%q: at most %d bytes of UTF-8 without '|' or newline", c.Owner, MaxOwnerLen)
+	}
+	if c.MaxHold < 0 {
+		return cfgErr("Options.MaxHold", "negative duration %v", c.MaxHold)
+	}
+	if c.MaxWaiters < 0 {
+		return cfgErr("Options.MaxWaiters", "negative count %d", c.MaxWaiters)
 	}
 	if c.MinReplicas < 0 {
 		return cfgErr("Options.MinReplicas", "negative count %d", c.MinReplicas)

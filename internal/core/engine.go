@@ -3,15 +3,17 @@
 // and the per-semaphore hub that receives wake-ups and keeps fair waiters
 // alive. It is internal: the public surface is the root package redsem and
 // the packages fair and unfair.
+//
+// Files: engine.go calls the scripts and decodes their replies (the only
+// place that does), acquire.go owns the waiting loop of Acquire, hub.go
+// delivers events to waiters, lease.go is the lease and its watchdog.
 package core
 
 import (
 	"context"
 	"errors"
 	"fmt"
-	"math/rand/v2"
 	"net"
-	"strconv"
 	"sync"
 	"time"
 
@@ -25,10 +27,15 @@ import (
 // failed or was cancelled; it runs on a context detached from the caller's.
 const cleanupTimeout = 2 * time.Second
 
+// recordMs is how long (ms) a release tombstone or a cancellation record
+// lives at most; release.lua caps it at 15 s.
+const recordMs = 15000
+
 // Engine implements redsem.Semaphore for both variants.
 type Engine struct {
 	cfg  Config
 	keys Keys
+	pub  string // PUBLISH, or SPUBLISH on a cluster
 
 	clock serverClock
 
@@ -45,7 +52,11 @@ func New(cfg Config) (*Engine, error) {
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
-	return &Engine{cfg: cfg, keys: KeysFor(cfg.Prefix, cfg.Name)}, nil
+	e := &Engine{cfg: cfg, keys: KeysFor(cfg.Prefix, cfg.Name), pub: "PUBLISH"}
+	if _, ok := cfg.Client.(*redis.ClusterClient); ok {
+		e.pub = "SPUBLISH"
+	}
+	return e, nil
 }
 
 // Name is the semaphore's name.
@@ -68,13 +79,33 @@ func (e *Engine) Close() error {
 	return nil
 }
 
-// run calls a script with the semaphore's keys and the common ARGV prefix.
+func (e *Engine) isClosed() bool {
+	e.hubMu.Lock()
+	defer e.hubMu.Unlock()
+	return e.closed
+}
+
+// run calls a script with the semaphore's keys and the common ARGV prefix
+// (channel base, publish command, limit).
 func (e *Engine) run(ctx context.Context, s *redis.Script, limit int, args ...any) ([]any, time.Time, error) {
-	argv := make([]any, 0, 2+len(args))
-	argv = append(argv, e.keys.Chan, limit)
+	return e.runOn(ctx, e.cfg.Client, s, limit, args...)
+}
+
+// runOn is run on a given client or connection. Every script call of the
+// library goes through here; status.lua, which writes nothing, runs with
+// EVALSHA_RO so that it may run on a read-only replica.
+func (e *Engine) runOn(ctx context.Context, c redis.Scripter, s *redis.Script, limit int, args ...any) ([]any, time.Time, error) {
+	argv := make([]any, 0, 3+len(args))
+	argv = append(argv, e.keys.Chan, e.pub, limit)
 	argv = append(argv, args...)
 	sent := time.Now()
-	v, err := s.Run(ctx, e.cfg.Client, e.keys.List, argv...).Slice()
+	var cmd *redis.Cmd
+	if s == lua.Status {
+		cmd = s.RunRO(ctx, c, e.keys.List, argv...)
+	} else {
+		cmd = s.Run(ctx, c, e.keys.List, argv...)
+	}
+	v, err := cmd.Slice()
 	if err != nil {
 		return nil, sent, e.wrap(err)
 	}
@@ -85,83 +116,171 @@ func (e *Engine) wrap(err error) error {
 	return fmt.Errorf("redsem: %q: %w", e.cfg.Name, err)
 }
 
-// attempt is one run of acquire.lua.
-type attempt struct {
-	code     int64 // 1 granted, 0 not granted, -1 limit mismatch
-	slot     int
-	token    int64
-	msLeft   int64 // granted: lease time left
-	hint     int64 // not granted: ms to the earliest holder deadline, -1 none
-	position int64 // not granted: place in the queue, -1 not queued
-	deadline time.Time
+// ReplyError reports a script reply that does not have the expected shape
+// (a server that is not Redis, or scripts of another version).
+type ReplyError struct {
+	Script string
+	Reply  []any
+	Reason string
 }
 
-func (e *Engine) tryOnce(ctx context.Context, id string, queue bool, sid string) (attempt, error) {
-	mode := "try"
-	if queue {
-		mode = "queue"
+func (e *ReplyError) Error() string {
+	return fmt.Sprintf("redsem: unexpected %s reply (%s): %.200v", e.Script, e.Reason, e.Reply)
+}
+
+// Reply codes of acquire.lua.
+const (
+	codeGranted   = 1
+	codeQueued    = 0 // not granted (queued or not)
+	codeMismatch  = -1
+	codeCancelled = -2
+	codeWeight    = -3
+	codeQueueFull = -4
+)
+
+// attempt is one run of acquire.lua, decoded.
+type attempt struct {
+	code     int64
+	now      int64 // server ms
+	token    int64
+	slots    []int
+	deadline time.Time // granted: local estimate, never late
+	hint     int64     // not granted: ms until a holder may expire, -1 none
+	position int64     // not granted: place in the queue, -1 not queued
+	other    int64     // mismatch: established limit; weight: limit; queue full: entries
+}
+
+// decodeAttempt checks and decodes an acquire.lua reply; sent is when the
+// request left.
+func decodeAttempt(v []any, sent time.Time) (attempt, error) {
+	r := reader{script: "acquire", v: v}
+	a := attempt{code: r.int(), now: r.int()}
+	switch a.code {
+	case codeGranted:
+		a.token = r.int()
+		dl := r.int()
+		for r.more() {
+			a.slots = append(a.slots, int(r.int()))
+		}
+		if len(a.slots) == 0 {
+			r.fail("no slots")
+		}
+		a.deadline = expiresBy(sent, dl-a.now)
+	case codeQueued:
+		a.hint, a.position = r.int(), r.int()
+	case codeMismatch, codeWeight, codeQueueFull:
+		a.other = r.int()
+	case codeCancelled:
+	default:
+		r.fail("unknown code")
 	}
+	return a, r.err
+}
+
+// acquireOnce runs acquire.lua once for id. mode is "try", "wait" or
+// "queue"; sid is the fair session (queue mode).
+func (e *Engine) acquireOnce(ctx context.Context, id string, n int, mode, sid string) (attempt, error) {
 	if err := ctx.Err(); err != nil {
 		return attempt{}, e.wrap(err) // nothing sent
 	}
-	// The script runs to completion even if ctx ends meanwhile. A request
-	// abandoned in flight may still run after the release that undoes it
-	// (sent on another connection) and leave a slot or a queue entry that
-	// nobody owns; with the reply in hand, the caller's undo comes after it.
-	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cleanupTimeout)
-	defer cancel()
-	v, sent, err := e.run(rctx, lua.Acquire, e.cfg.Limit, id, ms(e.cfg.LeaseTTL), mode, sid, ms(e.cfg.QueueTTL))
-	if err == nil && ctx.Err() != nil {
-		err = e.wrap(ctx.Err()) // the caller gave up meanwhile: undo what the script did
+	if sid == "" {
+		sid = "-"
 	}
+	v, sent, err := e.run(ctx, lua.Acquire, e.cfg.Limit, id, n, ms(e.cfg.LeaseTTL), mode, sid,
+		ms(3*e.cfg.Fallback), e.cfg.Owner, e.cfg.MaxWaiters)
 	if err != nil {
 		return attempt{}, err
 	}
-	if len(v) != 5 {
-		return attempt{}, e.wrap(fmt.Errorf("unexpected acquire reply %v", v))
+	a, err := decodeAttempt(v, sent)
+	if err != nil {
+		return a, e.wrap(err)
 	}
-	e.clock.observe(sent, toInt(v[4]))
+	e.clock.observe(sent, a.now)
 	e.checkEvictionPolicy(ctx)
-	a := attempt{code: toInt(v[0])}
 	switch a.code {
-	case 1:
-		a.slot, a.token, a.msLeft = int(toInt(v[1])), toInt(v[2]), toInt(v[3])
-		a.deadline = expiresBy(sent, a.msLeft)
-	case 0:
-		a.hint, a.position = toInt(v[1]), toInt(v[2])
-	case -1:
-		return a, &redsem.LimitMismatchError{Name: e.cfg.Name, Client: e.cfg.Limit, Established: int(toInt(v[1]))}
+	case codeMismatch:
+		return a, &redsem.LimitMismatchError{Name: e.cfg.Name, Client: e.cfg.Limit, Established: int(a.other)}
+	case codeWeight:
+		return a, fmt.Errorf("redsem: %q: %d slots wanted, limit in force is %d: %w", e.cfg.Name, n, a.other, redsem.ErrWeight)
+	case codeQueueFull:
+		return a, fmt.Errorf("redsem: %q: %d waiters queued: %w", e.cfg.Name, a.other, redsem.ErrQueueFull)
+	case codeCancelled:
+		return a, e.wrap(errors.New("acquire cancelled by its own undo"))
 	}
 	return a, nil
 }
 
+// grant is a grant as scripts report it in a grant list, decoded.
+type grant struct {
+	id       string
+	token    int64
+	slots    []int
+	deadline time.Time
+}
+
+// decodeGrants decodes a grant list (id, token, deadline_ms, "slots", ...)
+// from v[from:]; now is the server time of the reply and sent when its
+// request left.
+func decodeGrants(script string, v []any, from int, now int64, sent time.Time) ([]grant, error) {
+	r := reader{script: script, v: v, i: from}
+	var out []grant
+	for r.more() {
+		g := grant{id: r.str(), token: r.int()}
+		dl := r.int()
+		g.slots = r.slots()
+		g.deadline = expiresBy(sent, dl-now)
+		if r.err != nil {
+			return nil, r.err
+		}
+		out = append(out, g)
+	}
+	return out, nil
+}
+
 // TryAcquire makes one attempt and never waits.
 func (e *Engine) TryAcquire(ctx context.Context) (redsem.Lease, error) {
+	return e.TryAcquireN(ctx, 1)
+}
+
+// TryAcquireN makes one attempt to take n slots and never waits.
+func (e *Engine) TryAcquireN(ctx context.Context, n int) (redsem.Lease, error) {
+	if err := e.checkWeight(n); err != nil {
+		return nil, err
+	}
 	if e.isClosed() {
 		return nil, redsem.ErrClosed
 	}
 	start := time.Now()
 	id := uuid.NewString()
-	a, err := e.tryOnce(ctx, id, false, "")
+	a, err := e.acquireOnce(ctx, id, n, "try", "")
 	if err != nil {
 		e.undo(ctx, id, err)
 		e.failed(err)
 		return nil, err
 	}
-	if a.code != 1 {
+	if a.code != codeGranted {
 		return nil, redsem.ErrNoSlot
 	}
-	l, err := e.replicated(ctx, e.granted(start, id, a.slot, a.token, a.deadline), nil)
+	l, err := e.replicated(ctx, e.granted(start, id, a.slots, a.token, a.deadline), nil)
 	if err != nil {
 		e.failed(err)
 	}
 	return l, err
 }
 
+// checkWeight refuses n outside [1, MaxLimit] without asking Redis (the
+// scripts refuse n above the limit in force).
+func (e *Engine) checkWeight(n int) error {
+	if n < 1 || n > MaxLimit {
+		return fmt.Errorf("redsem: %q: %d slots wanted: %w", e.cfg.Name, n, redsem.ErrWeight)
+	}
+	return nil
+}
+
 // granted makes the lease of a grant and reports it.
-func (e *Engine) granted(start time.Time, id string, slot int, token int64, deadline time.Time) *Lease {
-	l := e.newLease(id, slot, token, deadline)
-	e.emit(redsem.Event{Kind: redsem.EventAcquired, LeaseID: id, Slot: slot, Token: token, Wait: time.Since(start)})
+func (e *Engine) granted(start time.Time, id string, slots []int, token int64, deadline time.Time) *Lease {
+	l := e.newLease(id, slots, token, deadline)
+	e.emit(redsem.Event{Kind: redsem.EventAcquired, LeaseID: id, Slot: slots[0], Token: token, Wait: time.Since(start)})
 	return l
 }
 
@@ -174,27 +293,58 @@ func (e *Engine) failed(err error) {
 	e.emit(redsem.Event{Kind: kind, Err: err})
 }
 
-// undo releases id after a failed or abandoned acquire: a reply lost on the
-// wire may have granted or queued it. A limit mismatch wrote nothing.
+// undo cancels id after a failed or abandoned acquire: a reply lost on the
+// wire may have granted or queued it, or the request may still be in
+// flight. release.lua removes whatever id holds or where it waits, and
+// leaves a cancellation record that acquire.lua honours should the acquire
+// run after it. Errors that acquire.lua returns before writing anything
+// need no undo.
 //
 // When the last error was a failed dial, the server could not be reached and
 // undo does not try either (it would only wait for the same failure); a
 // grant made by an earlier, retried attempt then expires after LeaseTTL.
 func (e *Engine) undo(ctx context.Context, id string, cause error) {
-	if errors.Is(cause, redsem.ErrLimitMismatch) || isDialError(cause) {
+	if errors.Is(cause, redsem.ErrLimitMismatch) || errors.Is(cause, redsem.ErrWeight) ||
+		errors.Is(cause, redsem.ErrQueueFull) || isDialError(cause) {
 		return
 	}
 	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cleanupTimeout)
 	defer cancel()
-	if v, sent, err := e.run(cctx, lua.Release, e.cfg.Limit, id); err == nil {
-		e.deliverGrants(v, 2, sent)
-	}
+	_, _, _ = e.release(cctx, id, "undo")
 }
 
-func (e *Engine) isClosed() bool {
-	e.hubMu.Lock()
-	defer e.hubMu.Unlock()
-	return e.closed
+// Kinds of release that release.lua reports.
+const (
+	ReleasedNothing = 0 // nothing live had the id (a lease: it was lost)
+	ReleasedLease   = 1
+	ReleasedWaiter  = 2
+)
+
+// release runs release.lua for id in mode ("owner", "undo" or "force"),
+// hands grants it made to local waiters, and returns its kind and how many
+// waiters it admitted.
+func (e *Engine) release(ctx context.Context, id, mode string) (kind, admitted int, err error) {
+	v, sent, err := e.run(ctx, lua.Release, e.cfg.Limit, id, mode, recordMs)
+	if err != nil {
+		return 0, 0, err
+	}
+	r := reader{script: "release", v: v}
+	k, now := r.int(), r.int()
+	if r.err != nil {
+		return 0, 0, e.wrap(r.err)
+	}
+	e.clock.observe(sent, now)
+	e.deliverGrants("release", v, 2, now, sent)
+	return int(k), (len(v) - 2) / 4, nil
+}
+
+// ForceRelease removes the lease or queue entry id, as an operator would:
+// no tombstone is left, so the lease's holder learns at its next renewal
+// that it was lost, and a removed waiter's process queues it again. It
+// returns the kind of release (ReleasedLease, ReleasedWaiter or
+// ReleasedNothing) and how many waiters it admitted into freed slots.
+func (e *Engine) ForceRelease(ctx context.Context, id string) (kind, admitted int, err error) {
+	return e.release(ctx, id, "force")
 }
 
 // isDialError reports whether err is a failure to connect.
@@ -203,177 +353,40 @@ func isDialError(err error) bool {
 	return errors.As(err, &op) && op.Op == "dial"
 }
 
-// Acquire blocks until a slot is granted or ctx ends.
-func (e *Engine) Acquire(ctx context.Context) (redsem.Lease, error) {
-	if e.isClosed() {
-		return nil, redsem.ErrClosed
-	}
-	start := time.Now()
-	var l redsem.Lease
-	var err error
-	if e.cfg.Fair {
-		l, err = e.acquireFair(ctx, start)
-	} else {
-		l, err = e.acquireUnfair(ctx, start)
-	}
-	l, err = e.replicated(ctx, l, err)
-	if err != nil {
-		if ctx.Err() != nil {
-			e.emit(redsem.Event{Kind: redsem.EventAcquireTimedOut, Wait: time.Since(start), Err: err})
-		} else {
-			e.failed(err)
-		}
-	}
-	return l, err
-}
-
-func (e *Engine) gaveUp(ctx context.Context) error {
-	return fmt.Errorf("redsem: acquire %q: gave up waiting: %w", e.cfg.Name, context.Cause(ctx))
-}
-
-// fail turns an error met while acquiring into the error Acquire returns,
-// after undoing whatever the attempt may have left in Redis.
-func (e *Engine) fail(ctx context.Context, id string, err error) error {
-	e.undo(ctx, id, err)
-	if ctx.Err() != nil {
-		return errors.Join(e.gaveUp(ctx), err)
-	}
-	return err
-}
-
-func (e *Engine) acquireUnfair(ctx context.Context, start time.Time) (redsem.Lease, error) {
-	id := uuid.NewString()
-	var w *waiter
-	defer func() {
-		if w != nil {
-			w.h.unregister(w)
-		}
-	}()
-	for {
-		a, err := e.tryOnce(ctx, id, false, "")
-		if err != nil {
-			return nil, e.fail(ctx, id, err)
-		}
-		if a.code == 1 {
-			return e.granted(start, id, a.slot, a.token, a.deadline), nil
-		}
-		if w == nil {
-			// Subscribe, then try again at once: a slot freed between the
-			// first attempt and the subscription is not missed.
-			if w, err = e.register(ctx, id, false); err != nil {
-				return nil, e.fail(ctx, id, err)
-			}
-			continue
-		}
-		t := time.NewTimer(e.waitFor(a.hint))
-		select {
-		case <-w.events:
-		case <-t.C:
-		case <-w.h.quit:
-			t.Stop()
-			return nil, redsem.ErrClosed
-		case <-ctx.Done():
-			t.Stop()
-			return nil, e.gaveUp(ctx)
-		}
-		t.Stop()
-	}
-}
-
-// waitFor is how long an unfair waiter sleeps without a message: until just
-// after the earliest holder deadline, at most Fallback, with ±20% jitter.
-func (e *Engine) waitFor(hint int64) time.Duration {
-	d := e.cfg.Fallback
-	if hint >= 0 {
-		if h := time.Duration(hint+1) * time.Millisecond; h < d {
-			d = h
-		}
-	}
-	return time.Duration(float64(d) * (0.8 + 0.4*rand.Float64()))
-}
-
-func (e *Engine) acquireFair(ctx context.Context, start time.Time) (redsem.Lease, error) {
-	id := uuid.NewString()
-	w, err := e.register(ctx, id, true)
-	if err != nil {
-		return nil, err
-	}
-	defer w.h.unregister(w)
-	for {
-		sent := time.Now()
-		a, err := e.tryOnce(ctx, id, true, w.h.sid)
-		if err != nil {
-			return nil, e.fail(ctx, id, err)
-		}
-		w.h.refreshed(sent, time.Now())
-		if a.code == 1 {
-			return e.granted(start, id, a.slot, a.token, a.deadline), nil
-		}
-		w.h.queued(w, a.hint)
-	wait:
-		select {
-		case ev := <-w.events:
-			switch ev.kind {
-			case evGrant:
-				deadline := ev.deadline
-				if !ev.claimed {
-					until, ok := w.h.trusted(ev.at)
-					if !ok {
-						// The session may have expired since the grant
-						// (this process was paused or cut off), which
-						// revokes an unclaimed grant: ask Redis, which
-						// claims it if it still stands and queues this
-						// waiter again if not.
-						continue
-					}
-					// Until it is claimed, the grant lasts only as long
-					// as the session.
-					deadline = minTime(deadline, until)
-				}
-				return e.granted(start, id, ev.slot, ev.token, deadline), nil
-			case evGone: // evicted: queue again, at the back
-				e.emit(redsem.Event{Kind: redsem.EventWaiterEvicted, LeaseID: id})
-				continue
-			default:
-				goto wait
-			}
-		case <-w.h.quit: // Close: leave the queue
-			e.undo(ctx, id, nil)
-			return nil, redsem.ErrClosed
-		case <-ctx.Done():
-			// Leave the queue, or hand back a slot granted in the race.
-			e.undo(ctx, id, nil)
-			return nil, e.gaveUp(ctx)
-		}
-	}
-}
-
 // Status reads the live state.
 func (e *Engine) Status(ctx context.Context) (redsem.Status, error) {
 	v, _, err := e.run(ctx, lua.Status, e.cfg.Limit)
 	if err != nil {
 		return redsem.Status{}, err
 	}
-	st := redsem.Status{Limit: int(toInt(v[0]))}
-	i := 2
-	n := int(toInt(v[i]))
-	i++
-	for k := 0; k < n; k++ {
-		st.Holders = append(st.Holders, redsem.Holder{
-			ID: toStr(v[i]), Slot: int(toInt(v[i+1])), Token: toInt(v[i+2]),
-			Deadline: time.UnixMilli(toInt(v[i+3])),
-		})
-		i += 4
-	}
-	n = int(toInt(v[i]))
-	i++
-	for k := 0; k < n; k++ {
-		st.Waiters = append(st.Waiters, redsem.Waiter{
-			ID: toStr(v[i]), Position: k, Deadline: time.UnixMilli(toInt(v[i+1])),
-		})
-		i += 2
+	st, err := decodeStatus(v)
+	if err != nil {
+		return redsem.Status{}, e.wrap(err)
 	}
 	return st, nil
+}
+
+func decodeStatus(v []any) (redsem.Status, error) {
+	r := reader{script: "status", v: v}
+	st := redsem.Status{Limit: int(r.int())}
+	r.int() // now
+	for k, n := 0, r.count(5); k < n; k++ {
+		h := redsem.Holder{ID: r.str()}
+		h.Slots = r.slots()
+		if len(h.Slots) > 0 {
+			h.Slot = h.Slots[0]
+		}
+		h.Token = r.int()
+		h.Deadline = time.UnixMilli(r.int())
+		h.Owner = r.str()
+		st.Holders = append(st.Holders, h)
+	}
+	for k, n := 0, r.count(4); k < n; k++ {
+		st.Waiters = append(st.Waiters, redsem.Waiter{
+			ID: r.str(), Position: k, Weight: int(r.int()), Deadline: time.UnixMilli(r.int()), Owner: r.str(),
+		})
+	}
+	return st, r.err
 }
 
 // SetLimit sets the limit for every client of this name.
@@ -385,26 +398,30 @@ func (e *Engine) SetLimit(ctx context.Context, limit int) error {
 	if err != nil {
 		return err
 	}
-	e.deliverGrants(v, 1, sent)
+	r := reader{script: "setlimit", v: v}
+	now := r.int()
+	if r.err != nil {
+		return e.wrap(r.err)
+	}
+	e.deliverGrants("setlimit", v, 1, now, sent)
 	return nil
 }
 
-// deliverGrants wakes local waiters named in a script reply's grant list
-// (id, slot, token, lease_ms, ... from index from), without waiting for the
-// pub/sub message. sent is when the request left, so sent+lease_ms is an
-// early estimate of each deadline.
-func (e *Engine) deliverGrants(v []any, from int, sent time.Time) {
+// deliverGrants wakes local waiters named in a script reply's grant list,
+// without waiting for the pub/sub message.
+func (e *Engine) deliverGrants(script string, v []any, from int, now int64, sent time.Time) {
 	e.hubMu.Lock()
 	h := e.hub
 	e.hubMu.Unlock()
-	if h == nil {
+	if h == nil || len(v) <= from {
 		return
 	}
-	for i := from; i+3 < len(v); i += 4 {
-		h.deliver(toStr(v[i]), event{
-			kind: evGrant, slot: int(toInt(v[i+1])), token: toInt(v[i+2]),
-			deadline: expiresBy(sent, toInt(v[i+3])), at: sent,
-		})
+	grants, err := decodeGrants(script, v, from, now, sent)
+	if err != nil {
+		return // the pub/sub message (or a resync) delivers them
+	}
+	for _, g := range grants {
+		h.deliver(g.id, event{kind: evGrant, grant: g})
 	}
 }
 
@@ -445,30 +462,27 @@ func expiresBy(base time.Time, ms int64) time.Time {
 	return base.Add(time.Duration(ms)*time.Millisecond - time.Millisecond)
 }
 
-func minTime(a, b time.Time) time.Time {
-	if b.Before(a) {
-		return b
-	}
-	return a
+// renew runs renew.lua for id: ok false means the lease is gone.
+func (e *Engine) renew(ctx context.Context, id string) (ok bool, deadline time.Time, err error) {
+	return e.renewOn(ctx, e.cfg.Client, id)
 }
 
-func toInt(v any) int64 {
-	switch x := v.(type) {
-	case int64:
-		return x
-	case string:
-		n, _ := strconv.ParseInt(x, 10, 64)
-		return n
+// renewOn is renew on a given connection (replicas.go waits on the same
+// connection for replica acknowledgement).
+func (e *Engine) renewOn(ctx context.Context, c redis.Scripter, id string) (bool, time.Time, error) {
+	v, sent, err := e.runOn(ctx, c, lua.Renew, e.cfg.Limit, id, ms(e.cfg.LeaseTTL))
+	if err != nil {
+		return false, time.Time{}, err
 	}
-	return 0
-}
-
-func toStr(v any) string {
-	switch x := v.(type) {
-	case string:
-		return x
-	case int64:
-		return strconv.FormatInt(x, 10)
+	r := reader{script: "renew", v: v}
+	code, now := r.int(), r.int()
+	var dl int64
+	if code == 1 {
+		dl = r.int()
 	}
-	return ""
+	if r.err != nil {
+		return false, time.Time{}, e.wrap(r.err)
+	}
+	e.clock.observe(sent, now)
+	return code == 1, expiresBy(sent, dl-now), nil
 }

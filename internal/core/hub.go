@@ -15,63 +15,52 @@ import (
 type evKind int
 
 const (
-	evFree  evKind = iota // unfair: a slot may be free, try again
-	evGrant               // fair: this waiter was granted a slot
-	evGone                // fair: this waiter's queue entry is gone (evicted)
+	evFree    evKind = iota // unfair: slots may be free, try again
+	evGrant                 // fair: this waiter was granted its slots
+	evRequeue               // fair: ask Redis again (session renewed under a new id, or messages may have been lost)
+	evWeight                // fair: SetLimit made the limit smaller than this waiter's weight
 )
 
 type event struct {
-	kind     evKind
-	slot     int
-	token    int64
-	deadline time.Time
-	// Grants only: at is an early local estimate of when the grant was
-	// made; claimed is set when the session's heartbeat reported (and so
-	// claimed) it, which makes it safe whatever happened before.
-	at      time.Time
-	claimed bool
+	kind  evKind
+	grant grant // evGrant
+	limit int   // evWeight
 }
 
-// waiter is one goroutine blocked in Acquire.
+// waiter is one goroutine blocked in Acquire; the hub only delivers events
+// to it (acquire.go owns the waiting).
 type waiter struct {
-	id      string
-	fair    bool
-	events  chan event
-	h       *hub
-	inQueue bool // fair: acquire.lua has queued it at least once (h.mu)
+	id     string
+	n      int
+	fair   bool
+	events chan event
+	h      *hub
 }
 
 // hub is a semaphore's per-process waiting machinery, alive while some
-// goroutine waits (and a short while after): one sharded pub/sub
-// subscription for wake-ups, and for the fair variant one session whose
-// heartbeat keeps all of this process's waiters alive, so that the cost of
-// liveness grows with processes, not with waiters.
+// goroutine waits (and a short while after): one pub/sub subscription for
+// wake-ups, and for the fair variant one session whose heartbeat keeps all
+// of this process's waiters alive, so that the cost of liveness grows with
+// processes, not with waiters.
 type hub struct {
-	e   *Engine
-	sid string // session id (fair)
+	e *Engine
 
-	readyCh  chan struct{} // closed when subscribed, or on failure
+	readyCh  chan struct{} // closed when subscribed (and, fair, the session made), or on failure
 	readyErr error
 
-	mu        sync.Mutex
-	ps        *redis.PubSub
-	waiters   map[string]*waiter
-	unfair    []*waiter // unfair waiters, oldest first
-	refs      int
-	hint      int64 // ms to the earliest holder deadline at the last reply, -1 none
-	claims    bool  // grants were delivered that the session has not claimed yet
-	idle      *time.Timer
-	closed    bool
+	mu      sync.Mutex
+	sid     string // fair session id; replaced when the session died
+	ps      *redis.PubSub
+	waiters map[string]*waiter
+	unfair  []*waiter // unfair waiters, oldest first
+	hint    int64     // ms to the earliest holder deadline at the last reply, -1 none
+	idle    *time.Timer
+	closed  bool
+
 	kick      chan struct{}
 	quit      chan struct{}
 	wg        sync.WaitGroup
 	closeOnce sync.Once
-
-	// Local estimates of the session's life in Redis (fair), under mu: it
-	// surely lives until alive, and has lived without a break since
-	// liveSince.
-	alive     time.Time
-	liveSince time.Time
 }
 
 // heartbeatEvery is how often a fair session heart-beats: three times per
@@ -80,9 +69,11 @@ func (e *Engine) heartbeatEvery() time.Duration {
 	return min(e.cfg.QueueTTL/3, e.cfg.Fallback)
 }
 
-// register adds a waiter to the hub, starting the hub if needed, and
-// returns once the wake-up subscription is confirmed.
-func (e *Engine) register(ctx context.Context, id string, fair bool) (*waiter, error) {
+func newSessionID() string { return strings.ReplaceAll(uuid.NewString(), "-", "") }
+
+// register adds a waiter for id (n slots) to the hub, starting the hub if
+// needed, and returns once the hub is ready.
+func (e *Engine) register(ctx context.Context, id string, n int) (*waiter, error) {
 	e.hubMu.Lock()
 	if e.closed {
 		e.hubMu.Unlock()
@@ -91,21 +82,19 @@ func (e *Engine) register(ctx context.Context, id string, fair bool) (*waiter, e
 	h := e.hub
 	if h == nil {
 		h = &hub{
-			e: e, sid: strings.ReplaceAll(uuid.NewString(), "-", ""),
-			readyCh: make(chan struct{}), waiters: map[string]*waiter{},
+			e: e, sid: newSessionID(), readyCh: make(chan struct{}), waiters: map[string]*waiter{},
 			hint: -1, kick: make(chan struct{}, 1), quit: make(chan struct{}),
 		}
 		e.hub = h
 		h.wg.Add(1)
 		go h.run()
 	}
-	w := &waiter{id: id, fair: fair, events: make(chan event, 8), h: h}
+	w := &waiter{id: id, n: n, fair: e.cfg.Fair, events: make(chan event, 8), h: h}
 	h.mu.Lock()
 	h.waiters[id] = w
-	if !fair {
+	if !w.fair {
 		h.unfair = append(h.unfair, w)
 	}
-	h.refs++
 	if h.idle != nil {
 		h.idle.Stop()
 		h.idle = nil
@@ -141,55 +130,29 @@ func (h *hub) unregister(w *waiter) {
 			}
 		}
 	}
-	h.refs--
-	if h.refs == 0 && !h.closed {
+	if len(h.waiters) == 0 && !h.closed {
 		h.idle = time.AfterFunc(max(h.e.heartbeatEvery(), 500*time.Millisecond), h.stopIfIdle)
 	}
 }
 
-// queued records that w is in the queue and the latest expiry hint, and
-// moves the next heartbeat earlier if a holder expires sooner.
-func (h *hub) queued(w *waiter, hint int64) {
+// session returns the fair session id that queue entries are made under.
+func (h *hub) session() string {
 	h.mu.Lock()
-	w.inQueue = true
+	defer h.mu.Unlock()
+	return h.sid
+}
+
+// queued records the latest expiry hint, and moves the next heartbeat
+// earlier if a holder expires sooner: the heartbeat admits waiters into the
+// slots of expired holders.
+func (h *hub) queued(hint int64) {
+	h.mu.Lock()
 	earlier := hint >= 0 && (h.hint < 0 || hint < h.hint)
 	h.hint = hint
 	h.mu.Unlock()
 	if earlier {
 		h.poke()
 	}
-}
-
-// refreshed records a successful call that renewed the session: sent is
-// before the request left, recv after the reply came back.
-func (h *hub) refreshed(sent, recv time.Time) {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	if !h.alive.IsZero() && !recv.Before(h.alive) {
-		// The session may have expired (e.g. the process was paused)
-		// before this call renewed it; grants it had not claimed by then
-		// were revoked.
-		h.liveSince = recv
-	}
-	if a := expiresBy(sent, ms(h.e.cfg.QueueTTL)); a.After(h.alive) {
-		h.alive = a
-	}
-}
-
-// trusted reports whether an unclaimed grant made at local time at (an early
-// estimate) still stands: the session has lived without a break since then,
-// so no expiry can have revoked it. A grant that is not trusted must be
-// checked with Redis before it is used.
-//
-// A trusted grant stays unclaimed until the session's next heartbeat or the
-// lease's first renewal claims it, and if the process stops before that, the
-// grant dies with the session, which may be long before at + LeaseTTL. So
-// trusted also returns until when the grant surely stands: the earliest the
-// session can expire.
-func (h *hub) trusted(at time.Time) (time.Time, bool) {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	return h.alive, !at.Before(h.liveSince) && time.Now().Before(h.alive)
 }
 
 func (h *hub) poke() {
@@ -202,7 +165,7 @@ func (h *hub) poke() {
 func (h *hub) stopIfIdle() {
 	h.e.hubMu.Lock()
 	h.mu.Lock()
-	idle := h.refs == 0 && !h.closed
+	idle := len(h.waiters) == 0 && !h.closed
 	if idle && h.e.hub == h {
 		h.e.hub = nil
 	}
@@ -235,49 +198,89 @@ func (h *hub) shutdown() {
 func (h *hub) deliver(id string, ev event) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	w := h.waiters[id]
-	if w == nil {
-		return
-	}
-	if ev.kind == evGrant {
-		h.claims = true
-	}
-	select {
-	case w.events <- ev:
-	default:
-	}
-}
-
-// wakeUnfair wakes up to n local unfair waiters, oldest first.
-func (h *hub) wakeUnfair(n int) {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	for _, w := range h.unfair {
-		if n <= 0 {
-			return
-		}
+	if w := h.waiters[id]; w != nil {
 		select {
-		case w.events <- event{kind: evFree}:
-			n--
+		case w.events <- ev:
 		default:
 		}
 	}
 }
 
-// run subscribes, then receives wake-ups and (fair) heart-beats until shut down.
+// broadcast hands ev to every local waiter.
+func (h *hub) broadcast(ev event) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	for _, w := range h.waiters {
+		select {
+		case w.events <- ev:
+		default:
+		}
+	}
+}
+
+// wakeUnfair wakes local unfair waiters, oldest first, that fit in free
+// slots: as many as the slots allow, never all of them for one slot.
+func (h *hub) wakeUnfair(free int) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	for _, w := range h.unfair {
+		if free <= 0 {
+			return
+		}
+		if w.n > free {
+			continue
+		}
+		select {
+		case w.events <- event{kind: evFree}:
+			free -= w.n
+		default: // already woken
+		}
+	}
+}
+
+// subscribe and unsubscribe follow the client: sharded pub/sub on a
+// cluster, plain pub/sub otherwise (the scripts publish likewise).
+func (h *hub) subscribe(ctx context.Context, ps *redis.PubSub, channels ...string) error {
+	if h.e.pub == "SPUBLISH" {
+		return ps.SSubscribe(ctx, channels...)
+	}
+	return ps.Subscribe(ctx, channels...)
+}
+
+func (h *hub) unsubscribe(ctx context.Context, ps *redis.PubSub, channels ...string) error {
+	if h.e.pub == "SPUBLISH" {
+		return ps.SUnsubscribe(ctx, channels...)
+	}
+	return ps.Unsubscribe(ctx, channels...)
+}
+
+// run subscribes (and, fair, makes the session), then receives wake-ups
+// and heart-beats until shut down.
 func (h *hub) run() {
 	defer h.wg.Done()
 	e := h.e
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	ps := e.cfg.Client.SSubscribe(ctx, e.keys.Free, e.keys.Chan+":s:"+h.sid)
+	channels := []string{e.keys.Free}
+	if e.cfg.Fair {
+		channels = []string{e.keys.Chan + ":s:" + h.sid}
+	}
+	var ps *redis.PubSub
+	if e.pub == "SPUBLISH" {
+		ps = e.cfg.Client.SSubscribe(ctx, channels...)
+	} else {
+		ps = e.cfg.Client.Subscribe(ctx, channels...)
+	}
 	var err error
-	for n := 0; n < 2 && err == nil; {
+	for n := 0; n < len(channels) && err == nil; {
 		var msg any
 		if msg, err = ps.Receive(ctx); err == nil {
 			if _, ok := msg.(*redis.Subscription); ok {
 				n++
 			}
 		}
+	}
+	if err == nil && e.cfg.Fair {
+		err = h.beat(ctx, "new")
 	}
 	cancel()
 	h.mu.Lock()
@@ -300,10 +303,34 @@ func (h *hub) run() {
 	}
 	close(h.readyCh)
 
-	h.wg.Add(1)
-	go h.heartbeats()
-	for m := range ps.Channel(redis.WithChannelSize(1024)) {
-		h.onMessage(m)
+	if e.cfg.Fair {
+		h.wg.Add(1)
+		go h.heartbeats(ps)
+	}
+	for m := range ps.ChannelWithSubscriptions(redis.WithChannelSize(1024)) {
+		switch m := m.(type) {
+		case *redis.Message:
+			h.onMessage(m)
+		case *redis.Subscription:
+			// After the initial subscription, a confirmation means that
+			// go-redis reconnected (or the session channel changed):
+			// messages may have been lost meanwhile, so every waiter asks
+			// Redis again.
+			if m.Kind == "subscribe" || m.Kind == "ssubscribe" {
+				h.resync()
+			}
+		}
+	}
+}
+
+// resync makes every local waiter ask Redis again: fair waiters re-run
+// their acquire (which reports a grant or their place, or queues them
+// again), unfair ones retry.
+func (h *hub) resync() {
+	if h.e.cfg.Fair {
+		h.broadcast(event{kind: evRequeue})
+	} else {
+		h.broadcast(event{kind: evFree})
 	}
 }
 
@@ -313,27 +340,31 @@ func (h *hub) onMessage(m *redis.Message) {
 		h.wakeUnfair(max(n, 1))
 		return
 	}
-	// "g id slot token grant_ms lease_ms"
+	// "g id token deadline_ms slots", "x id limit" or "r id"
 	f := strings.Fields(m.Payload)
-	if len(f) != 6 || f[0] != "g" {
-		return
+	switch {
+	case len(f) == 5 && f[0] == "g":
+		r := reader{script: "grant message", v: []any{f[1], f[2], f[3], f[4]}}
+		g := grant{id: r.str(), token: r.int()}
+		dl := r.int()
+		g.slots = r.slots()
+		if r.err != nil {
+			return
+		}
+		g.deadline = h.e.clock.localAtLeast(dl).Add(-time.Millisecond)
+		h.deliver(g.id, event{kind: evGrant, grant: g})
+	case len(f) == 3 && f[0] == "x":
+		h.deliver(f[1], event{kind: evWeight, limit: int(toInt(f[2]))})
+	case len(f) == 2 && f[0] == "r":
+		h.deliver(f[1], event{kind: evRequeue})
 	}
-	grantMs, leaseMs := toInt(f[4]), toInt(f[5])
-	at := h.e.clock.localAtLeast(grantMs)
-	h.deliver(f[1], event{
-		kind: evGrant, slot: int(toInt(f[2])), token: toInt(f[3]),
-		deadline: expiresBy(at, leaseMs), at: at,
-	})
 }
 
-// heartbeats keeps the fair session alive while it has queued waiters or
-// unclaimed grants, runs early when a holder is due to expire, and makes a
-// last claim when the hub shuts down.
-func (h *hub) heartbeats() {
+// heartbeats keeps the fair session alive while the process has waiters,
+// and beats early when a holder is due to expire (the beat admits waiters
+// into its slots).
+func (h *hub) heartbeats(ps *redis.PubSub) {
 	defer h.wg.Done()
-	if !h.e.cfg.Fair {
-		return
-	}
 	every := h.e.heartbeatEvery()
 	next := time.Now().Add(every)
 	t := time.NewTimer(every)
@@ -341,10 +372,18 @@ func (h *hub) heartbeats() {
 	for {
 		select {
 		case <-h.quit:
-			h.beat()
 			return
 		case <-t.C:
-			h.beat()
+			h.mu.Lock()
+			busy := len(h.waiters) > 0
+			h.mu.Unlock()
+			if busy {
+				ctx, cancel := context.WithTimeout(context.Background(), every+time.Second)
+				if err := h.beat(ctx, "old"); err == errSessionDied {
+					h.renewSession(ctx, ps)
+				}
+				cancel()
+			}
 			next = time.Now().Add(every)
 		case <-h.kick: // a new hint: maybe beat earlier, no beat now
 		}
@@ -366,46 +405,65 @@ func (h *hub) heartbeats() {
 	}
 }
 
-// beat runs one heartbeat for the session, if it has queued waiters or
-// unclaimed grants, and delivers what it reports.
-func (h *hub) beat() {
-	h.mu.Lock()
-	var ids []any
-	for id, w := range h.waiters {
-		if w.fair && w.inQueue {
-			ids = append(ids, id)
-		}
-	}
-	needed := len(ids) > 0 || h.claims
-	h.claims = false
-	h.mu.Unlock()
-	if !needed {
-		return
-	}
+type sessionError struct{}
+
+func (sessionError) Error() string { return "redsem: fair session died" }
+
+var errSessionDied error = sessionError{}
+
+// beat runs one heartbeat for the session and delivers the grants it made.
+// It returns errSessionDied when the session had expired in Redis (this
+// process paused or was cut off for longer than QueueTTL).
+func (h *hub) beat(ctx context.Context, age string) error {
 	e := h.e
-	ctx, cancel := context.WithTimeout(context.Background(), e.heartbeatEvery()+time.Second)
-	defer cancel()
-	args := append([]any{h.sid, ms(e.cfg.QueueTTL)}, ids...)
-	v, sent, err := e.run(ctx, lua.Heartbeat, e.cfg.Limit, args...)
+	sid := h.session()
+	v, sent, err := e.run(ctx, lua.Heartbeat, e.cfg.Limit, sid, ms(e.cfg.QueueTTL), age)
 	if err != nil {
-		h.mu.Lock()
-		h.claims = true // try again next time
-		h.mu.Unlock()
-		return
+		return err
 	}
-	h.refreshed(sent, time.Now())
-	e.clock.observe(sent, toInt(v[0]))
+	r := reader{script: "heartbeat", v: v}
+	now, alive, hint := r.int(), r.int(), r.int()
+	if r.err != nil {
+		return e.wrap(r.err)
+	}
+	e.clock.observe(sent, now)
 	h.mu.Lock()
-	h.hint = toInt(v[1])
+	h.hint = hint
 	h.mu.Unlock()
-	for i, k := 2, 0; i+3 < len(v) && k < len(ids); i, k = i+4, k+1 {
-		id := ids[k].(string)
-		switch toInt(v[i]) {
-		case 1:
-			h.deliver(id, event{kind: evGrant, slot: int(toInt(v[i+1])), token: toInt(v[i+2]),
-				deadline: expiresBy(sent, toInt(v[i+3])), claimed: true})
-		case -1:
-			h.deliver(id, event{kind: evGone})
-		}
+	e.deliverGrants("heartbeat", v, 3, now, sent)
+	if alive != 1 {
+		return errSessionDied
 	}
+	return nil
+}
+
+// renewSession replaces a session that died with a new one: it subscribes
+// to the new session's channel, makes the session, and has every waiter
+// queue again under it (their old places are forfeit, as for any process
+// that missed its heartbeats for QueueTTL).
+func (h *hub) renewSession(ctx context.Context, ps *redis.PubSub) {
+	e := h.e
+	h.mu.Lock()
+	old := h.sid
+	h.sid = newSessionID()
+	sid := h.sid
+	h.mu.Unlock()
+	for _, w := range h.snapshot() {
+		e.emit(redsem.Event{Kind: redsem.EventWaiterEvicted, LeaseID: w.id})
+	}
+	if err := h.subscribe(ctx, ps, e.keys.Chan+":s:"+sid); err == nil {
+		_ = h.unsubscribe(ctx, ps, e.keys.Chan+":s:"+old)
+	}
+	_ = h.beat(ctx, "new")
+	h.broadcast(event{kind: evRequeue})
+}
+
+func (h *hub) snapshot() []*waiter {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	out := make([]*waiter, 0, len(h.waiters))
+	for _, w := range h.waiters {
+		out = append(out, w)
+	}
+	return out
 }

@@ -6,26 +6,28 @@ import "strings"
 // channel carries the same hash tag, {name} with braces escaped, so that a
 // cluster keeps them in one slot and one script may touch them all.
 type Keys struct {
-	List []string // in the order lib.lua expects (KEYS[1..9])
+	List []string // in the order lib.lua expects (KEYS[1..7])
 	Chan string   // channel base; grants go to Chan+":s:"+session
 	Free string   // channel of freed-slot notices for unfair waiters
 }
 
 // Key suffixes, in the order of lib.lua's KEYS.
-var keySuffixes = [...]string{"holders", "leases", "queue", "waiters", "sessions", "bysess", "meta", "released", "limit"}
+var keySuffixes = [...]string{"holders", "queue", "sessions", "free", "ended", "meta", "limit"}
 
-// Index of each key in Keys.List.
+// Index of each key in Keys.List (see lua/lib.lua for what each holds).
 const (
-	KeyHolders = iota
-	KeyLeases
-	KeyQueue
-	KeyWaiters
-	KeySessions
-	KeyBySession
-	KeyMeta
-	KeyReleased
-	KeyOverride
+	KeyHolders  = iota // ZSET lease id -> deadline (server ms)
+	KeyQueue           // ZSET waiter id -> arrival number
+	KeySessions        // ZSET session id -> deadline (server ms)
+	KeyFree            // ZSET free slots below the high-water mark
+	KeyEnded           // ZSET tombstoned id -> until (server ms)
+	KeyMeta            // HASH counters ("_" fields) and one record per id
+	KeyOverride        // STRING limit set by SetLimit; never expires
 )
+
+// Sentinel is the member that each of the sorted sets keeps (scored +inf)
+// so that it never becomes empty; it is no holder, waiter or slot.
+const Sentinel = "~"
 
 // KeysFor returns the keys of the semaphore name under prefix.
 func KeysFor(prefix, name string) Keys {

@@ -7,7 +7,6 @@ import (
 	"time"
 
 	"github.com/redsem/redsem"
-	"github.com/redsem/redsem/lua"
 )
 
 type leaseState int
@@ -22,14 +21,18 @@ const (
 type Lease struct {
 	e     *Engine
 	id    string
-	slot  int
+	slots []int
 	token int64
+
+	ctx    context.Context // cancelled once released or lost
+	cancel context.CancelCauseFunc
 
 	granted time.Time // local time of the grant, for hold times
 
 	mu       sync.Mutex
 	deadline time.Time
 	state    leaseState
+	released bool // Release was called (a lost lease stays lost)
 	done     chan struct{}
 
 	// The watchdog is a timer, not a goroutine: nothing runs between
@@ -41,11 +44,12 @@ type Lease struct {
 
 var _ redsem.Lease = (*Lease)(nil)
 
-func (e *Engine) newLease(id string, slot int, token int64, deadline time.Time) *Lease {
+func (e *Engine) newLease(id string, slots []int, token int64, deadline time.Time) *Lease {
 	l := &Lease{
-		e: e, id: id, slot: slot, token: token, deadline: deadline, granted: time.Now(),
+		e: e, id: id, slots: slots, token: token, deadline: deadline, granted: time.Now(),
 		done: make(chan struct{}),
 	}
+	l.ctx, l.cancel = context.WithCancelCause(context.Background())
 	if !e.cfg.DisableAutoRenew {
 		// The first renewal comes after a third of the TTL, or sooner when
 		// the deadline is nearer than a full TTL (a fair grant not yet
@@ -62,8 +66,15 @@ func (e *Engine) newLease(id string, slot int, token int64, deadline time.Time) 
 // ID is unique per acquisition (a UUID), never reused.
 func (l *Lease) ID() string { return l.id }
 
-// Slot is which of the limit's slots this lease holds.
-func (l *Lease) Slot() int { return l.slot }
+// Slot is the first of the slots this lease holds.
+func (l *Lease) Slot() int { return l.slots[0] }
+
+// Slots is every slot the lease holds, ascending.
+func (l *Lease) Slots() []int { return append([]int(nil), l.slots...) }
+
+// Context is cancelled once the lease is lost (cause ErrLeaseLost) or
+// released (cause context.Canceled).
+func (l *Lease) Context() context.Context { return l.ctx }
 
 // Token is the lease's fencing token.
 func (l *Lease) Token() int64 { return l.token }
@@ -80,7 +91,8 @@ func (l *Lease) Deadline() time.Time {
 // Done is closed once the lease is released or lost.
 func (l *Lease) Done() <-chan struct{} { return l.done }
 
-// Err is nil while held or after Release, ErrLeaseLost once lost.
+// Err is nil while held or after Release, ErrLeaseLost once lost (also
+// after a Release that found it lost).
 func (l *Lease) Err() error {
 	l.mu.Lock()
 	defer l.mu.Unlock()
@@ -97,42 +109,38 @@ func (l *Lease) Renew(ctx context.Context) error {
 	l.mu.Lock()
 	st := l.state
 	l.mu.Unlock()
-	switch st {
-	case lost:
-		return redsem.ErrLeaseLost
-	case released:
+	if st != held {
 		return redsem.ErrLeaseLost
 	}
-	v, sent, err := l.e.run(ctx, lua.Renew, l.e.cfg.Limit, l.id, ms(l.e.cfg.LeaseTTL))
+	ok, deadline, err := l.e.renew(ctx, l.id)
 	if err != nil {
 		return err
 	}
-	l.e.clock.observe(sent, toInt(v[2]))
-	if toInt(v[0]) != 1 {
+	if !ok {
 		l.markLost()
 		return redsem.ErrLeaseLost
 	}
 	l.mu.Lock()
 	if l.state == held {
-		l.deadline = expiresBy(sent, toInt(v[1]))
+		l.deadline = deadline
 	}
 	l.mu.Unlock()
 	return nil
 }
 
-// Release stops the watchdog, then frees the slot. A second call returns
+// Release stops the watchdog, then frees the slots. A second call returns
 // nil. It returns ErrLeaseLost if the lease was lost before it. On a Redis
 // error the lease stays held (not renewed) and Release may be called again.
 // If the reply is lost and go-redis retries, the rerun finds the tombstone
 // the first run left and still reports success.
 func (l *Lease) Release(ctx context.Context) error {
 	l.mu.Lock()
-	switch l.state {
-	case released:
+	if l.released {
 		l.mu.Unlock()
 		return nil
-	case lost:
-		l.state = released // a second call returns nil
+	}
+	if l.state == lost {
+		l.released = true // a second call returns nil
 		l.mu.Unlock()
 		return redsem.ErrLeaseLost
 	}
@@ -140,20 +148,18 @@ func (l *Lease) Release(ctx context.Context) error {
 	called := time.Now()
 	l.stopWatchdog() // no renewal may race the release
 
-	v, sent, err := l.e.run(ctx, lua.Release, l.e.cfg.Limit, l.id, "owner")
+	kind, _, err := l.e.release(ctx, l.id, "owner")
 	if err != nil {
 		return err
 	}
-	l.e.clock.observe(sent, toInt(v[1]))
-	l.e.deliverGrants(v, 2, sent)
-	if toInt(v[0]) == 1 {
+	l.mu.Lock()
+	l.released = true
+	l.mu.Unlock()
+	if kind == ReleasedLease {
 		l.finish(released, called)
 		return nil
 	}
 	l.finish(lost, called)
-	l.mu.Lock()
-	l.state = released
-	l.mu.Unlock()
 	return redsem.ErrLeaseLost
 }
 
@@ -180,6 +186,11 @@ func (l *Lease) finish(st leaseState, at time.Time) {
 	}
 	l.state = st
 	close(l.done)
+	if st == lost {
+		l.cancel(redsem.ErrLeaseLost)
+	} else {
+		l.cancel(context.Canceled)
+	}
 	l.stopped = true
 	if l.timer != nil {
 		l.timer.Stop()
@@ -189,7 +200,7 @@ func (l *Lease) finish(st leaseState, at time.Time) {
 	if st == lost {
 		kind = redsem.EventLeaseLost
 	}
-	l.e.emit(redsem.Event{Kind: kind, LeaseID: l.id, Slot: l.slot, Token: l.token, Hold: at.Sub(l.granted)})
+	l.e.emit(redsem.Event{Kind: kind, LeaseID: l.id, Slot: l.slots[0], Token: l.token, Hold: at.Sub(l.granted)})
 }
 
 // watchdog runs every third of the lease TTL and renews the lease. If
@@ -208,6 +219,16 @@ func (l *Lease) watchdog() {
 	deadline := l.Deadline()
 	if !time.Now().Before(deadline) {
 		l.markLost()
+		return
+	}
+	if max := l.e.cfg.MaxHold; max > 0 && time.Since(l.granted) >= max {
+		// Held for MaxHold: no more renewals. The lease is lost at its
+		// deadline; check again then.
+		l.mu.Lock()
+		if !l.stopped {
+			l.timer.Reset(time.Until(deadline))
+		}
+		l.mu.Unlock()
 		return
 	}
 	ctx, cancel := context.WithDeadline(context.Background(), deadline)

@@ -7,7 +7,6 @@ import (
 
 	"github.com/redis/go-redis/v9"
 	"github.com/redsem/redsem"
-	"github.com/redsem/redsem/lua"
 )
 
 // confirmReplicas waits until Config.MinReplicas replicas acknowledged the
@@ -45,11 +44,11 @@ func (e *Engine) waitReplicas(ctx context.Context, l *Lease) error {
 	}
 	conn := node.Conn()
 	defer conn.Close()
-	v, err := lua.Renew.Run(ctx, conn, e.keys.List, e.keys.Chan, e.cfg.Limit, l.id, ms(e.cfg.LeaseTTL)).Slice()
+	ok, _, err := e.renewOn(ctx, conn, l.id)
 	if err != nil {
-		return e.wrap(err)
+		return err
 	}
-	if toInt(v[0]) != 1 {
+	if !ok {
 		l.markLost()
 		return redsem.ErrLeaseLost
 	}
