@@ -66,11 +66,11 @@ func benchQueued(b *testing.B, n int) {
 	defer c.Del(ctx, keys.List...)
 	sid := strings.ReplaceAll(uuid.NewString(), "-", "")
 	// The session is live for longMs.
-	if err := lua.Heartbeat.Run(ctx, c, keys.List, keys.Chan, 1, sid, longMs).Err(); err != nil {
+	if err := lua.Heartbeat.Run(ctx, c, keys.List, keys.Chan, "PUBLISH", 1, sid, longMs, "new").Err(); err != nil {
 		b.Fatal(err)
 	}
 	acquire := func(id, mode string) ([]any, error) {
-		return lua.Acquire.Run(ctx, c, keys.List, keys.Chan, 1, id, longMs, mode, sid, longMs).Slice()
+		return lua.Acquire.Run(ctx, c, keys.List, keys.Chan, "PUBLISH", 1, id, 1, longMs, mode, sid, 1000, "bench", 0).Slice()
 	}
 	holder := uuid.NewString()
 	if v, err := acquire(holder, "try"); err != nil || v[0].(int64) != 1 {
@@ -82,14 +82,14 @@ func benchQueued(b *testing.B, n int) {
 	for done := 0; done < n; {
 		p := c.Pipeline()
 		for k := 0; k < 1000 && done < n; k, done = k+1, done+1 {
-			p.EvalSha(ctx, lua.Acquire.Hash(), keys.List, keys.Chan, 1, uuid.NewString(), longMs, "queue", sid, longMs)
+			p.EvalSha(ctx, lua.Acquire.Hash(), keys.List, keys.Chan, "PUBLISH", 1, uuid.NewString(), 1, longMs, "queue", sid, 1000, "bench", 0)
 		}
 		if _, err := p.Exec(ctx); err != nil {
 			b.Fatal(err)
 		}
 	}
-	if q := c.ZCard(ctx, keys.List[core.KeyQueue]).Val(); q != int64(n) {
-		b.Fatalf("queue length %d, want %d", q, n)
+	if r, _ := core.Inspect(ctx, c, keys); r.Queue != int64(n) {
+		b.Fatalf("queue length %d, want %d", r.Queue, n)
 	}
 	ids := make([]string, 0, 1024)
 	before, err := bench.ReadStats(ctx, c)
@@ -106,7 +106,7 @@ func benchQueued(b *testing.B, n int) {
 			}
 			b.StartTimer()
 		}
-		v, err := lua.Release.Run(ctx, c, keys.List, keys.Chan, 1, holder).Slice()
+		v, err := lua.Release.Run(ctx, c, keys.List, keys.Chan, "PUBLISH", 1, holder, "owner", 10000).Slice()
 		if err != nil || len(v) < 6 || v[0].(int64) != 1 {
 			b.Fatalf("release: %v %v", v, err)
 		}
@@ -127,8 +127,8 @@ func benchQueued(b *testing.B, n int) {
 	// tests running on the same server would add to it; the benchmarks of a
 	// package run one at a time.
 	b.ReportMetric(float64(after.Sub(before).ScriptUsec)/float64(ops), "redis-µs/op")
-	if q := c.ZCard(ctx, keys.List[core.KeyQueue]).Val(); q != int64(n) {
-		b.Fatalf("queue length %d after the loop, want %d", q, n)
+	if r, _ := core.Inspect(ctx, c, keys); r.Queue != int64(n) {
+		b.Fatalf("queue length %d after the loop, want %d", r.Queue, n)
 	}
 }
 

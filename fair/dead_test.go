@@ -87,7 +87,7 @@ func TestDeadWaiterEvictedFromMiddle(t *testing.T) {
 	c.kill()
 	waitFor(t, 15*time.Second, "the dead waiter's eviction", func() (bool, error) {
 		r := raw(t, ctx, cl, name)
-		return r.queue == 2 && r.waiters == 2 && r.bysess == 2, nil
+		return r.queue == 2 && r.waiters == 2, nil
 	})
 	// The live waiters kept their entries (not evicted and queued again).
 	after0 := arrivals(t, ctx, cl, name)
@@ -219,8 +219,8 @@ func TestPausedWaiterRequeues(t *testing.T) {
 		select {
 		case line := <-c.lines:
 			hs, _ := redistest.Client(t).ZRangeWithScores(ctx, keysOf(name).List[core.KeyHolders], 0, -1).Result()
-			ws, _ := redistest.Client(t).HGetAll(ctx, keysOf(name).List[core.KeyWaiters]).Result()
-			return false, fmt.Errorf("child acquired while %s holds the only slot: %s (holders %v, waiters %v, status %+v)",
+			ws, _ := redistest.Client(t).HGetAll(ctx, keysOf(name).List[core.KeyMeta]).Result()
+			return false, fmt.Errorf("child acquired while %s holds the only slot: %s (holders %v, meta %v, status %+v)",
 				l.ID(), line, hs, ws, status(t, ctx, s0))
 		default:
 		}

@@ -292,8 +292,8 @@ func TestClaimedGrantOutlivesSession(t *testing.T) {
 		} else if !errors.Is(err, redsem.ErrNoSlot) {
 			return false, err
 		}
-		n, err := c.ZCard(ctx, keysOf(name).List[core.KeySessions]).Result()
-		return n == 0, err
+		r, err := core.Inspect(ctx, c, keysOf(name))
+		return r.Sessions == 0, err
 	})
 	if st := status(t, ctx, s0); len(st.Holders) != 1 || st.Holders[0].ID != l.ID() {
 		t.Fatalf("status %+v, want %s holding", st, l.ID())

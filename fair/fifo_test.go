@@ -181,7 +181,7 @@ func TestTryAcquireNeverJumpsQueue(t *testing.T) {
 	if len(st.Holders) != 1 || st.Holders[0].ID != "live-waiter" || len(st.Waiters) != 0 {
 		t.Fatalf("the free slot should go to the head waiter: %+v", st)
 	}
-	if _, err := script(ctx, c, lua.Release, name, 1, "live-waiter"); err != nil {
+	if _, err := script(ctx, c, lua.Release, name, 1, "live-waiter", "force"); err != nil {
 		t.Fatal(err)
 	}
 

@@ -95,33 +95,20 @@ func holderIDs(st redsem.Status) []string {
 func keysOf(name string) core.Keys { return core.KeysFor(core.DefaultPrefix, name) }
 
 // rawCounts reads how many entries each fair structure holds in Redis,
-// without the filtering that Status applies.
-type rawCounts struct{ holders, leases, queue, waiters, bysess int64 }
+// without the filtering that Status applies (see core.Inspect).
+type rawCounts struct{ holders, leases, queue, waiters int64 }
 
 func raw(t *testing.T, ctx context.Context, c redis.UniversalClient, name string) rawCounts {
 	t.Helper()
-	k := keysOf(name).List
-	var r rawCounts
-	var err error
-	for _, f := range []struct {
-		dst *int64
-		cmd func() (int64, error)
-	}{
-		{&r.holders, c.ZCard(ctx, k[core.KeyHolders]).Result},
-		{&r.leases, c.HLen(ctx, k[core.KeyLeases]).Result},
-		{&r.queue, c.ZCard(ctx, k[core.KeyQueue]).Result},
-		{&r.waiters, c.HLen(ctx, k[core.KeyWaiters]).Result},
-		{&r.bysess, c.ZCard(ctx, k[core.KeyBySession]).Result},
-	} {
-		if *f.dst, err = f.cmd(); err != nil {
-			t.Fatal(err)
-		}
+	r, err := core.Inspect(ctx, c, keysOf(name))
+	if err != nil {
+		t.Fatal(err)
 	}
-	return r
+	return rawCounts{holders: r.Holders, leases: r.Leases, queue: r.Queue, waiters: r.Waiters}
 }
 
 // checkClean asserts that nothing of the semaphore name is left behind: no
-// holder, lease, queue entry, waiter record or session index entry, and that
+// holder, lease, queue entry or waiter record, and that
 // every key but the SetLimit override has a TTL, so abandoned state vanishes.
 func checkClean(t *testing.T, ctx context.Context, c redis.UniversalClient, name string) {
 	t.Helper()
@@ -254,16 +241,19 @@ func checkIntervals(t *testing.T, limit int, hs []interval) {
 // ARGV prefix (channel base, client limit) before args.
 func script(ctx context.Context, c redis.UniversalClient, s *redis.Script, name string, limit int, args ...any) ([]any, error) {
 	k := keysOf(name)
-	argv := append([]any{k.Chan, limit}, args...)
+	argv := append([]any{k.Chan, "PUBLISH", limit}, args...)
 	return s.Run(ctx, c, k.List, argv...).Slice()
 }
 
-// queueRaw queues waiter id for session sid straight through acquire.lua,
-// as a process whose heartbeat never runs would: the session lives for
-// queueTTL. It returns the script's reply.
+// queueRaw queues waiter id for session sid straight through the scripts,
+// as a process whose heartbeat never runs again would: the session is made
+// to live for queueTTL. It returns acquire.lua's reply.
 func queueRaw(t *testing.T, ctx context.Context, c redis.UniversalClient, name string, limit int, id, sid string, queueTTL time.Duration) []any {
 	t.Helper()
-	v, err := script(ctx, c, lua.Acquire, name, limit, id, 30000, "queue", sid, queueTTL.Milliseconds())
+	if _, err := script(ctx, c, lua.Heartbeat, name, limit, sid, queueTTL.Milliseconds(), "new"); err != nil {
+		t.Fatal(err)
+	}
+	v, err := script(ctx, c, lua.Acquire, name, limit, id, 1, 30000, "queue", sid, 1000, "test", 0)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -27,9 +27,6 @@ import (
 // failed or was cancelled; it runs on a context detached from the caller's.
 const cleanupTimeout = 2 * time.Second
 
-// recordMs is how long (ms) a release tombstone or a cancellation record
-// lives at most; release.lua caps it at 15 s.
-const recordMs = 15000
 
 // Engine implements redsem.Semaphore for both variants.
 type Engine struct {
@@ -324,7 +321,10 @@ const (
 // hands grants it made to local waiters, and returns its kind and how many
 // waiters it admitted.
 func (e *Engine) release(ctx context.Context, id, mode string) (kind, admitted int, err error) {
-	v, sent, err := e.run(ctx, lua.Release, e.cfg.Limit, id, mode, recordMs)
+	// A tombstone or cancellation record lives LeaseTTL (release.lua caps
+	// it at 15 s): a request delayed or retried longer than that would
+	// find a lease that expired anyway.
+	v, sent, err := e.run(ctx, lua.Release, e.cfg.Limit, id, mode, ms(e.cfg.LeaseTTL))
 	if err != nil {
 		return 0, 0, err
 	}
