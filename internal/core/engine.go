@@ -27,7 +27,6 @@ import (
 // failed or was cancelled; it runs on a context detached from the caller's.
 const cleanupTimeout = 2 * time.Second
 
-
 // Engine implements redsem.Semaphore for both variants.
 type Engine struct {
 	cfg  Config
