@@ -24,20 +24,16 @@ func Do(ctx context.Context, s Semaphore, fn func(ctx context.Context, l Lease) 
 		return err
 	}
 	fnCtx, cancel := context.WithCancelCause(ctx)
-	watchDone := make(chan struct{})
-	go func() {
-		defer close(watchDone)
-		select {
-		case <-l.Done():
-			if l.Err() != nil {
-				cancel(l.Err())
-			}
-		case <-fnCtx.Done():
+	// The lease's own context ends on loss (cause ErrLeaseLost) or release;
+	// only a loss cancels fn's context.
+	stop := context.AfterFunc(l.Context(), func() {
+		if err := l.Err(); err != nil {
+			cancel(err)
 		}
-	}()
+	})
 	defer func() {
+		stop()
 		cancel(context.Canceled)
-		<-watchDone
 		rctx, rcancel := context.WithTimeout(context.WithoutCancel(ctx), releaseTimeout)
 		relErr := l.Release(rctx)
 		rcancel()

@@ -1,6 +1,7 @@
 -- setlimit.lua: set the limit for every client of this name; the setting
 -- never expires. Raising it admits waiters at once; lowering it below a
--- queued waiter's weight ends that waiter's wait (an "x" message).
+-- queued waiter's weight ends that waiter's wait (an "x" message), wherever
+-- it stands in the queue (a scan of the queue: SetLimit is rare).
 -- KEYS: the seven keys of lib.lua.
 -- ARGV: [1] channel base, [2] publish command, [3] the new limit (>= 1).
 -- Reply: {now, grants...}: grants as in release.lua.
@@ -12,6 +13,23 @@ load()
 init(now)
 set('_fixed', limit)
 expire(now)
+-- Waiters heavier than the new limit can never be admitted: they leave the
+-- queue wherever they stand, and their processes are told (an "x" message).
+if num('_q') > 0 then
+  local ids = redis.call('ZRANGE', Q, 0, -1)
+  ids[#ids] = nil -- the sentinel
+  records(ids)
+  for _, id in ipairs(ids) do
+    local rec = get(id)
+    if rec and string.sub(rec, 1, 1) == 'W' then
+      local sid, n = parse_waiter(rec)
+      if n > limit then
+        drop_waiter(id)
+        publish(CHAN .. ':s:' .. sid, 'x ' .. id .. ' ' .. limit)
+      end
+    end
+  end
+end
 local out = {now}
 if num('_q') > 0 then
   append(out, admit(now, now_us, limit))
