@@ -21,6 +21,7 @@ import (
 	"github.com/redis/go-redis/v9"
 	"github.com/redsem/redsem"
 	"github.com/redsem/redsem/fair"
+	"github.com/redsem/redsem/internal/cli"
 	"github.com/redsem/redsem/internal/core"
 	"github.com/redsem/redsem/internal/redisproc"
 	"github.com/redsem/redsem/unfair"
@@ -52,19 +53,19 @@ func runDemo(args []string, stdout, stderr io.Writer) int {
 			"starts a throw-away redis-server from PATH (stopped at the end). It removes\n"+
 			"its keys when done.", stdout, stderr)
 	var cfg demoConfig
-	c.fs.DurationVar(&cfg.duration, "duration", 12*time.Second, "how long the simulated load runs (the fencing part adds ~2s)")
-	c.fs.IntVar(&cfg.instances, "instances", 3, "simulated service instances per variant")
-	c.fs.IntVar(&cfg.workers, "workers", 4, "workers per instance")
-	c.fs.IntVar(&cfg.limit, "limit", 3, "the global limit")
-	c.fs.DurationVar(&cfg.hold, "hold", 250*time.Millisecond, "mean time a worker holds a slot")
-	c.fs.DurationVar(&cfg.refresh, "refresh", time.Second, "time between live views")
-	c.fs.DurationVar(&cfg.acquireTimeout, "acquire-timeout", 5*time.Second, "a worker gives up waiting after this long (counted as a timeout)")
-	if _, code, stop := c.parse(args, 0, "no arguments"); stop {
+	c.FS.DurationVar(&cfg.duration, "duration", 12*time.Second, "how long the simulated load runs (the fencing part adds ~2s)")
+	c.FS.IntVar(&cfg.instances, "instances", 3, "simulated service instances per variant")
+	c.FS.IntVar(&cfg.workers, "workers", 4, "workers per instance")
+	c.FS.IntVar(&cfg.limit, "limit", 3, "the global limit")
+	c.FS.DurationVar(&cfg.hold, "hold", 250*time.Millisecond, "mean time a worker holds a slot")
+	c.FS.DurationVar(&cfg.refresh, "refresh", time.Second, "time between live views")
+	c.FS.DurationVar(&cfg.acquireTimeout, "acquire-timeout", 5*time.Second, "a worker gives up waiting after this long (counted as a timeout)")
+	if _, code, stop := c.Parse(args, 0, "no arguments"); stop {
 		return code
 	}
 	if cfg.duration <= 0 || cfg.instances < 1 || cfg.workers < 1 || cfg.limit < 1 || cfg.limit > core.MaxLimit ||
 		cfg.hold <= 0 || cfg.refresh <= 0 || cfg.acquireTimeout <= 0 {
-		return c.usageError("--duration, --hold, --refresh, --acquire-timeout, --instances, --workers and --limit must be positive")
+		return c.UsageError("--duration, --hold, --refresh, --acquire-timeout, --instances, --workers and --limit must be positive")
 	}
 	ctx, stopSignals := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stopSignals()
@@ -72,47 +73,47 @@ func runDemo(args []string, stdout, stderr io.Writer) int {
 	// Which Redis: --redis or REDIS_URL if given, else a redis-server of our own.
 	given := os.Getenv("REDIS_URL") != ""
 	from := "REDIS_URL"
-	c.fs.Visit(func(f *flag.Flag) {
+	c.FS.Visit(func(f *flag.Flag) {
 		if f.Name == "redis" {
 			given, from = true, "--redis"
 		}
 	})
-	var t *target
+	var t *cli.Target
 	if given {
 		var err error
-		if t, err = parseTarget(c.redis); err != nil {
-			return c.usageError("%v", err)
+		if t, err = cli.ParseTarget(c.Redis); err != nil {
+			return c.UsageError("%v", err)
 		}
-		fmt.Fprintf(stdout, "redis: using %s (from %s)\n", t.display, from)
+		fmt.Fprintf(stdout, "redis: using %s (from %s)\n", t.Display, from)
 	} else {
 		sctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 		p, err := redisproc.Start(sctx)
 		cancel()
 		if errors.Is(err, redisproc.ErrNotFound) {
-			return c.fail(errors.New(noRedis))
+			return c.Fail(errors.New(noRedis))
 		}
 		if err != nil {
-			return c.fail(err)
+			return c.Fail(err)
 		}
 		defer p.Stop()
-		t = &target{url: &redis.Options{Addr: p.Addr()}, display: p.Addr()}
+		t = &cli.Target{URL: &redis.Options{Addr: p.Addr()}, Display: p.Addr()}
 		fmt.Fprintf(stdout, "redis: started redis-server %s (%s) on %s; it stops when the demo ends\n", p.Version(), p.Path(), p.Addr())
 	}
-	admin := t.client()
+	admin := t.Client()
 	defer admin.Close()
-	pctx, cancel := opContext(ctx)
+	pctx, cancel := cli.OpContext(ctx)
 	err := admin.Ping(pctx).Err()
 	cancel()
 	if err != nil {
-		return c.fail(reachErr(t, err))
+		return c.Fail(cli.ReachErr(t, err))
 	}
-	d := &demo{cfg: cfg, t: t, prefix: c.prefix, out: stdout, admin: admin, tty: isTerminal(stdout)}
+	d := &demo{cfg: cfg, t: t, prefix: c.Prefix, out: stdout, admin: admin, tty: isTerminal(stdout)}
 	return d.run(ctx, c)
 }
 
 type demo struct {
 	cfg    demoConfig
-	t      *target
+	t      *cli.Target
 	prefix string
 	out    io.Writer
 	admin  redis.UniversalClient
@@ -124,7 +125,7 @@ type demo struct {
 
 // client returns a new client of the demo's Redis, closed at the end.
 func (d *demo) client() redis.UniversalClient {
-	c := d.t.client()
+	c := d.t.Client()
 	d.mu.Lock()
 	d.clients = append(d.clients, c)
 	d.mu.Unlock()
@@ -155,7 +156,7 @@ func (d *demo) run(ctx context.Context, c *command) int {
 
 	for _, v := range variants {
 		if err := d.setup(v); err != nil {
-			return c.fail(err)
+			return c.Fail(err)
 		}
 	}
 	loadCtx, stopLoad := context.WithTimeout(ctx, cfg.duration)
@@ -192,7 +193,7 @@ func (d *demo) run(ctx context.Context, c *command) int {
 			fmt.Fprintln(d.out, "\ninterrupted")
 			return exitError
 		}
-		return c.fail(err)
+		return c.Fail(err)
 	}
 	fmt.Fprintf(d.out, "\ndone: the demo removed its keys. Next: docs/operations.md, 'redsem status NAME', 'redsem watch NAME'.\n")
 	return exitOK
@@ -200,7 +201,7 @@ func (d *demo) run(ctx context.Context, c *command) int {
 
 // purge deletes the demo's keys (best effort).
 func (d *demo) purge(names ...string) {
-	ctx, cancel := context.WithTimeout(context.Background(), opTimeout)
+	ctx, cancel := context.WithTimeout(context.Background(), cli.OpTimeout)
 	defer cancel()
 	for _, n := range names {
 		_ = d.admin.Del(ctx, core.KeysFor(d.prefix, n).List...).Err()
@@ -308,7 +309,7 @@ func (v *variant) work(ctx context.Context, s redsem.Semaphore, me string, cfg d
 		v.holdSum += time.Since(got)
 		delete(v.heldAt, l.ID())
 		v.mu.Unlock()
-		rctx, rcancel := context.WithTimeout(context.Background(), opTimeout)
+		rctx, rcancel := context.WithTimeout(context.Background(), cli.OpTimeout)
 		_ = l.Release(rctx)
 		rcancel()
 	}
@@ -344,12 +345,12 @@ func (d *demo) live(ctx context.Context, vs []*variant, start time.Time) {
 
 // frame is the live view of one variant, a few lines of at most 48 chars.
 func (v *variant) frame(ctx context.Context, limit int) []string {
-	rctx, cancel := opContext(ctx)
+	rctx, cancel := cli.OpContext(ctx)
 	st, err := v.view.Status(rctx)
 	cancel()
 	lines := []string{v.label}
 	if err != nil {
-		return append(lines, "status: "+oneLine(err.Error()))
+		return append(lines, "status: "+cli.OneLine(err.Error()))
 	}
 	v.mu.Lock()
 	defer v.mu.Unlock()
@@ -461,7 +462,7 @@ func (d *demo) summary(vs []*variant, elapsed time.Duration) {
 	}
 	for _, v := range vs {
 		if v.lastErr != nil {
-			fmt.Fprintf(d.out, "  %s: last error: %s\n", v.name, oneLine(v.lastErr.Error()))
+			fmt.Fprintf(d.out, "  %s: last error: %s\n", v.name, cli.OneLine(v.lastErr.Error()))
 		}
 	}
 	fmt.Fprintln(d.out, "  fair admits strictly in arrival order, so its waits are even; unfair lets whoever retries first win.")

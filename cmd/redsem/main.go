@@ -22,13 +22,7 @@ import (
 	"sort"
 
 	"github.com/redis/go-redis/v9"
-)
-
-// Exit codes.
-const (
-	exitOK    = 0
-	exitError = 1
-	exitUsage = 2
+	"github.com/redsem/redsem/internal/cli"
 )
 
 // commands maps each subcommand to its run function: args after the
@@ -70,7 +64,7 @@ Exit codes: 0 ok, 1 error, 2 usage.
 `
 
 func main() {
-	redis.SetLogger(quietLogger{})
+	redis.SetLogger(cli.QuietLogger{})
 	os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
 }
 
