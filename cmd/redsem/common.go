@@ -42,3 +42,13 @@ func (c *command) open(name string) (client redis.UniversalClient, t *cli.Target
 	}
 	return client, t, e, 0, false
 }
+
+// semaphoreKeys lists every key of semaphore name under prefix (what purge
+// deletes), by asking package core, which owns the key layout.
+func semaphoreKeys(client redis.UniversalClient, prefix, name string) ([]string, error) {
+	e, err := core.New(core.Config{Client: client, Name: name, Limit: 1, Prefix: prefix})
+	if err != nil {
+		return nil, err
+	}
+	return e.Keys().List, nil
+}

@@ -482,8 +482,10 @@ func TestDemo(t *testing.T) {
 	if tag == nil {
 		t.Fatal("no demo name in the output")
 	}
-	if keys, _ := client.Keys(context.Background(), "redsem:{demo-*-"+tag[1]+"}:*").Result(); len(keys) != 0 {
-		t.Errorf("demo left keys: %v", keys)
+	for _, pattern := range []string{"redsem:{demo-*-" + tag[1] + "}:*", "redsem-fence:{demo-*-" + tag[1] + "}:*"} {
+		if keys, _ := client.Keys(context.Background(), pattern).Result(); len(keys) != 0 {
+			t.Errorf("demo left keys: %v", keys)
+		}
 	}
 	t.Logf("demo output:\n%s", out)
 }
