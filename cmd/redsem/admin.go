@@ -2,7 +2,6 @@ package main
 
 import (
 	"bufio"
-	"context"
 	"errors"
 	"fmt"
 	"io"
@@ -33,17 +32,12 @@ func runSetLimit(args []string, stdout, stderr io.Writer) int {
 	if err != nil || n < 1 || n > core.MaxLimit {
 		return c.UsageError("limit %q is not an integer in [1, %d]", pos[1], core.MaxLimit)
 	}
-	client, t, e, code, stop := c.open(pos[0])
+	ss, code, stop := c.openRead(pos[0], readOpts{})
 	if stop {
 		return code
 	}
-	defer client.Close()
-	ctx, cancel := cli.OpContext(context.Background())
-	defer cancel()
-	before, err := read(ctx, client, e, c.Prefix, readOpts{})
-	if err != nil {
-		return c.Fail(cli.ReachErr(t, err))
-	}
+	defer ss.close()
+	ctx, t, e, before := ss.ctx, ss.t, ss.e, ss.s
 	if err := e.SetLimit(ctx, n); err != nil {
 		return c.Fail(cli.ReachErr(t, err))
 	}
@@ -69,17 +63,12 @@ func runRelease(args []string, stdout, stderr io.Writer) int {
 	if stop {
 		return code
 	}
-	client, t, e, code, stop := c.open(pos[0])
+	ss, code, stop := c.openRead(pos[0], readOpts{})
 	if stop {
 		return code
 	}
-	defer client.Close()
-	ctx, cancel := cli.OpContext(context.Background())
-	defer cancel()
-	s, err := read(ctx, client, e, c.Prefix, readOpts{})
-	if err != nil {
-		return c.Fail(cli.ReachErr(t, err))
-	}
+	defer ss.close()
+	ctx, client, t, e, s := ss.ctx, ss.client, ss.t, ss.e, ss.s
 	id, err := resolveID(s, pos[1])
 	if err != nil {
 		return c.Fail(err)
@@ -155,17 +144,12 @@ func runPurge(args []string, stdout, stderr io.Writer) int {
 	if stop {
 		return code
 	}
-	client, t, e, code, stop := c.open(pos[0])
+	ss, code, stop := c.openRead(pos[0], readOpts{})
 	if stop {
 		return code
 	}
-	defer client.Close()
-	ctx, cancel := cli.OpContext(context.Background())
-	defer cancel()
-	s, err := read(ctx, client, e, c.Prefix, readOpts{})
-	if err != nil {
-		return c.Fail(cli.ReachErr(t, err))
-	}
+	defer ss.close()
+	ctx, client, t, e, s := ss.ctx, ss.client, ss.t, ss.e, ss.s
 	keys := e.Keys().List
 	var present []string
 	pipe := client.Pipeline()

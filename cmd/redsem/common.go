@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"io"
 
 	"github.com/redis/go-redis/v9"
@@ -51,4 +52,34 @@ func semaphoreKeys(client redis.UniversalClient, prefix, name string) ([]string,
 		return nil, err
 	}
 	return e.Keys().List, nil
+}
+
+// session is an open semaphore with its state read once: what status,
+// set-limit, release and purge start from.
+type session struct {
+	ctx    context.Context // bounded by cli.OpTimeout
+	client redis.UniversalClient
+	t      *cli.Target
+	e      *core.Engine
+	s      *snapshot
+	close  func() // ends ctx and closes client
+}
+
+// openRead opens semaphore name (see open) and reads its state with o, in
+// one context bounded by cli.OpTimeout. On failure it reports the error and
+// returns stop with the exit code; otherwise the caller calls close.
+func (c *command) openRead(name string, o readOpts) (ss *session, code int, stop bool) {
+	client, t, e, code, stop := c.open(name)
+	if stop {
+		return nil, code, true
+	}
+	ctx, cancel := cli.OpContext(context.Background())
+	ss = &session{ctx: ctx, client: client, t: t, e: e, close: func() { cancel(); _ = client.Close() }}
+	s, err := read(ctx, client, e, c.Prefix, o)
+	if err != nil {
+		ss.close()
+		return nil, c.Fail(cli.ReachErr(t, err)), true
+	}
+	ss.s = s
+	return ss, 0, false
 }

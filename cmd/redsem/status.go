@@ -25,17 +25,12 @@ func runStatus(args []string, stdout, stderr io.Writer) int {
 	if stop {
 		return code
 	}
-	client, t, e, code, stop := c.open(pos[0])
+	ss, code, stop := c.openRead(pos[0], readOpts{leaseTTL: *leaseTTL})
 	if stop {
 		return code
 	}
-	defer client.Close()
-	ctx, cancel := cli.OpContext(context.Background())
-	defer cancel()
-	s, err := read(ctx, client, e, c.Prefix, readOpts{leaseTTL: *leaseTTL})
-	if err != nil {
-		return c.Fail(cli.ReachErr(t, err))
-	}
+	defer ss.close()
+	s := ss.s
 	if *asJSON {
 		return c.printJSON(s)
 	}
