@@ -127,6 +127,7 @@ func Main(args []string, stdout, stderr io.Writer) int {
 // code 2), as opposed to a failure while running.
 type usageErr struct{ err error }
 
+// Error is the wrapped error's text.
 func (u usageErr) Error() string { return u.err.Error() }
 
 // validate checks the flags' values against each other.

@@ -365,6 +365,7 @@ type lockedWriter struct {
 	w  io.Writer
 }
 
+// Write writes p to w, one call at a time.
 func (l *lockedWriter) Write(p []byte) (int, error) {
 	l.mu.Lock()
 	defer l.mu.Unlock()

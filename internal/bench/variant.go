@@ -118,6 +118,8 @@ func NewSem(variant string, client redis.UniversalClient, name string, limit int
 // redsemSem runs the workers on a redsem.Semaphore.
 type redsemSem struct{ s redsem.Semaphore }
 
+// Acquire takes n slots: Acquire for one, AcquireN (found by interface
+// assertion) for more; without AcquireN an acquire of n > 1 fails.
 func (r redsemSem) Acquire(ctx context.Context, n int) (func(context.Context) error, error) {
 	var l redsem.Lease
 	var err error
@@ -134,6 +136,7 @@ func (r redsemSem) Acquire(ctx context.Context, n int) (func(context.Context) er
 	return l.Release, nil
 }
 
+// Close closes the semaphore.
 func (r redsemSem) Close() error { return r.s.Close() }
 
 // localSem is an in-process channel semaphore: the machine's ceiling for the
@@ -146,6 +149,7 @@ type localSem struct {
 	mu    sync.Mutex
 }
 
+// Acquire takes n slots, or none if ctx ends first.
 func (l *localSem) Acquire(ctx context.Context, n int) (func(context.Context) error, error) {
 	if n > 1 {
 		l.mu.Lock()
@@ -169,6 +173,7 @@ func (l *localSem) give(n int) {
 	}
 }
 
+// Close does nothing: the channel needs no cleanup.
 func (l *localSem) Close() error { return nil }
 
 // naiveCounter is the seed's first, wrong design: INCR, and if over the
@@ -181,6 +186,8 @@ type naiveCounter struct {
 	retry time.Duration
 }
 
+// Acquire loops INCR, and DECR plus a sleep while over the limit; it
+// takes one slot whatever is asked (the baselines are not weighable).
 func (n *naiveCounter) Acquire(ctx context.Context, _ int) (func(context.Context) error, error) {
 	for {
 		v, err := n.c.Incr(ctx, n.key).Result()
@@ -199,6 +206,7 @@ func (n *naiveCounter) Acquire(ctx context.Context, _ int) (func(context.Context
 	}
 }
 
+// Close does nothing.
 func (n *naiveCounter) Close() error { return nil }
 
 // naiveZSet is the seed's sorted-set semaphore (naive_zset_acquire.lua),
@@ -211,6 +219,8 @@ type naiveZSet struct {
 	retry     time.Duration
 }
 
+// Acquire polls the script until it grants a slot; it takes one slot
+// whatever is asked (the baselines are not weighable).
 func (n *naiveZSet) Acquire(ctx context.Context, _ int) (func(context.Context) error, error) {
 	id := uuid.NewString()
 	for {
@@ -227,6 +237,7 @@ func (n *naiveZSet) Acquire(ctx context.Context, _ int) (func(context.Context) e
 	}
 }
 
+// Close does nothing.
 func (n *naiveZSet) Close() error { return nil }
 
 func sleep(ctx context.Context, d time.Duration) error {
