@@ -102,12 +102,12 @@ func Main(args []string, stdout, stderr io.Writer) int {
 		}
 		return cli.ExitOK
 	}
-	from, given := c.RedisGiven()
+	_, given := c.RedisGiven()
 	b, err := newBencher(f, given, stdout, stderr)
 	if err != nil {
 		var u usageErr
 		if errors.As(err, &u) {
-			return c.UsageError("%s: %v", from, u.err)
+			return c.UsageError("%v", u.err)
 		}
 		return c.Fail(err)
 	}
