@@ -69,7 +69,7 @@ func runDemo(args []string, stdout, stderr io.Writer) int {
 
 	t, line, stopRedis, err := pickRedis(ctx, c, redisproc.Start)
 	if err != nil {
-		if errors.Is(err, errBadTarget) {
+		if errors.As(err, new(badTarget)) {
 			return c.UsageError("%v", err)
 		}
 		return c.Fail(err)
@@ -88,8 +88,8 @@ func runDemo(args []string, stdout, stderr io.Writer) int {
 	return d.run(ctx, c)
 }
 
-// errBadTarget marks a --redis or REDIS_URL that does not parse.
-var errBadTarget = errors.New("bad Redis address")
+// badTarget is a --redis or REDIS_URL that does not parse: a usage error.
+type badTarget struct{ error }
 
 // pickRedis chooses the demo's Redis, in this order: the one --redis or
 // $REDIS_URL names; else a throw-away redis-server that start launches from
@@ -100,7 +100,7 @@ func pickRedis(ctx context.Context, c *command, start func(context.Context) (*re
 	if from, given := c.RedisGiven(); given {
 		t, err := cli.ParseTarget(c.Redis)
 		if err != nil {
-			return nil, "", nil, fmt.Errorf("%w: %v", errBadTarget, err)
+			return nil, "", nil, badTarget{err}
 		}
 		return t, fmt.Sprintf("redis: using %s (from %s)", t.Display, from), func() {}, nil
 	}

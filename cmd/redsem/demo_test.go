@@ -49,8 +49,8 @@ func TestDemoPicksRedis(t *testing.T) {
 	if line, err := pick([]string{"--redis", url}, noServer); err != nil || !strings.HasPrefix(line, "redis: using "+url+" (from --redis)") {
 		t.Errorf("--redis: %q, %v", line, err)
 	}
-	if _, err := pick([]string{"--redis", "nohostport"}, noServer); !errors.Is(err, errBadTarget) {
-		t.Errorf("bad --redis: %v, want errBadTarget", err)
+	if _, err := pick([]string{"--redis", "nohostport"}, noServer); !errors.As(err, new(badTarget)) {
+		t.Errorf("bad --redis: %v, want a badTarget", err)
 	}
 	t.Setenv("REDIS_URL", url)
 	if line, err := pick(nil, noServer); err != nil || !strings.Contains(line, "(from REDIS_URL)") {

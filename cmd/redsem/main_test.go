@@ -395,6 +395,8 @@ func TestUsage(t *testing.T) {
 		{[]string{"release", "x"}, exitUsage, "", "want NAME ID"},
 		{[]string{"watch", "x", "--interval", "0s"}, exitUsage, "", "--interval"},
 		{[]string{"demo", "--limit", "0"}, exitUsage, "", "must be positive"},
+		{[]string{"demo", "--redis", "nohostport"}, exitUsage, "", "bad --redis address"},
+		{[]string{"bench", "--weights", "0"}, exitUsage, "", "bad weights"},
 	} {
 		var out, errb bytes.Buffer
 		code := run(tc.args, &out, &errb)
