@@ -243,22 +243,31 @@ func TestExpiredHolderLosesSlot(t *testing.T) {
 	})
 }
 
-// The watchdog keeps a lease alive well past its TTL.
+// The renewal timer keeps a lease alive well past its TTL: the test waits
+// (polling, with a deadline) until the lease's deadline has moved three TTLs
+// past the first one, so that the lease has outlived its first deadline by
+// two TTLs, and checks that it was never lost on the way.
 func TestAutoRenewKeepsLease(t *testing.T) {
 	forEach(t, func(t *testing.T, v variant) {
 		ctx := redistest.Ctx(t, 20*time.Second)
-		s := mustNew(t, v, redistest.Client(t), redistest.Name(t), 1, opts{LeaseTTL: 150 * time.Millisecond})
+		const ttl = 150 * time.Millisecond
+		s := mustNew(t, v, redistest.Client(t), redistest.Name(t), 1, opts{LeaseTTL: ttl})
 		l, err := s.Acquire(ctx)
 		if err != nil {
 			t.Fatal(err)
 		}
-		first := l.Deadline()
-		time.Sleep(600 * time.Millisecond) // four TTLs
-		if l.Err() != nil {
-			t.Fatalf("lease lost despite auto-renew: %v", l.Err())
-		}
-		if !l.Deadline().After(first) {
-			t.Fatal("deadline never moved")
+		target := l.Deadline().Add(3 * ttl)
+		redistest.WaitFor(t, 10*time.Second, "the lease to be renewed three TTLs on", func() (bool, error) {
+			select {
+			case <-l.Done():
+				return false, fmt.Errorf("lease lost despite auto-renew: %v", l.Err())
+			default:
+			}
+			return l.Deadline().After(target), nil
+		})
+		// A renewal sets the deadline to at most now + TTL.
+		if !time.Now().After(target.Add(-ttl)) {
+			t.Fatal("deadline moved further than a renewal can")
 		}
 		if _, err := s.TryAcquire(ctx); !errors.Is(err, redsem.ErrNoSlot) {
 			t.Fatalf("slot free while renewed lease held: %v", err)

@@ -12,6 +12,7 @@ import (
 	"github.com/redsem/redsem"
 	"github.com/redsem/redsem/fair"
 	"github.com/redsem/redsem/internal/core"
+	"github.com/redsem/redsem/internal/redistest"
 	"github.com/redsem/redsem/lua"
 )
 
@@ -26,24 +27,11 @@ func newSem(t *testing.T, c redis.UniversalClient, name string, limit int, opts 
 	return s
 }
 
-// waitFor polls cond every few milliseconds until it holds, failing the
-// test after d. It is how tests wait for a condition instead of sleeping.
+// waitFor polls cond until it holds, failing the test after d: how tests
+// wait for a condition instead of sleeping (redistest.WaitFor).
 func waitFor(t *testing.T, d time.Duration, what string, cond func() (bool, error)) {
 	t.Helper()
-	deadline := time.Now().Add(d)
-	for {
-		ok, err := cond()
-		if err != nil {
-			t.Fatalf("waiting for %s: %v", what, err)
-		}
-		if ok {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %v waiting for %s", d, what)
-		}
-		time.Sleep(3 * time.Millisecond)
-	}
+	redistest.WaitFor(t, d, what, cond)
 }
 
 // status reads s's status, failing the test on error.

@@ -12,5 +12,5 @@ func TestMain(m *testing.M) {
 		// Re-executed by startChild: play a waiting process, not the tests.
 		os.Exit(childMain())
 	}
-	os.Exit(redistest.Main(m))
+	os.Exit(redistest.MainNoLeaks(m))
 }

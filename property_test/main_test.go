@@ -44,7 +44,7 @@ func TestMain(m *testing.M) {
 	if os.Getenv(helperEnv) != "" {
 		os.Exit(m.Run()) // a child process of TestConcurrentProcesses
 	}
-	os.Exit(redistest.Main(m))
+	os.Exit(redistest.MainNoLeaks(m))
 }
 
 // trace writes a progress line to stderr when REDSEM_PROPERTY_TRACE is set

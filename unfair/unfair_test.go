@@ -95,7 +95,14 @@ func TestAcquireWakesOnRelease(t *testing.T) {
 		}
 		got <- l
 	}()
-	time.Sleep(50 * time.Millisecond)
+	// The waiter subscribes to the semaphore's wake-up channel once its
+	// first attempt found no slot: wait until Redis shows the subscription,
+	// so that the release below is one the waiter must be woken for.
+	admin := redistest.Client(t)
+	redistest.WaitFor(t, 5*time.Second, "the waiter to subscribe", func() (bool, error) {
+		chans, err := admin.PubSubShardChannels(ctx, "*"+s.Name()+"*").Result()
+		return len(chans) > 0, err
+	})
 	released := time.Now()
 	if err := l1.Release(ctx); err != nil {
 		t.Fatal(err)

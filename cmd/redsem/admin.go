@@ -2,7 +2,6 @@ package main
 
 import (
 	"bufio"
-	"context"
 	"errors"
 	"fmt"
 	"io"
@@ -11,6 +10,7 @@ import (
 	"strings"
 
 	"github.com/redis/go-redis/v9"
+	"github.com/redsem/redsem/internal/cli"
 	"github.com/redsem/redsem/internal/core"
 )
 
@@ -23,27 +23,22 @@ func runSetLimit(args []string, stdout, stderr io.Writer) int {
 		"Sets the limit of NAME to N for every client at once, overriding the limit\n"+
 			"each was built with. It never expires. Raising it admits fair waiters at\n"+
 			"once; lowering it revokes no lease: new grants wait until fewer than N are held.", stdout, stderr)
-	pos, code, stop := c.parse(args, 2, "NAME N")
+	pos, code, stop := c.Parse(args, 2, "NAME N")
 	if stop {
 		return code
 	}
 	n, err := strconv.Atoi(pos[1])
 	if err != nil || n < 1 || n > core.MaxLimit {
-		return c.usageError("limit %q is not an integer in [1, %d]", pos[1], core.MaxLimit)
+		return c.UsageError("limit %q is not an integer in [1, %d]", pos[1], core.MaxLimit)
 	}
-	client, t, e, code, stop := c.open(pos[0])
+	ss, code, stop := c.openRead(pos[0], readOpts{})
 	if stop {
 		return code
 	}
-	defer client.Close()
-	ctx, cancel := opContext(context.Background())
-	defer cancel()
-	before, err := read(ctx, client, e, c.prefix, readOpts{})
-	if err != nil {
-		return c.fail(reachErr(t, err))
-	}
+	defer ss.close()
+	ctx, t, e, before := ss.ctx, ss.t, ss.e, ss.s
 	if err := e.SetLimit(ctx, n); err != nil {
-		return c.fail(reachErr(t, err))
+		return c.Fail(cli.ReachErr(t, err))
 	}
 	was := "unknown"
 	if before.Limit != nil {
@@ -63,28 +58,23 @@ func runRelease(args []string, stdout, stderr io.Writer) int {
 			"the next waiters. The holder's process learns it at its next renewal\n"+
 			"(within LeaseTTL/3): its lease reports ErrLeaseLost. ID may also be a fair\n"+
 			"waiter's: it leaves the queue, and its process queues it again at the back.", stdout, stderr)
-	pos, code, stop := c.parse(args, 2, "NAME ID")
+	pos, code, stop := c.Parse(args, 2, "NAME ID")
 	if stop {
 		return code
 	}
-	client, t, e, code, stop := c.open(pos[0])
+	ss, code, stop := c.openRead(pos[0], readOpts{})
 	if stop {
 		return code
 	}
-	defer client.Close()
-	ctx, cancel := opContext(context.Background())
-	defer cancel()
-	s, err := read(ctx, client, e, c.prefix, readOpts{})
-	if err != nil {
-		return c.fail(reachErr(t, err))
-	}
+	defer ss.close()
+	ctx, client, t, e, s := ss.ctx, ss.client, ss.t, ss.e, ss.s
 	id, err := resolveID(s, pos[1])
 	if err != nil {
-		return c.fail(err)
+		return c.Fail(err)
 	}
 	kind, admitted, err := e.ForceRelease(ctx, id)
 	if err != nil {
-		return c.fail(reachErr(t, err))
+		return c.Fail(cli.ReachErr(t, err))
 	}
 	switch kind {
 	case core.ReleasedLease:
@@ -98,7 +88,7 @@ func runRelease(args []string, stdout, stderr io.Writer) int {
 	case core.ReleasedWaiter:
 		fmt.Fprintf(stdout, "removed waiter %s from the queue of %q; its process will queue it again, at the back\n", id, e.Name())
 	default:
-		return c.fail(fmt.Errorf("%q has no live holder or waiter with id %s (already released or expired?)", e.Name(), id))
+		return c.Fail(fmt.Errorf("%q has no live holder or waiter with id %s (already released or expired?)", e.Name(), id))
 	}
 	if admitted > 0 {
 		fmt.Fprintf(stdout, "admitted %d waiting\n", admitted)
@@ -141,22 +131,17 @@ func runPurge(args []string, stdout, stderr io.Writer) int {
 			"Holders lose their leases (they learn it at their next renewal), fair\n"+
 			"waiters queue again, and the next client establishes the limit afresh.\n"+
 			"It asks for confirmation on stdin unless --yes.", stdout, stderr)
-	yes := c.fs.Bool("yes", false, "do not ask for confirmation")
-	pos, code, stop := c.parse(args, 1, "NAME")
+	yes := c.FS.Bool("yes", false, "do not ask for confirmation")
+	pos, code, stop := c.Parse(args, 1, "NAME")
 	if stop {
 		return code
 	}
-	client, t, e, code, stop := c.open(pos[0])
+	ss, code, stop := c.openRead(pos[0], readOpts{})
 	if stop {
 		return code
 	}
-	defer client.Close()
-	ctx, cancel := opContext(context.Background())
-	defer cancel()
-	s, err := read(ctx, client, e, c.prefix, readOpts{})
-	if err != nil {
-		return c.fail(reachErr(t, err))
-	}
+	defer ss.close()
+	ctx, client, t, e, s := ss.ctx, ss.client, ss.t, ss.e, ss.s
 	keys := e.Keys().List
 	var present []string
 	pipe := client.Pipeline()
@@ -165,7 +150,7 @@ func runPurge(args []string, stdout, stderr io.Writer) int {
 		cmds[i] = pipe.Exists(ctx, k)
 	}
 	if _, err := pipe.Exec(ctx); err != nil {
-		return c.fail(reachErr(t, err))
+		return c.Fail(cli.ReachErr(t, err))
 	}
 	for i, k := range keys {
 		if cmds[i].Val() > 0 {
@@ -173,7 +158,7 @@ func runPurge(args []string, stdout, stderr io.Writer) int {
 		}
 	}
 	if len(present) == 0 {
-		fmt.Fprintf(stdout, "nothing to purge: %q has no keys under prefix %q\n", e.Name(), c.prefix)
+		fmt.Fprintf(stdout, "nothing to purge: %q has no keys under prefix %q\n", e.Name(), c.Prefix)
 		return exitOK
 	}
 	if !*yes {
@@ -181,16 +166,16 @@ func runPurge(args []string, stdout, stderr io.Writer) int {
 			e.Name(), len(present), strings.Join(present, " "), len(s.Holders), len(s.Waiters))
 		answer, err := bufio.NewReader(stdin).ReadString('\n')
 		if err != nil && !errors.Is(err, io.EOF) {
-			return c.fail(err)
+			return c.Fail(err)
 		}
 		if a := strings.ToLower(strings.TrimSpace(answer)); a != "y" && a != "yes" {
 			fmt.Fprintln(stderr)
-			return c.fail(errors.New("not confirmed: nothing deleted (use --yes to skip the question)"))
+			return c.Fail(errors.New("not confirmed: nothing deleted (use --yes to skip the question)"))
 		}
 	}
 	n, err := client.Del(ctx, present...).Result()
 	if err != nil {
-		return c.fail(reachErr(t, err))
+		return c.Fail(cli.ReachErr(t, err))
 	}
 	fmt.Fprintf(stdout, "purged %q: deleted %d keys; %d holders lost their leases, %d waiters will queue again\n",
 		e.Name(), n, len(s.Holders), len(s.Waiters))

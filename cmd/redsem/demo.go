@@ -5,12 +5,12 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 	mrand "math/rand/v2"
 	"os"
 	"os/signal"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -18,18 +18,16 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/alicebob/miniredis/v2"
 	"github.com/redis/go-redis/v9"
 	"github.com/redsem/redsem"
 	"github.com/redsem/redsem/fair"
-	"github.com/redsem/redsem/internal/core"
+	"github.com/redsem/redsem/fencing"
+	"github.com/redsem/redsem/internal/bench"
+	"github.com/redsem/redsem/internal/cli"
 	"github.com/redsem/redsem/internal/redisproc"
 	"github.com/redsem/redsem/unfair"
 )
-
-// noRedis is the one line the demo prints when it can find no Redis.
-const noRedis = "no Redis to run on: install redis-server (e.g. apt-get install redis-server, brew install redis) " +
-	"or pass --redis URL / set REDIS_URL; an embedded in-process Redis (miniredis) cannot run redsem: " +
-	"it lacks the sharded pub/sub (SPUBLISH/SSUBSCRIBE) that redsem's wake-ups use"
 
 // demoConfig is what the demo's flags set.
 type demoConfig struct {
@@ -49,70 +47,85 @@ func runDemo(args []string, stdout, stderr io.Writer) int {
 			"shows live who holds which slot, the queue and the tokens; then reports\n"+
 			"utilisation, waits and fairness, and shows a paused holder (a zombie)\n"+
 			"rejected by per-slot fencing. It uses --redis or REDIS_URL if given, else\n"+
-			"starts a throw-away redis-server from PATH (stopped at the end). It removes\n"+
-			"its keys when done.", stdout, stderr)
+			"starts a throw-away redis-server from PATH (stopped at the end), else runs\n"+
+			"on an in-process miniredis (and says so). It removes its keys when done.", stdout, stderr)
 	var cfg demoConfig
-	c.fs.DurationVar(&cfg.duration, "duration", 12*time.Second, "how long the simulated load runs (the fencing part adds ~2s)")
-	c.fs.IntVar(&cfg.instances, "instances", 3, "simulated service instances per variant")
-	c.fs.IntVar(&cfg.workers, "workers", 4, "workers per instance")
-	c.fs.IntVar(&cfg.limit, "limit", 3, "the global limit")
-	c.fs.DurationVar(&cfg.hold, "hold", 250*time.Millisecond, "mean time a worker holds a slot")
-	c.fs.DurationVar(&cfg.refresh, "refresh", time.Second, "time between live views")
-	c.fs.DurationVar(&cfg.acquireTimeout, "acquire-timeout", 5*time.Second, "a worker gives up waiting after this long (counted as a timeout)")
-	if _, code, stop := c.parse(args, 0, "no arguments"); stop {
+	c.FS.DurationVar(&cfg.duration, "duration", 12*time.Second, "how long the simulated load runs (the fencing part adds ~2s)")
+	c.FS.IntVar(&cfg.instances, "instances", 3, "simulated service instances per variant")
+	c.FS.IntVar(&cfg.workers, "workers", 4, "workers per instance")
+	c.FS.IntVar(&cfg.limit, "limit", 3, "the global limit")
+	c.FS.DurationVar(&cfg.hold, "hold", 250*time.Millisecond, "mean time a worker holds a slot")
+	c.FS.DurationVar(&cfg.refresh, "refresh", time.Second, "time between live views")
+	c.FS.DurationVar(&cfg.acquireTimeout, "acquire-timeout", 5*time.Second, "a worker gives up waiting after this long (counted as a timeout)")
+	if _, code, stop := c.Parse(args, 0, "no arguments"); stop {
 		return code
 	}
-	if cfg.duration <= 0 || cfg.instances < 1 || cfg.workers < 1 || cfg.limit < 1 || cfg.limit > core.MaxLimit ||
+	if cfg.duration <= 0 || cfg.instances < 1 || cfg.workers < 1 || cfg.limit < 1 ||
 		cfg.hold <= 0 || cfg.refresh <= 0 || cfg.acquireTimeout <= 0 {
-		return c.usageError("--duration, --hold, --refresh, --acquire-timeout, --instances, --workers and --limit must be positive")
+		return c.UsageError("--duration, --hold, --refresh, --acquire-timeout, --instances, --workers and --limit must be positive")
 	}
 	ctx, stopSignals := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stopSignals()
 
-	// Which Redis: --redis or REDIS_URL if given, else a redis-server of our own.
-	given := os.Getenv("REDIS_URL") != ""
-	from := "REDIS_URL"
-	c.fs.Visit(func(f *flag.Flag) {
-		if f.Name == "redis" {
-			given, from = true, "--redis"
+	t, line, stopRedis, err := pickRedis(ctx, c, redisproc.Start)
+	if err != nil {
+		if errors.As(err, new(badTarget)) {
+			return c.UsageError("%v", err)
 		}
-	})
-	var t *target
-	if given {
-		var err error
-		if t, err = parseTarget(c.redis); err != nil {
-			return c.usageError("%v", err)
-		}
-		fmt.Fprintf(stdout, "redis: using %s (from %s)\n", t.display, from)
-	} else {
-		sctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-		p, err := redisproc.Start(sctx)
-		cancel()
-		if errors.Is(err, redisproc.ErrNotFound) {
-			return c.fail(errors.New(noRedis))
-		}
-		if err != nil {
-			return c.fail(err)
-		}
-		defer p.Stop()
-		t = &target{url: &redis.Options{Addr: p.Addr()}, display: p.Addr()}
-		fmt.Fprintf(stdout, "redis: started redis-server %s (%s) on %s; it stops when the demo ends\n", p.Version(), p.Path(), p.Addr())
+		return c.Fail(err)
 	}
-	admin := t.client()
+	defer stopRedis()
+	fmt.Fprintln(stdout, line)
+	admin := t.Client()
 	defer admin.Close()
-	pctx, cancel := opContext(ctx)
-	err := admin.Ping(pctx).Err()
+	pctx, cancel := cli.OpContext(ctx)
+	err = admin.Ping(pctx).Err()
 	cancel()
 	if err != nil {
-		return c.fail(reachErr(t, err))
+		return c.Fail(cli.ReachErr(t, err))
 	}
-	d := &demo{cfg: cfg, t: t, prefix: c.prefix, out: stdout, admin: admin, tty: isTerminal(stdout)}
+	d := &demo{cfg: cfg, t: t, prefix: c.Prefix, out: stdout, admin: admin, tty: isTerminal(stdout)}
 	return d.run(ctx, c)
+}
+
+// badTarget is a --redis or REDIS_URL that does not parse: a usage error.
+type badTarget struct{ error }
+
+// pickRedis chooses the demo's Redis, in this order: the one --redis or
+// $REDIS_URL names; else a throw-away redis-server that start launches from
+// PATH; else, when start finds none (redisproc.ErrNotFound), an in-process
+// miniredis. It returns the target, the line that tells the user which, and
+// the function that stops what it started.
+func pickRedis(ctx context.Context, c *command, start func(context.Context) (*redisproc.Proc, error)) (*cli.Target, string, func(), error) {
+	if from, given := c.RedisGiven(); given {
+		t, err := cli.ParseTarget(c.Redis)
+		if err != nil {
+			return nil, "", nil, badTarget{err}
+		}
+		return t, fmt.Sprintf("redis: using %s (from %s)", t.Display, from), func() {}, nil
+	}
+	sctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	p, err := start(sctx)
+	cancel()
+	if err == nil {
+		t := &cli.Target{URL: &redis.Options{Addr: p.Addr()}, Display: p.Addr()}
+		return t, fmt.Sprintf("redis: started redis-server %s (%s) on %s; it stops when the demo ends", p.Version(), p.Path(), p.Addr()), p.Stop, nil
+	}
+	if !errors.Is(err, redisproc.ErrNotFound) {
+		return nil, "", nil, err
+	}
+	m, err := miniredis.Run()
+	if err != nil {
+		return nil, "", nil, fmt.Errorf("no --redis, REDIS_URL or redis-server on PATH, and miniredis failed: %w", err)
+	}
+	t := &cli.Target{URL: &redis.Options{Addr: m.Addr()}, Display: m.Addr()}
+	return t, fmt.Sprintf("redis: no --redis, REDIS_URL or redis-server on PATH: running on an in-process miniredis "+
+		"(a Redis emulation) on %s; install redis-server for the real thing", m.Addr()), m.Close, nil
 }
 
 type demo struct {
 	cfg    demoConfig
-	t      *target
+	t      *cli.Target
 	prefix string
 	out    io.Writer
 	admin  redis.UniversalClient
@@ -124,7 +137,7 @@ type demo struct {
 
 // client returns a new client of the demo's Redis, closed at the end.
 func (d *demo) client() redis.UniversalClient {
-	c := d.t.client()
+	c := d.t.Client()
 	d.mu.Lock()
 	d.clients = append(d.clients, c)
 	d.mu.Unlock()
@@ -145,7 +158,11 @@ func (d *demo) run(ctx context.Context, c *command) int {
 		{label: "UNFAIR (sorted set)", name: "demo-unfair-" + tag},
 	}
 	zombieName := "demo-zombie-" + tag
-	defer d.purge(append([]string{zombieName}, variants[0].name, variants[1].name)...)
+	guard, err := fencing.NewRedisGuard(d.admin, fencing.RedisOptions{KeyPrefix: d.prefix + "-fence"})
+	if err != nil {
+		return c.Fail(err)
+	}
+	defer d.purge(guard, zombieName, variants[0].name, variants[1].name)
 
 	cfg := d.cfg
 	fmt.Fprintf(d.out, "demo: %d instances x %d workers per semaphore, global limit %d, holds of ~%s, for %s\n",
@@ -155,7 +172,7 @@ func (d *demo) run(ctx context.Context, c *command) int {
 
 	for _, v := range variants {
 		if err := d.setup(v); err != nil {
-			return c.fail(err)
+			return c.Fail(err)
 		}
 	}
 	loadCtx, stopLoad := context.WithTimeout(ctx, cfg.duration)
@@ -179,7 +196,7 @@ func (d *demo) run(ctx context.Context, c *command) int {
 	elapsed := time.Since(start)
 	for _, v := range variants {
 		for _, s := range v.sems {
-			_ = s.(interface{ Close() error }).Close()
+			_ = s.Close()
 		}
 	}
 	if ctx.Err() != nil {
@@ -187,24 +204,28 @@ func (d *demo) run(ctx context.Context, c *command) int {
 		return exitError
 	}
 	d.summary(variants, elapsed)
-	if err := d.zombie(ctx, zombieName); err != nil {
+	if err := d.zombie(ctx, guard, zombieName); err != nil {
 		if ctx.Err() != nil {
 			fmt.Fprintln(d.out, "\ninterrupted")
 			return exitError
 		}
-		return c.fail(err)
+		return c.Fail(err)
 	}
 	fmt.Fprintf(d.out, "\ndone: the demo removed its keys. Next: docs/operations.md, 'redsem status NAME', 'redsem watch NAME'.\n")
 	return exitOK
 }
 
-// purge deletes the demo's keys (best effort).
-func (d *demo) purge(names ...string) {
-	ctx, cancel := context.WithTimeout(context.Background(), opTimeout)
+// purge deletes the demo's keys (best effort): the semaphores' and the
+// zombie's fence record and data.
+func (d *demo) purge(guard *fencing.RedisGuard, zombie string, names ...string) {
+	ctx, cancel := context.WithTimeout(context.Background(), cli.OpTimeout)
 	defer cancel()
-	for _, n := range names {
-		_ = d.admin.Del(ctx, core.KeysFor(d.prefix, n).List...).Err()
+	for _, n := range append(names, zombie) {
+		if keys, err := semaphoreKeys(d.admin, d.prefix, n); err == nil {
+			_ = d.admin.Del(ctx, keys...).Err()
+		}
 	}
+	_ = d.admin.Del(ctx, guard.FenceKey(zombie), guard.DataKey(zombie, zombieData)).Err()
 }
 
 // variant is one semaphore of the demo and what its workers measured.
@@ -212,8 +233,7 @@ type variant struct {
 	label string
 	name  string
 	fair  bool
-	sems  []redsem.Semaphore // one per instance, each with its own client
-	view  *core.Engine       // reads Status for the live view
+	sems  []redsem.Semaphore // one per instance, each with its own client; sems[0] reads Status for the live view
 	start time.Time
 
 	lost atomic.Int64 // EventLeaseLost, through the Observer hook
@@ -254,9 +274,7 @@ func (d *demo) setup(v *variant) error {
 		}
 		v.sems = append(v.sems, s)
 	}
-	var err error
-	v.view, err = core.New(core.Config{Client: d.client(), Name: v.name, Limit: d.cfg.limit, Prefix: d.prefix})
-	return err
+	return nil
 }
 
 // work is one worker: acquire, hold for a random time around cfg.hold,
@@ -308,7 +326,7 @@ func (v *variant) work(ctx context.Context, s redsem.Semaphore, me string, cfg d
 		v.holdSum += time.Since(got)
 		delete(v.heldAt, l.ID())
 		v.mu.Unlock()
-		rctx, rcancel := context.WithTimeout(context.Background(), opTimeout)
+		rctx, rcancel := context.WithTimeout(context.Background(), cli.OpTimeout)
 		_ = l.Release(rctx)
 		rcancel()
 	}
@@ -344,12 +362,12 @@ func (d *demo) live(ctx context.Context, vs []*variant, start time.Time) {
 
 // frame is the live view of one variant, a few lines of at most 48 chars.
 func (v *variant) frame(ctx context.Context, limit int) []string {
-	rctx, cancel := opContext(ctx)
-	st, err := v.view.Status(rctx)
+	rctx, cancel := cli.OpContext(ctx)
+	st, err := v.sems[0].Status(rctx)
 	cancel()
 	lines := []string{v.label}
 	if err != nil {
-		return append(lines, "status: "+oneLine(err.Error()))
+		return append(lines, "status: "+cli.OneLine(err.Error()))
 	}
 	v.mu.Lock()
 	defer v.mu.Unlock()
@@ -442,17 +460,17 @@ func (d *demo) summary(vs []*variant, elapsed time.Duration) {
 	add("utilisation", "sum of holds / (limit x time)", func(v *variant) string {
 		return fmt.Sprintf("%.2f", v.holdSum.Seconds()/(float64(cfg.limit)*elapsed.Seconds()))
 	})
-	add("wait p50", "", func(v *variant) string { return demoDur(demoQuantile(v.waits, 0.50)) })
-	add("wait p99", "", func(v *variant) string { return demoDur(demoQuantile(v.waits, 0.99)) })
-	add("wait max", "", func(v *variant) string { return demoDur(demoQuantile(v.waits, 1)) })
+	add("wait p50", "", func(v *variant) string { return demoDur(v.waitPercentile(50)) })
+	add("wait p99", "", func(v *variant) string { return demoDur(v.waitPercentile(99)) })
+	add("wait max", "", func(v *variant) string { return demoDur(v.waitPercentile(100)) })
 	add("timeouts", fmt.Sprintf("gave up after %s", cfg.acquireTimeout), func(v *variant) string { return fmt.Sprint(v.timeouts) })
 	add("errors", "", func(v *variant) string { return fmt.Sprint(v.errs) })
 	add("Jain's fairness", "of grants per worker; 1 = all equal", func(v *variant) string {
-		return fmt.Sprintf("%.3f", demoJain(v.grants, cfg.instances, cfg.workers))
+		return fmt.Sprintf("%.3f", bench.Jain(grantsPerWorker(v.grants, cfg.instances, cfg.workers)))
 	})
 	add("grants per worker", "min-max", func(v *variant) string {
-		lo, hi := demoMinMax(v.grants, cfg.instances, cfg.workers)
-		return fmt.Sprintf("%d-%d", lo, hi)
+		g := grantsPerWorker(v.grants, cfg.instances, cfg.workers)
+		return fmt.Sprintf("%.0f-%.0f", slices.Min(g), slices.Max(g))
 	})
 	add("most holders at once", fmt.Sprintf("workers' own view; never above %d", cfg.limit), func(v *variant) string { return fmt.Sprint(v.most) })
 	add("leases lost", "from the Observer hook", func(v *variant) string { return fmt.Sprint(v.lost.Load()) })
@@ -461,20 +479,21 @@ func (d *demo) summary(vs []*variant, elapsed time.Duration) {
 	}
 	for _, v := range vs {
 		if v.lastErr != nil {
-			fmt.Fprintf(d.out, "  %s: last error: %s\n", v.name, oneLine(v.lastErr.Error()))
+			fmt.Fprintf(d.out, "  %s: last error: %s\n", v.name, cli.OneLine(v.lastErr.Error()))
 		}
 	}
 	fmt.Fprintln(d.out, "  fair admits strictly in arrival order, so its waits are even; unfair lets whoever retries first win.")
 }
 
-func demoQuantile(ds []time.Duration, q float64) time.Duration {
-	if len(ds) == 0 {
-		return 0
+// waitPercentile is the p-th percentile of the workers' waits (nearest
+// rank, bench.Percentile).
+func (v *variant) waitPercentile(p float64) time.Duration {
+	ms := make([]float64, len(v.waits))
+	for i, w := range v.waits {
+		ms[i] = float64(w) / float64(time.Millisecond)
 	}
-	s := append([]time.Duration(nil), ds...)
-	sort.Slice(s, func(i, j int) bool { return s[i] < s[j] })
-	i := int(q*float64(len(s))+0.5) - 1
-	return s[min(max(i, 0), len(s)-1)]
+	sort.Float64s(ms)
+	return time.Duration(bench.Percentile(ms, p) * float64(time.Millisecond))
 }
 
 func demoDur(d time.Duration) string {
@@ -484,57 +503,27 @@ func demoDur(d time.Duration) string {
 	return fmt.Sprintf("%.2fs", d.Seconds())
 }
 
-// demoJain is Jain's fairness index of the grants of every worker (workers
-// with none count as zero): (sum x)^2 / (n * sum x^2), 1 when all are equal.
-func demoJain(grants map[string]int, instances, workers int) float64 {
-	n := float64(instances * workers)
-	var sum, sq float64
-	for _, g := range grants {
-		sum += float64(g)
-		sq += float64(g) * float64(g)
-	}
-	if sq == 0 {
-		return 0
-	}
-	return sum * sum / (n * sq)
-}
-
-func demoMinMax(grants map[string]int, instances, workers int) (int, int) {
-	lo, hi := -1, 0
+// grantsPerWorker lists the grants of every worker, those with none as 0.
+func grantsPerWorker(grants map[string]int, instances, workers int) []float64 {
+	out := make([]float64, 0, instances*workers)
 	for i := 0; i < instances; i++ {
 		for w := 0; w < workers; w++ {
-			g := grants[fmt.Sprintf("i%d.w%d", i, w)]
-			if lo < 0 || g < lo {
-				lo = g
-			}
-			hi = max(hi, g)
+			out = append(out, float64(grants[fmt.Sprintf("i%d.w%d", i, w)]))
 		}
 	}
-	return lo, hi
+	return out
 }
 
-// fenceStore is the demo's stand-in for a downstream store that fences per
-// slot: it keeps the highest token it has seen for each slot and refuses a
-// write with a lower one. (Package fencing has the real helpers.)
-type fenceStore struct {
-	highest map[int]int64
-}
-
-func (s *fenceStore) write(slot int, token int64) error {
-	if h, ok := s.highest[slot]; ok && token < h {
-		return fmt.Errorf("slot %d has seen token %d, this write has %d", slot, h, token)
-	}
-	s.highest[slot] = token
-	return nil
-}
+// zombieData names the data key the zombie part writes through the guard.
+const zombieData = "report"
 
 // zombie shows a holder that pauses past its lease being refused by a store
 // that fences per slot, while a concurrent holder with a lower token (on
 // another slot) is accepted.
-func (d *demo) zombie(ctx context.Context, name string) error {
+func (d *demo) zombie(ctx context.Context, guard *fencing.RedisGuard, name string) error {
 	const ttl = time.Second
 	fmt.Fprintf(d.out, "\nfencing: a paused holder (a zombie) is refused by a store that fences per slot\n")
-	fmt.Fprintf(d.out, "  (the store keeps the highest token per slot; package fencing has real helpers; limit 2, LeaseTTL %s)\n", ttl)
+	fmt.Fprintf(d.out, "  (the store is package fencing's RedisGuard: it keeps the highest token per slot; limit 2, LeaseTTL %s)\n", ttl)
 	newSem := func(noRenew bool) (redsem.Semaphore, error) {
 		return unfair.New(d.client(), name, 2, unfair.Options{LeaseTTL: ttl, KeyPrefix: d.prefix, DisableAutoRenew: noRenew})
 	}
@@ -550,7 +539,10 @@ func (d *demo) zombie(ctx context.Context, name string) error {
 	if err != nil {
 		return err
 	}
-	store := &fenceStore{highest: map[int]int64{}}
+	key := guard.DataKey(name, zombieData)
+	write := func(l redsem.Lease, value string) string {
+		return fenceVerdict(guard.Set(ctx, fencing.Of(name, l), key, value, 0))
+	}
 	say := func(who, format string, args ...any) {
 		fmt.Fprintf(d.out, "  %s  %s\n", who, fmt.Sprintf(format, args...))
 	}
@@ -560,13 +552,13 @@ func (d *demo) zombie(ctx context.Context, name string) error {
 	if err != nil {
 		return err
 	}
-	say("A", "acquired slot %d, token %d; write: %s", a.Slot(), a.Token(), fenceVerdict(store.write(a.Slot(), a.Token())))
+	say("A", "acquired slot %d, token %d; write: %s", a.Slot(), a.Token(), write(a, "from A"))
 	b, err := semB.Acquire(actx)
 	if err != nil {
 		return err
 	}
 	defer b.Release(context.WithoutCancel(ctx))
-	say("B", "acquired slot %d, token %d; write: %s", b.Slot(), b.Token(), fenceVerdict(store.write(b.Slot(), b.Token())))
+	say("B", "acquired slot %d, token %d; write: %s", b.Slot(), b.Token(), write(b, "from B"))
 	say("A", "pauses (think: a long GC pause) and stops renewing; its lease expires after %s", ttl)
 	waited := time.Now()
 	cl, err := semC.Acquire(actx) // blocks until A's lease expires
@@ -575,18 +567,23 @@ func (d *demo) zombie(ctx context.Context, name string) error {
 	}
 	defer cl.Release(context.WithoutCancel(ctx))
 	say("C", "acquired slot %d, token %d after waiting %.1fs for A's lease to expire; write: %s",
-		cl.Slot(), cl.Token(), time.Since(waited).Seconds(), fenceVerdict(store.write(cl.Slot(), cl.Token())))
+		cl.Slot(), cl.Token(), time.Since(waited).Seconds(), write(cl, "from C"))
 	say("B", "writes again with token %d (lower than C's %d, but slot %d): %s",
-		b.Token(), cl.Token(), b.Slot(), fenceVerdict(store.write(b.Slot(), b.Token())))
+		b.Token(), cl.Token(), b.Slot(), write(b, "from B, again"))
 	say(" ", "(one \"highest token seen\" for the whole store would have refused B, a legitimate holder)")
-	say("A", "wakes up and writes with token %d on slot %d: %s", a.Token(), a.Slot(), fenceVerdict(store.write(a.Slot(), a.Token())))
+	say("A", "wakes up and writes with token %d on slot %d: %s", a.Token(), a.Slot(), write(a, "late, from A"))
 	say("A", "Release: %v", errOrOK(a.Release(actx), "ok"))
 	return nil
 }
 
+// fenceVerdict tells what the guard did with a write.
 func fenceVerdict(err error) string {
-	if err != nil {
-		return "REFUSED (" + err.Error() + ")"
+	var stale *fencing.StaleError
+	switch {
+	case errors.As(err, &stale):
+		return fmt.Sprintf("REFUSED (slot %d has seen token %d, this write has %d)", stale.Fence.Slot, stale.Highest, stale.Fence.Token)
+	case err != nil:
+		return "FAILED (" + cli.OneLine(err.Error()) + ")"
 	}
 	return "accepted"
 }

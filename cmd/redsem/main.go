@@ -1,6 +1,7 @@
 // Command redsem operates redsem semaphores: it shows who holds and who waits
 // (status, watch), fixes a stuck semaphore at run time (set-limit, release,
-// purge) and runs a self-contained demo.
+// purge), runs a self-contained demo and measures (bench, the harness of
+// internal/bench).
 //
 //	go run ./cmd/redsem demo
 //	redsem status NAME [--json] [--lease-ttl 30s]
@@ -8,6 +9,10 @@
 //	redsem set-limit NAME N
 //	redsem release NAME ID
 //	redsem purge NAME [--yes]
+//	redsem bench [--variant fair,unfair,local] [--procs N] [--weights A-B] [--json]
+//
+// README.md's command table lists every command and flag; a test keeps it
+// and the usage texts in sync.
 //
 // Every command takes --redis (a redis:// or rediss:// URL, or
 // host:port[,host:port...] cluster seeds; default $REDIS_URL, else
@@ -22,13 +27,7 @@ import (
 	"sort"
 
 	"github.com/redis/go-redis/v9"
-)
-
-// Exit codes.
-const (
-	exitOK    = 0
-	exitError = 1
-	exitUsage = 2
+	"github.com/redsem/redsem/internal/cli"
 )
 
 // commands maps each subcommand to its run function: args after the
@@ -50,7 +49,7 @@ Usage:
 
 Commands:
   demo               run a self-contained demo: fair and unfair side by side,
-                     fairness, fencing (starts its own redis-server if needed)
+                     fairness, fencing (starts its own Redis if needed)
   status NAME        holders, waiters, limit and warnings of semaphore NAME
   watch NAME         the same, refreshed live (Ctrl-C to stop)
   set-limit NAME N   set the limit of NAME for every client, at once
@@ -70,7 +69,7 @@ Exit codes: 0 ok, 1 error, 2 usage.
 `
 
 func main() {
-	redis.SetLogger(quietLogger{})
+	redis.SetLogger(cli.QuietLogger{})
 	os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
 }
 

@@ -18,6 +18,7 @@ import (
 	"github.com/redis/go-redis/v9"
 	"github.com/redsem/redsem"
 	"github.com/redsem/redsem/fair"
+	"github.com/redsem/redsem/internal/cli"
 	"github.com/redsem/redsem/internal/core"
 	"github.com/redsem/redsem/internal/redistest"
 	"github.com/redsem/redsem/unfair"
@@ -29,12 +30,12 @@ func TestMain(m *testing.M) {
 	if len(os.Args) > 2 && os.Args[1] == "bench" {
 		os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
 	}
-	os.Exit(redistest.Main(m))
+	os.Exit(redistest.MainNoLeaks(m))
 }
 
-// cli runs the command in-process against the shared test server and
+// runCmd runs the command in-process against the shared test server and
 // returns its exit code, stdout and stderr.
-func cli(t *testing.T, args ...string) (int, string, string) {
+func runCmd(t *testing.T, args ...string) (int, string, string) {
 	t.Helper()
 	srv := redistest.Shared(t)
 	var out, errb bytes.Buffer
@@ -43,28 +44,22 @@ func cli(t *testing.T, args ...string) (int, string, string) {
 	return code, out.String(), errb.String()
 }
 
-// waitFor polls cond until it holds or d passes.
+// waitFor polls cond until it holds, failing the test after d.
 func waitFor(t *testing.T, d time.Duration, what string, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(d)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %s waiting for %s", d, what)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	redistest.WaitFor(t, d, what, func() (bool, error) { return cond(), nil })
 }
 
 func TestStatusIdle(t *testing.T) {
 	name := redistest.Name(t)
-	code, out, errs := cli(t, "status", name)
+	code, out, errs := runCmd(t, "status", name)
 	if code != exitOK || errs != "" {
 		t.Fatalf("exit %d, stderr %q", code, errs)
 	}
 	if !strings.Contains(out, "limit:   unknown: idle, no live state") || !strings.Contains(out, "holders: 0\n") {
 		t.Fatalf("idle status does not say the limit is unknown:\n%s", out)
 	}
-	code, out, _ = cli(t, "status", "--json", name)
+	code, out, _ = runCmd(t, "status", "--json", name)
 	if code != exitOK {
 		t.Fatalf("exit %d", code)
 	}
@@ -111,7 +106,7 @@ func TestStatusHoldersAndWaiters(t *testing.T) {
 		return err == nil && len(st.Waiters) == 1
 	})
 
-	code, out, errs := cli(t, "status", name, "--lease-ttl", "30s")
+	code, out, errs := runCmd(t, "status", name, "--lease-ttl", "30s")
 	if code != exitOK || errs != "" {
 		t.Fatalf("exit %d, stderr %q", code, errs)
 	}
@@ -132,12 +127,12 @@ func TestStatusHoldersAndWaiters(t *testing.T) {
 		t.Errorf("fresh holders flagged as past 0.8 x LeaseTTL")
 	}
 	// Without --lease-ttl, the TTL comes from the queued waiter's record.
-	_, out, _ = cli(t, "status", name)
+	_, out, _ = runCmd(t, "status", name)
 	if !strings.Contains(out, "holders checked against LeaseTTL 30s: the LeaseTTL that the queued fair clients asked for") {
 		t.Errorf("no LeaseTTL from the queue:\n%s", out)
 	}
 
-	code, out, _ = cli(t, "status", name, "--json")
+	code, out, _ = runCmd(t, "status", name, "--json")
 	if code != exitOK {
 		t.Fatalf("exit %d", code)
 	}
@@ -176,12 +171,12 @@ func TestStatusWarnsOnOldHolder(t *testing.T) {
 	// Wait (by the server's reading of the age) until the holder is past
 	// 0.8 x 2s; the watchdog keeps renewing it.
 	waitFor(t, 10*time.Second, "the holder to age past 1.6s", func() bool {
-		_, out, _ := cli(t, "status", name, "--json")
+		_, out, _ := runCmd(t, "status", name, "--json")
 		var s snapshot
 		return json.Unmarshal([]byte(out), &s) == nil && len(s.Holders) == 1 &&
 			s.Holders[0].MinAgeMs != nil && *s.Holders[0].MinAgeMs > 1700
 	})
-	code, out, _ := cli(t, "status", name, "--lease-ttl", "2s")
+	code, out, _ := runCmd(t, "status", name, "--lease-ttl", "2s")
 	if code != exitOK || !strings.Contains(out, "past 0.8 x LeaseTTL (2s)") {
 		t.Fatalf("exit %d; no 0.8 x LeaseTTL warning:\n%s", code, out)
 	}
@@ -203,7 +198,7 @@ func TestWatch(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer l.Release(context.Background())
-	code, out, errs := cli(t, "watch", name, "--count", "3", "--interval", "50ms", "--full-after", "50ms")
+	code, out, errs := runCmd(t, "watch", name, "--count", "3", "--interval", "50ms", "--full-after", "50ms")
 	if code != exitOK || errs != "" {
 		t.Fatalf("exit %d, stderr %q", code, errs)
 	}
@@ -213,7 +208,7 @@ func TestWatch(t *testing.T) {
 	if !strings.Contains(out, "always full: full at every refresh for") {
 		t.Fatalf("no 'always full' warning after 3 full refreshes 50ms apart:\n%s", out)
 	}
-	code, out, _ = cli(t, "watch", name, "--count", "2", "--interval", "10ms", "--json")
+	code, out, _ = runCmd(t, "watch", name, "--count", "2", "--interval", "10ms", "--json")
 	if code != exitOK {
 		t.Fatalf("exit %d", code)
 	}
@@ -254,7 +249,7 @@ func TestSetLimit(t *testing.T) {
 		st, err := sem.Status(ctx)
 		return err == nil && len(st.Waiters) == 1
 	})
-	code, out, errs := cli(t, "set-limit", name, "2")
+	code, out, errs := runCmd(t, "set-limit", name, "2")
 	if code != exitOK || errs != "" {
 		t.Fatalf("exit %d, stderr %q", code, errs)
 	}
@@ -271,13 +266,13 @@ func TestSetLimit(t *testing.T) {
 	if err != nil || st.Limit != 2 {
 		t.Fatalf("limit %d, err %v; want 2", st.Limit, err)
 	}
-	_, out, _ = cli(t, "status", name, "--json")
+	_, out, _ = runCmd(t, "status", name, "--json")
 	var s snapshot
 	if err := json.Unmarshal([]byte(out), &s); err != nil || s.LimitSource != "set-limit" || *s.Override != 2 {
 		t.Fatalf("status after set-limit: %s", out)
 	}
 	for _, bad := range []string{"0", "-1", "x", "2000000"} {
-		if code, _, errs := cli(t, "set-limit", name, bad); code != exitUsage || strings.Count(errs, "\n") != 1 {
+		if code, _, errs := runCmd(t, "set-limit", name, bad); code != exitUsage || strings.Count(errs, "\n") != 1 {
 			t.Errorf("set-limit %s: exit %d, stderr %q; want usage error in one line", bad, code, errs)
 		}
 	}
@@ -295,7 +290,7 @@ func TestReleaseForce(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	code, out, errs := cli(t, "release", name, l.ID()[:8]) // a unique prefix is enough
+	code, out, errs := runCmd(t, "release", name, l.ID()[:8]) // a unique prefix is enough
 	if code != exitOK || errs != "" {
 		t.Fatalf("exit %d, stderr %q", code, errs)
 	}
@@ -318,7 +313,7 @@ func TestReleaseForce(t *testing.T) {
 	}
 	l2.Release(ctx)
 
-	code, _, errs = cli(t, "release", name, "no-such-id")
+	code, _, errs = runCmd(t, "release", name, "no-such-id")
 	if code != exitError || !strings.Contains(errs, "no live holder or waiter with id no-such-id") || strings.Count(errs, "\n") != 1 {
 		t.Fatalf("unknown id: exit %d, stderr %q", code, errs)
 	}
@@ -348,22 +343,22 @@ func TestPurge(t *testing.T) {
 	}
 
 	stdin = strings.NewReader("n\n")
-	code, _, errs := cli(t, "purge", name)
+	code, _, errs := runCmd(t, "purge", name)
 	if code != exitError || !strings.Contains(errs, "not confirmed") || count() == 0 {
 		t.Fatalf("answer n: exit %d, stderr %q, keys %d", code, errs, count())
 	}
 	stdin = strings.NewReader("") // no terminal: EOF is no
-	if code, _, _ := cli(t, "purge", name); code != exitError || count() == 0 {
+	if code, _, _ := runCmd(t, "purge", name); code != exitError || count() == 0 {
 		t.Fatalf("EOF: exit %d, keys %d", code, count())
 	}
 	stdin = strings.NewReader("y\n")
-	code, out, _ := cli(t, "purge", name)
+	code, out, _ := runCmd(t, "purge", name)
 	if code != exitOK || count() != 0 || !strings.Contains(out, "1 holders lost their leases") {
 		t.Fatalf("answer y: exit %d, keys %d, out %q", code, count(), out)
 	}
 	stdin = os.Stdin
 
-	code, out, _ = cli(t, "purge", name, "--yes")
+	code, out, _ = runCmd(t, "purge", name, "--yes")
 	if code != exitOK || !strings.Contains(out, "nothing to purge") {
 		t.Fatalf("purge of nothing: exit %d, out %q", code, out)
 	}
@@ -400,6 +395,8 @@ func TestUsage(t *testing.T) {
 		{[]string{"release", "x"}, exitUsage, "", "want NAME ID"},
 		{[]string{"watch", "x", "--interval", "0s"}, exitUsage, "", "--interval"},
 		{[]string{"demo", "--limit", "0"}, exitUsage, "", "must be positive"},
+		{[]string{"demo", "--redis", "nohostport"}, exitUsage, "", "bad --redis address"},
+		{[]string{"bench", "--weights", "0"}, exitUsage, "", "bad weights"},
 	} {
 		var out, errb bytes.Buffer
 		code := run(tc.args, &out, &errb)
@@ -427,28 +424,28 @@ func TestParseTarget(t *testing.T) {
 		{"10.0.0.1:7000", false, "10.0.0.1:7000", false},
 		{"10.0.0.1:7000, 10.0.0.2:7000,10.0.0.3:7000", true, "", false},
 	} {
-		tg, err := parseTarget(tc.in)
+		tg, err := cli.ParseTarget(tc.in)
 		if err != nil {
 			t.Errorf("%q: %v", tc.in, err)
 			continue
 		}
-		c := tg.client()
+		c := tg.Client()
 		_, isCluster := c.(*redis.ClusterClient)
 		c.Close()
 		if isCluster != tc.cluster {
 			t.Errorf("%q: cluster client %v, want %v", tc.in, isCluster, tc.cluster)
 		}
 		if tc.cluster {
-			if len(tg.cluster.Addrs) != 3 {
-				t.Errorf("%q: seeds %v", tc.in, tg.cluster.Addrs)
+			if len(tg.Cluster.Addrs) != 3 {
+				t.Errorf("%q: seeds %v", tc.in, tg.Cluster.Addrs)
 			}
 			continue
 		}
-		if tg.url.Addr != tc.addr || (tg.url.TLSConfig != nil) != tc.tls {
-			t.Errorf("%q: addr %q tls %v", tc.in, tg.url.Addr, tg.url.TLSConfig != nil)
+		if tg.URL.Addr != tc.addr || (tg.URL.TLSConfig != nil) != tc.tls {
+			t.Errorf("%q: addr %q tls %v", tc.in, tg.URL.Addr, tg.URL.TLSConfig != nil)
 		}
-		if strings.Contains(tg.display, "secret") {
-			t.Errorf("%q: display %q shows the password", tc.in, tg.display)
+		if strings.Contains(tg.Display, "secret") {
+			t.Errorf("%q: display %q shows the password", tc.in, tg.Display)
 		}
 	}
 }
@@ -457,7 +454,7 @@ func TestDemo(t *testing.T) {
 	if testing.Short() {
 		t.Skip("runs the demo for a few seconds")
 	}
-	code, out, errs := cli(t, "demo", "--duration", "2s", "--refresh", "500ms", "--instances", "2", "--workers", "3", "--limit", "2", "--hold", "50ms")
+	code, out, errs := runCmd(t, "demo", "--duration", "2s", "--refresh", "500ms", "--instances", "2", "--workers", "3", "--limit", "2", "--hold", "50ms")
 	if code != exitOK || errs != "" {
 		t.Fatalf("exit %d, stderr %q\n%s", code, errs, out)
 	}
@@ -481,8 +478,10 @@ func TestDemo(t *testing.T) {
 	if tag == nil {
 		t.Fatal("no demo name in the output")
 	}
-	if keys, _ := client.Keys(context.Background(), "redsem:{demo-*-"+tag[1]+"}:*").Result(); len(keys) != 0 {
-		t.Errorf("demo left keys: %v", keys)
+	for _, pattern := range []string{"redsem:{demo-*-" + tag[1] + "}:*", "redsem-fence:{demo-*-" + tag[1] + "}:*"} {
+		if keys, _ := client.Keys(context.Background(), pattern).Result(); len(keys) != 0 {
+			t.Errorf("demo left keys: %v", keys)
+		}
 	}
 	t.Logf("demo output:\n%s", out)
 }
@@ -515,8 +514,6 @@ func TestBinary(t *testing.T) {
 		{[]string{"purge", name, "--redis", "redis://" + srv.Addr}, 0, "nothing to purge", "", ""},
 		// No --redis, no REDIS_URL: the demo starts its own redis-server.
 		{[]string{"demo", "--duration", "1s", "--instances", "1", "--workers", "2", "--limit", "1"}, 0, "redis: started redis-server", "", ""},
-		// ... and without one on PATH it says what to do, in one line.
-		{[]string{"demo"}, 1, "", "no Redis to run on: install redis-server", "PATH=" + t.TempDir()},
 	} {
 		cmd := exec.Command(bin, tc.args...)
 		cmd.Env = append(os.Environ(), "REDIS_URL=")
@@ -540,7 +537,22 @@ func TestBinary(t *testing.T) {
 			t.Errorf("redsem %q: error is not one line: %q", tc.args, errb.String())
 		}
 	}
+	demoOnMiniredis(t, bin)
 	watchUntilInterrupt(t, bin, "redis://"+srv.Addr, name)
+}
+
+// demoOnMiniredis runs the demo with no Redis given and no redis-server on
+// PATH: its first line says it runs on an in-process miniredis. (Whether
+// the demo then succeeds is not checked: redsem's scripts do not run on
+// miniredis yet.)
+func demoOnMiniredis(t *testing.T, bin string) {
+	cmd := exec.Command(bin, "demo", "--duration", "500ms", "--instances", "1", "--workers", "1", "--limit", "1")
+	cmd.Env = append(os.Environ(), "REDIS_URL=", "PATH="+t.TempDir())
+	out, _ := cmd.Output()
+	first, _, _ := strings.Cut(string(out), "\n")
+	if !strings.HasPrefix(first, "redis: no --redis, REDIS_URL or redis-server on PATH: running on an in-process miniredis") {
+		t.Errorf("demo without any Redis: first line %q, want the miniredis fallback", first)
+	}
 }
 
 // watchUntilInterrupt runs 'redsem watch' and checks that SIGINT ends it

@@ -11,29 +11,26 @@ import (
 	"syscall"
 	"text/tabwriter"
 	"time"
+
+	"github.com/redsem/redsem/internal/cli"
 )
 
 func runStatus(args []string, stdout, stderr io.Writer) int {
 	c := newCommand("status", "NAME [flags]",
 		"Shows the live holders (id, slot, fencing token, age, deadline), the fair\n"+
 			"queue (position, time to eviction), the limit in force and warnings.", stdout, stderr)
-	asJSON := c.fs.Bool("json", false, "print one JSON object instead of text")
-	leaseTTL := c.fs.Duration("lease-ttl", 0, "the clients' LeaseTTL, to check holders against 0.8 x LeaseTTL (not stored in Redis)")
-	pos, code, stop := c.parse(args, 1, "NAME")
+	asJSON := c.FS.Bool("json", false, "print one JSON object instead of text")
+	leaseTTL := c.FS.Duration("lease-ttl", 0, "the clients' LeaseTTL, to check holders against 0.8 x LeaseTTL (not stored in Redis)")
+	pos, code, stop := c.Parse(args, 1, "NAME")
 	if stop {
 		return code
 	}
-	client, t, e, code, stop := c.open(pos[0])
+	ss, code, stop := c.openRead(pos[0], readOpts{leaseTTL: *leaseTTL})
 	if stop {
 		return code
 	}
-	defer client.Close()
-	ctx, cancel := opContext(context.Background())
-	defer cancel()
-	s, err := read(ctx, client, e, c.prefix, readOpts{leaseTTL: *leaseTTL})
-	if err != nil {
-		return c.fail(reachErr(t, err))
-	}
+	defer ss.close()
+	s := ss.s
 	if *asJSON {
 		return c.printJSON(s)
 	}
@@ -44,9 +41,9 @@ func runStatus(args []string, stdout, stderr io.Writer) int {
 func (c *command) printJSON(v any) int {
 	b, err := json.Marshal(v)
 	if err != nil {
-		return c.fail(err)
+		return c.Fail(err)
 	}
-	fmt.Fprintf(c.stdout, "%s\n", b)
+	fmt.Fprintf(c.Stdout, "%s\n", b)
 	return exitOK
 }
 
@@ -120,17 +117,17 @@ func runWatch(args []string, stdout, stderr io.Writer) int {
 		"Shows status NAME, refreshed every --interval until Ctrl-C (or --count\n"+
 			"refreshes). It also tracks what one reading cannot: how long the\n"+
 			"semaphore has stayed full, and how long each waiter has waited.", stdout, stderr)
-	asJSON := c.fs.Bool("json", false, "print one JSON object per refresh (one per line)")
-	leaseTTL := c.fs.Duration("lease-ttl", 0, "the clients' LeaseTTL, to check holders against 0.8 x LeaseTTL (not stored in Redis)")
-	interval := c.fs.Duration("interval", time.Second, "time between refreshes")
-	count := c.fs.Int("count", 0, "stop after this many refreshes (0: until Ctrl-C)")
-	alwaysFull := c.fs.Duration("full-after", 30*time.Second, "warn 'always full' once the semaphore has been full at every refresh for this long")
-	pos, code, stop := c.parse(args, 1, "NAME")
+	asJSON := c.FS.Bool("json", false, "print one JSON object per refresh (one per line)")
+	leaseTTL := c.FS.Duration("lease-ttl", 0, "the clients' LeaseTTL, to check holders against 0.8 x LeaseTTL (not stored in Redis)")
+	interval := c.FS.Duration("interval", time.Second, "time between refreshes")
+	count := c.FS.Int("count", 0, "stop after this many refreshes (0: until Ctrl-C)")
+	alwaysFull := c.FS.Duration("full-after", 30*time.Second, "warn 'always full' once the semaphore has been full at every refresh for this long")
+	pos, code, stop := c.Parse(args, 1, "NAME")
 	if stop {
 		return code
 	}
 	if *interval <= 0 || *count < 0 || *alwaysFull <= 0 {
-		return c.usageError("--interval and --full-after must be positive and --count not negative")
+		return c.UsageError("--interval and --full-after must be positive and --count not negative")
 	}
 	client, t, e, code, stop := c.open(pos[0])
 	if stop {
@@ -152,15 +149,15 @@ func runWatch(args []string, stdout, stderr io.Writer) int {
 			case <-time.After(*interval):
 			}
 		}
-		rctx, cancel := opContext(ctx)
-		s, err := read(rctx, client, e, c.prefix, readOpts{leaseTTL: *leaseTTL})
+		rctx, cancel := cli.OpContext(ctx)
+		s, err := read(rctx, client, e, c.Prefix, readOpts{leaseTTL: *leaseTTL})
 		cancel()
 		if ctx.Err() != nil {
 			return exitOK
 		}
 		if err != nil {
 			failed = true
-			fmt.Fprintf(stderr, "redsem watch: %s\n", oneLine(reachErr(t, err).Error()))
+			fmt.Fprintf(stderr, "redsem watch: %s\n", cli.OneLine(cli.ReachErr(t, err).Error()))
 			continue
 		}
 		failed = false

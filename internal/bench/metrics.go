@@ -13,22 +13,32 @@ type Record struct {
 	Start  int64 `json:"s"` // Acquire called
 	Got    int64 `json:"g"` // Acquire returned (the hold begins)
 	Rel    int64 `json:"r"` // Release called (the hold ends)
+	// Weight is how many slots the hold took; 0 means 1.
+	Weight int `json:"n,omitempty"`
 }
+
+// slots is how many slots the hold took.
+func (r Record) slots() int64 { return int64(max(r.Weight, 1)) }
 
 // Metrics are the numbers computed from a trace of records; see Analyze.
 type Metrics struct {
 	Holds       int     `json:"holds"`
 	HoldsPerSec float64 `json:"holds_per_s"`
-	// Utilisation is the sum of measured holds inside the window over
-	// limit x window: 1 means every slot was busy all the time.
+	// Utilisation is the slot-time of the measured holds inside the window
+	// (sum of weight x hold) over limit x window: 1 means every slot was
+	// busy all the time.
 	Utilisation float64 `json:"utilisation"`
 	MeanHoldMs  float64 `json:"mean_hold_ms"`
-	WaitP50Ms   float64 `json:"wait_p50_ms"`
-	WaitP90Ms   float64 `json:"wait_p90_ms"`
-	WaitP99Ms   float64 `json:"wait_p99_ms"`
-	WaitMaxMs   float64 `json:"wait_max_ms"`
+	// MeanWeight is the mean number of slots per hold (1 without weights).
+	MeanWeight float64 `json:"mean_weight"`
+	WaitP50Ms  float64 `json:"wait_p50_ms"`
+	WaitP90Ms  float64 `json:"wait_p90_ms"`
+	WaitP99Ms  float64 `json:"wait_p99_ms"`
+	WaitMaxMs  float64 `json:"wait_max_ms"`
 	// IdealWaitMs is the mean wait of a perfect FIFO semaphore with no
-	// handoff cost: (workers - limit) / limit x mean hold (0 when workers <= limit).
+	// handoff cost: (workers x mean weight - limit) / limit x mean hold (0
+	// when the workers never ask for more than the limit). With weights it
+	// is an estimate: it ignores the slots a big acquire leaves idle.
 	IdealWaitMs float64 `json:"ideal_wait_ms"`
 	// WaitP99OverIdeal is WaitP99Ms / IdealWaitMs (0 when the ideal is 0).
 	WaitP99OverIdeal float64 `json:"wait_p99_over_ideal"`
@@ -38,7 +48,8 @@ type Metrics struct {
 	HandoffP99Ms float64 `json:"handoff_p99_ms"`
 	// Jain is Jain's fairness index over holds per worker, in [1/workers, 1].
 	Jain float64 `json:"jain"`
-	// MaxHolders is the largest number of measured holds that overlapped.
+	// MaxHolders is the most slots that overlapping measured holds took at
+	// once (with one slot per hold: the most holders); never above limit.
 	MaxHolders int `json:"max_holders"`
 }
 
@@ -54,20 +65,22 @@ func Analyze(recs []Record, limit, workers int, start, end int64) Metrics {
 	m.HoldsPerSec = float64(len(recs)) / (float64(window) / 1e9)
 	m.Utilisation = Utilisation(recs, limit, start, end)
 	waits := make([]float64, 0, len(recs))
-	var holdSum float64
+	var holdSum, weightSum float64
 	for _, r := range recs {
 		waits = append(waits, ms(r.Got-r.Start))
 		holdSum += ms(r.Rel - r.Got)
+		weightSum += float64(r.slots())
 	}
 	if len(recs) > 0 {
 		m.MeanHoldMs = holdSum / float64(len(recs))
+		m.MeanWeight = weightSum / float64(len(recs))
 	}
 	sort.Float64s(waits)
 	m.WaitP50Ms = Percentile(waits, 50)
 	m.WaitP90Ms = Percentile(waits, 90)
 	m.WaitP99Ms = Percentile(waits, 99)
 	m.WaitMaxMs = Percentile(waits, 100)
-	m.IdealWaitMs = IdealWait(workers, limit, m.MeanHoldMs)
+	m.IdealWaitMs = IdealWait(float64(workers)*max(m.MeanWeight, 1), limit, m.MeanHoldMs)
 	if m.IdealWaitMs > 0 {
 		m.WaitP99OverIdeal = m.WaitP99Ms / m.IdealWaitMs
 	}
@@ -89,8 +102,9 @@ func Analyze(recs []Record, limit, workers int, start, end int64) Metrics {
 
 func ms(ns int64) float64 { return float64(ns) / 1e6 }
 
-// Utilisation is the sum of the holds [Got, Rel) clipped to [start, end),
-// over limit x (end - start).
+// Utilisation is the slot-time of the holds [Got, Rel) clipped to
+// [start, end) (each hold's length times its weight), over
+// limit x (end - start).
 func Utilisation(recs []Record, limit int, start, end int64) float64 {
 	if end <= start || limit <= 0 {
 		return 0
@@ -99,7 +113,7 @@ func Utilisation(recs []Record, limit int, start, end int64) float64 {
 	for _, r := range recs {
 		a, b := max(r.Got, start), min(r.Rel, end)
 		if b > a {
-			busy += float64(b - a)
+			busy += float64(b-a) * float64(r.slots())
 		}
 	}
 	return busy / (float64(limit) * float64(end-start))
@@ -117,14 +131,15 @@ func Percentile(sorted []float64, p float64) float64 {
 	return sorted[rank-1]
 }
 
-// IdealWait is the mean wait in a perfect FIFO semaphore where each of
-// workers loops acquire-hold-release with mean hold meanHold and no handoff
-// cost: each worker waits for (workers - limit) / limit holds.
-func IdealWait(workers, limit int, meanHold float64) float64 {
-	if workers <= limit || limit <= 0 {
+// IdealWait is the mean wait in a perfect FIFO semaphore where workers
+// that together ask for demand slots (the number of workers, times the mean
+// weight with --weights) loop acquire-hold-release with mean hold meanHold
+// and no handoff cost: each waits for (demand - limit) / limit holds.
+func IdealWait(demand float64, limit int, meanHold float64) float64 {
+	if demand <= float64(limit) || limit <= 0 {
 		return 0
 	}
-	return float64(workers-limit) / float64(limit) * meanHold
+	return (demand - float64(limit)) / float64(limit) * meanHold
 }
 
 // Handoffs returns, in ms, the handoff latency of every acquire that was
@@ -168,17 +183,17 @@ func Jain(x []float64) float64 {
 	return s * s / (float64(len(x)) * s2)
 }
 
-// MaxOverlap returns the largest number of holds [Got, Rel) that overlap at
-// one instant. A hold that ends exactly when another begins does not
-// overlap it.
+// MaxOverlap returns the most slots that holds [Got, Rel) overlapping at one
+// instant took together (each hold counts its weight). A hold that ends
+// exactly when another begins does not overlap it.
 func MaxOverlap(recs []Record) int {
 	type ev struct {
 		t int64
-		d int
+		d int64
 	}
 	evs := make([]ev, 0, 2*len(recs))
 	for _, r := range recs {
-		evs = append(evs, ev{r.Got, +1}, ev{r.Rel, -1})
+		evs = append(evs, ev{r.Got, r.slots()}, ev{r.Rel, -r.slots()})
 	}
 	sort.Slice(evs, func(i, j int) bool {
 		if evs[i].t != evs[j].t {
@@ -186,12 +201,12 @@ func MaxOverlap(recs []Record) int {
 		}
 		return evs[i].d < evs[j].d // ends before starts at the same instant
 	})
-	cur, best := 0, 0
+	var cur, best int64
 	for _, e := range evs {
 		cur += e.d
 		best = max(best, cur)
 	}
-	return best
+	return int(best)
 }
 
 // Median returns the median of ds (the lower middle for an even count), or

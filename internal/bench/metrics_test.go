@@ -149,3 +149,34 @@ func TestChartSVG(t *testing.T) {
 		}
 	}
 }
+
+// With weights, utilisation is slot-time and MaxOverlap counts slots:
+// limit 4, window [0, 10ms): a 2-slot hold over [0, 5) and a 3-slot hold
+// over [5, 10) overlapping a 1-slot hold over [4, 6).
+func TestWeightedSlotTime(t *testing.T) {
+	r := func(g, rel int64, n int) bench.Record {
+		return bench.Record{Got: g * msNs, Rel: rel * msNs, Weight: n}
+	}
+	recs := []bench.Record{r(0, 5, 2), r(5, 10, 3), r(4, 6, 0)}
+	// slot-time: 2x5 + 3x5 + 1x2 = 27 of 4 x 10
+	near(t, "utilisation", bench.Utilisation(recs, 4, 0, 10*msNs), 27.0/40)
+	if got := bench.MaxOverlap(recs); got != 4 {
+		t.Errorf("max overlap = %d slots, want 4 (3 + 1 at t=5)", got)
+	}
+	m := bench.Analyze(recs, 4, 3, 0, 10*msNs)
+	near(t, "mean weight", m.MeanWeight, 2)
+}
+
+func TestParseWeights(t *testing.T) {
+	for in, want := range map[string]bench.Weights{"1-3": {1, 3}, "2": {2, 2}, " 1 - 1 ": {1, 1}} {
+		got, err := bench.ParseWeights(in)
+		if err != nil || got != want {
+			t.Errorf("ParseWeights(%q) = %v, %v; want %v", in, got, err, want)
+		}
+	}
+	for _, in := range []string{"", "0-2", "3-1", "a-b", "-1"} {
+		if _, err := bench.ParseWeights(in); err == nil {
+			t.Errorf("ParseWeights(%q) accepted", in)
+		}
+	}
+}

@@ -18,6 +18,7 @@ type Workload struct {
 	Workers    int       // workers in this process
 	WorkerBase int       // index of this process's first worker in the run
 	Hold       Hold      // how long each hold lasts
+	Weights    Weights   // slots per acquire; zero: 1
 	Start, End time.Time // workers begin at Start; no Acquire is started or waits past End
 	Seed       uint64    // seeds the hold distribution
 	// Progress, if not nil, is incremented once per completed hold.
@@ -61,8 +62,9 @@ func RunWorkers(w Workload) Trace {
 				time.Sleep(d)
 			}
 			for ctx.Err() == nil {
+				n := w.Weights.Sample(rng)
 				s := time.Now()
-				release, err := w.Sem.Acquire(ctx)
+				release, err := w.Sem.Acquire(ctx, n)
 				if err != nil {
 					if ctx.Err() != nil && IsDone(err) {
 						break
@@ -79,7 +81,11 @@ func RunWorkers(w Workload) Trace {
 					errs++
 					last = err
 				}
-				recs = append(recs, Record{Worker: idx, Start: s.UnixNano(), Got: g.UnixNano(), Rel: r.UnixNano()})
+				rec := Record{Worker: idx, Start: s.UnixNano(), Got: g.UnixNano(), Rel: r.UnixNano()}
+				if n > 1 {
+					rec.Weight = n
+				}
+				recs = append(recs, rec)
 				if w.Progress != nil {
 					w.Progress.Add(1)
 				}

@@ -2,26 +2,64 @@ package bench
 
 import (
 	"context"
+	_ "embed"
 	"errors"
 	"fmt"
+	"sync"
 	"time"
 
 	"github.com/google/uuid"
 	"github.com/redis/go-redis/v9"
 	"github.com/redsem/redsem"
 	"github.com/redsem/redsem/fair"
-	"github.com/redsem/redsem/lua"
 	"github.com/redsem/redsem/unfair"
 )
+
+// naiveZSetAcquire is the seed's sorted-set acquire (naive_zset_acquire.lua,
+// a copy of the baseline that is the bench's alone).
+//
+//go:embed naive_zset_acquire.lua
+var naiveZSetAcquireSrc string
+
+var naiveZSetAcquire = redis.NewScript(naiveZSetAcquireSrc)
 
 // Variants are the workloads the bench tool knows, in the order it shows them.
 var Variants = []string{"fair", "unfair", "local", "naive-counter", "naive-zset"}
 
-// Sem is the one operation the workers need: block until a slot is held,
-// and return the function that gives it back.
+// Sem is the one operation the workers need: block until n slots are held
+// (n is 1 unless the run has --weights), and return the function that gives
+// them back.
 type Sem interface {
-	Acquire(ctx context.Context) (release func(context.Context) error, err error)
+	Acquire(ctx context.Context, n int) (release func(context.Context) error, err error)
 	Close() error
+}
+
+// acquirerN is a semaphore that can take several slots in one grant. Until
+// the variants have AcquireN, the weighted path finds it by this assertion.
+type acquirerN interface {
+	AcquireN(ctx context.Context, n int) (redsem.Lease, error)
+}
+
+// Weighable reports whether variant can run with --weights (an acquire of
+// more than one slot): local always, fair and unfair once they have
+// AcquireN, the naive baselines never.
+func Weighable(variant string) bool {
+	switch variant {
+	case "local":
+		return true
+	case "fair":
+		_, ok := any((*fair.Semaphore)(nil)).(acquirerN)
+		return ok
+	case "unfair":
+		_, ok := any((*unfair.Semaphore)(nil)).(acquirerN)
+		return ok
+	}
+	return false
+}
+
+// naiveKey is the key of a naive baseline's semaphore.
+func naiveKey(prefix, variant, name string) string {
+	return prefix + ":bench:" + variant + ":{" + name + "}"
 }
 
 // SemOptions configures NewSem.
@@ -31,6 +69,8 @@ type SemOptions struct {
 	NaiveRetry time.Duration
 	// LeaseTTL for fair, unfair and naive-zset; zero: 30s.
 	LeaseTTL time.Duration
+	// KeyPrefix of every key; zero: the semaphores' default ("redsem").
+	KeyPrefix string
 }
 
 // NewSem returns the semaphore of variant called name with limit slots.
@@ -45,63 +85,96 @@ func NewSem(variant string, client redis.UniversalClient, name string, limit int
 	if o.LeaseTTL <= 0 {
 		o.LeaseTTL = 30 * time.Second
 	}
+	if o.KeyPrefix == "" {
+		o.KeyPrefix = "redsem"
+	}
 	if variant != "local" && client == nil {
 		return nil, fmt.Errorf("bench: variant %s needs a Redis client", variant)
 	}
 	switch variant {
 	case "fair":
-		s, err := fair.New(client, name, limit, fair.Options{LeaseTTL: o.LeaseTTL})
+		s, err := fair.New(client, name, limit, fair.Options{LeaseTTL: o.LeaseTTL, KeyPrefix: o.KeyPrefix})
 		if err != nil {
 			return nil, err
 		}
-		return redsemSem{s, s.Close}, nil
+		return redsemSem{s}, nil
 	case "unfair":
-		s, err := unfair.New(client, name, limit, unfair.Options{LeaseTTL: o.LeaseTTL})
+		s, err := unfair.New(client, name, limit, unfair.Options{LeaseTTL: o.LeaseTTL, KeyPrefix: o.KeyPrefix})
 		if err != nil {
 			return nil, err
 		}
-		return redsemSem{s, s.Close}, nil
+		return redsemSem{s}, nil
 	case "local":
-		return make(localSem, limit), nil
+		return &localSem{slots: make(chan struct{}, limit)}, nil
 	case "naive-counter":
-		return &naiveCounter{c: client, key: "bench:naive-counter:{" + name + "}", limit: int64(limit), retry: o.NaiveRetry}, nil
+		return &naiveCounter{c: client, key: naiveKey(o.KeyPrefix, variant, name), limit: int64(limit), retry: o.NaiveRetry}, nil
 	case "naive-zset":
-		return &naiveZSet{c: client, key: "bench:naive-zset:{" + name + "}", limit: limit,
+		return &naiveZSet{c: client, key: naiveKey(o.KeyPrefix, variant, name), limit: limit,
 			timeoutMs: o.LeaseTTL.Milliseconds(), retry: o.NaiveRetry}, nil
 	}
 	return nil, fmt.Errorf("bench: unknown variant %q (want one of %v)", variant, Variants)
 }
 
-type redsemSem struct {
-	s     redsem.Semaphore
-	close func() error
-}
+// redsemSem runs the workers on a redsem.Semaphore.
+type redsemSem struct{ s redsem.Semaphore }
 
-func (r redsemSem) Acquire(ctx context.Context) (func(context.Context) error, error) {
-	l, err := r.s.Acquire(ctx)
+// Acquire takes n slots: Acquire for one, AcquireN (found by interface
+// assertion) for more; without AcquireN an acquire of n > 1 fails.
+func (r redsemSem) Acquire(ctx context.Context, n int) (func(context.Context) error, error) {
+	var l redsem.Lease
+	var err error
+	if n == 1 {
+		l, err = r.s.Acquire(ctx)
+	} else if w, ok := r.s.(acquirerN); ok {
+		l, err = w.AcquireN(ctx, n)
+	} else {
+		return nil, fmt.Errorf("bench: %T has no AcquireN: cannot take %d slots at once", r.s, n)
+	}
 	if err != nil {
 		return nil, err
 	}
 	return l.Release, nil
 }
 
-func (r redsemSem) Close() error { return r.close() }
+// Close closes the semaphore.
+func (r redsemSem) Close() error { return r.s.Close() }
 
 // localSem is an in-process channel semaphore: the machine's ceiling for the
 // same loop, with no Redis at all. Blocked senders on a Go channel are
-// served in arrival order, so it is FIFO too.
-type localSem chan struct{}
+// served in arrival order, so it is FIFO too. An acquire of n > 1 slots
+// takes them one by one while holding mu, so that two of them never hold
+// part of what each needs (no deadlock) and a big one is not overtaken.
+type localSem struct {
+	slots chan struct{}
+	mu    sync.Mutex
+}
 
-func (l localSem) Acquire(ctx context.Context) (func(context.Context) error, error) {
-	select {
-	case l <- struct{}{}:
-		return func(context.Context) error { <-l; return nil }, nil
-	case <-ctx.Done():
-		return nil, ctx.Err()
+// Acquire takes n slots, or none if ctx ends first.
+func (l *localSem) Acquire(ctx context.Context, n int) (func(context.Context) error, error) {
+	if n > 1 {
+		l.mu.Lock()
+		defer l.mu.Unlock()
+	}
+	for i := 0; i < n; i++ {
+		select {
+		case l.slots <- struct{}{}:
+		case <-ctx.Done():
+			l.give(i)
+			return nil, ctx.Err()
+		}
+	}
+	return func(context.Context) error { l.give(n); return nil }, nil
+}
+
+// give returns n slots.
+func (l *localSem) give(n int) {
+	for i := 0; i < n; i++ {
+		<-l.slots
 	}
 }
 
-func (l localSem) Close() error { return nil }
+// Close does nothing: the channel needs no cleanup.
+func (l *localSem) Close() error { return nil }
 
 // naiveCounter is the seed's first, wrong design: INCR, and if over the
 // limit DECR and retry after a fixed sleep. A crashed holder leaks its slot
@@ -113,7 +186,9 @@ type naiveCounter struct {
 	retry time.Duration
 }
 
-func (n *naiveCounter) Acquire(ctx context.Context) (func(context.Context) error, error) {
+// Acquire loops INCR, and DECR plus a sleep while over the limit; it
+// takes one slot whatever is asked (the baselines are not weighable).
+func (n *naiveCounter) Acquire(ctx context.Context, _ int) (func(context.Context) error, error) {
 	for {
 		v, err := n.c.Incr(ctx, n.key).Result()
 		if err != nil {
@@ -131,9 +206,10 @@ func (n *naiveCounter) Acquire(ctx context.Context) (func(context.Context) error
 	}
 }
 
+// Close does nothing.
 func (n *naiveCounter) Close() error { return nil }
 
-// naiveZSet is the seed's sorted-set semaphore (lua/naive_zset_acquire.lua),
+// naiveZSet is the seed's sorted-set semaphore (naive_zset_acquire.lua),
 // polled at a fixed interval, released with ZREM.
 type naiveZSet struct {
 	c         redis.UniversalClient
@@ -143,10 +219,12 @@ type naiveZSet struct {
 	retry     time.Duration
 }
 
-func (n *naiveZSet) Acquire(ctx context.Context) (func(context.Context) error, error) {
+// Acquire polls the script until it grants a slot; it takes one slot
+// whatever is asked (the baselines are not weighable).
+func (n *naiveZSet) Acquire(ctx context.Context, _ int) (func(context.Context) error, error) {
 	id := uuid.NewString()
 	for {
-		ok, err := lua.NaiveZSetAcquire.Run(ctx, n.c, []string{n.key}, n.timeoutMs, n.limit, id).Int()
+		ok, err := naiveZSetAcquire.Run(ctx, n.c, []string{n.key}, n.timeoutMs, n.limit, id).Int()
 		if err != nil {
 			return nil, err
 		}
@@ -159,6 +237,7 @@ func (n *naiveZSet) Acquire(ctx context.Context) (func(context.Context) error, e
 	}
 }
 
+// Close does nothing.
 func (n *naiveZSet) Close() error { return nil }
 
 func sleep(ctx context.Context, d time.Duration) error {

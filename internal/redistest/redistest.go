@@ -291,3 +291,24 @@ func Ctx(t testing.TB, d time.Duration) context.Context {
 	t.Cleanup(cancel)
 	return ctx
 }
+
+// WaitFor polls cond every few milliseconds until it returns true, and
+// fails the test (naming what) if it has not after d or if it returns an
+// error. Tests wait for a state with it, never for a fixed time.
+func WaitFor(t testing.TB, d time.Duration, what string, cond func() (bool, error)) {
+	t.Helper()
+	deadline := time.Now().Add(d)
+	for {
+		ok, err := cond()
+		if err != nil {
+			t.Fatalf("waiting for %s: %v", what, err)
+		}
+		if ok {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %s waiting for %s", d, what)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}

@@ -1,4 +1,4 @@
-package main
+package bench
 
 import (
 	"context"
@@ -11,8 +11,6 @@ import (
 	"strings"
 	"text/tabwriter"
 	"time"
-
-	"github.com/redsem/redsem/internal/bench"
 )
 
 // progress prints a progress line on stderr until the returned func is called.
@@ -24,6 +22,9 @@ func (b *bencher) progress(s runSpec, start, end time.Time) func(errors int) {
 	done := make(chan struct{})
 	finished := make(chan struct{})
 	label := fmt.Sprintf("%s limit=%d workers=%d procs=%d hold=%s", s.variant, s.limit, s.workers, s.procs, s.hold)
+	if s.weights.Weighted() {
+		label += " weights=" + s.weights.String()
+	}
 	go func() {
 		defer close(finished)
 		t := time.NewTicker(250 * time.Millisecond)
@@ -58,8 +59,12 @@ func printTable(w io.Writer, rs []runResult) {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintln(tw, "variant\tprocs\tworkers\tholds/s\tutil\tmean hold ms\twait p50\tp90\tp99\tmax\tideal\tp99/ideal\thandoff p50\tp99\tjain\tmax holders\tcmds/hold\tredis calls/hold\tcpu µs/hold\t")
 	for _, r := range rs {
+		name := r.Variant
+		if r.Weights != "" {
+			name += " weights=" + r.Weights
+		}
 		fmt.Fprintf(tw, "%s\t%d\t%d\t%.0f\t%.3f\t%.2f\t%.2f\t%.2f\t%.2f\t%.2f\t%.2f\t%.2f\t%.3f\t%.3f\t%.4f\t%d\t%.2f\t%.1f\t%.1f\t\n",
-			r.Variant, r.Procs, r.Workers, r.HoldsPerSec, r.Utilisation, r.MeanHoldMs, r.WaitP50Ms, r.WaitP90Ms,
+			name, r.Procs, r.Workers, r.HoldsPerSec, r.Utilisation, r.MeanHoldMs, r.WaitP50Ms, r.WaitP90Ms,
 			r.WaitP99Ms, r.WaitMaxMs, r.IdealWaitMs, r.WaitP99OverIdeal, r.HandoffP50Ms, r.HandoffP99Ms,
 			r.Jain, r.MaxHolders, r.CommandsPerHold, r.RedisCallsPerHold, r.RedisCPUUsPerHold)
 	}
@@ -91,18 +96,18 @@ func writeCharts(dir string, contended []runResult, sweep []sweepPoint) error {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return err
 	}
-	write := func(name string, c bench.Chart) error {
+	write := func(name string, c Chart) error {
 		return os.WriteFile(filepath.Join(dir, name), []byte(c.SVG()), 0o644)
 	}
 	if len(contended) > 0 {
-		c := bench.Chart{Title: "Wait time distribution (limit 5, 50 workers, hold 2ms)",
+		c := Chart{Title: "Wait time distribution (limit 5, 50 workers, hold 2ms)",
 			XLabel: "wait (ms, log scale)", YLabel: "fraction of acquires waiting at most x", LogX: true, XMin: 0.01, YMin: 0, YMax: 1}
 		for _, r := range contended {
 			if r.Procs != 1 {
 				continue
 			}
-			x, y := bench.CDF(r.waits, 400)
-			c.Series = append(c.Series, bench.Series{Name: r.Variant, X: x, Y: y})
+			x, y := CDF(r.waits, 400)
+			c.Series = append(c.Series, Series{Name: r.Variant, X: x, Y: y})
 		}
 		if err := write("wait-cdf.svg", c); err != nil {
 			return err
@@ -111,9 +116,9 @@ func writeCharts(dir string, contended []runResult, sweep []sweepPoint) error {
 	if len(sweep) == 0 {
 		return nil
 	}
-	util := bench.Chart{Title: "Slot utilisation vs workers (limit 5, hold 2ms)",
+	util := Chart{Title: "Slot utilisation vs workers (limit 5, hold 2ms)",
 		XLabel: "workers", YLabel: "utilisation", YMin: 0, YMax: 1}
-	hand := bench.Chart{Title: "Handoff latency vs queue length (limit 5, hold 2ms)",
+	hand := Chart{Title: "Handoff latency vs queue length (limit 5, hold 2ms)",
 		XLabel: "waiters queued (workers - limit)", YLabel: "handoff latency (ms)"}
 	byVariant := map[string][]sweepPoint{}
 	var order []string
@@ -134,10 +139,10 @@ func writeCharts(dir string, contended []runResult, sweep []sweepPoint) error {
 				h99 = append(h99, p.r.HandoffP99Ms)
 			}
 		}
-		util.Series = append(util.Series, bench.Series{Name: v, X: x, Y: u})
+		util.Series = append(util.Series, Series{Name: v, X: x, Y: u})
 		if len(qx) > 0 {
-			hand.Series = append(hand.Series, bench.Series{Name: v + " p50", X: qx, Y: h50},
-				bench.Series{Name: v + " p99", X: qx, Y: h99})
+			hand.Series = append(hand.Series, Series{Name: v + " p50", X: qx, Y: h50},
+				Series{Name: v + " p99", X: qx, Y: h99})
 		}
 	}
 	if err := write("utilisation-vs-workers.svg", util); err != nil {
@@ -166,7 +171,7 @@ func (b *bencher) suite() error {
 		}
 		fmt.Fprintf(w, "| `redis-benchmark -t ping -c %d` | %.0f PING/s | %.1f µs | 1 |\n", c, rate, 1e6/rate*float64(c))
 	}
-	rtt, err := bench.PingRTT(ctx, b.client, 500)
+	rtt, err := PingRTT(ctx, b.client, 500)
 	if err != nil {
 		return err
 	}
