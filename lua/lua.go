@@ -37,8 +37,6 @@ var (
 	fenceSrc string
 	//go:embed fence_set.lua
 	fenceSetSrc string
-	//go:embed naive_zset_acquire.lua
-	naiveZSetAcquireSrc string
 )
 
 var (
@@ -62,13 +60,8 @@ var (
 	Fence = redis.NewScript(fenceLib + fenceSrc)
 	// FenceSet is Fence plus a SET of one data key, only when not stale.
 	FenceSet = redis.NewScript(fenceLib + fenceSetSrc)
-
-	// NaiveZSetAcquire is a baseline for the bench tool, not part of
-	// redsem: the seed's sorted-set acquire (one key, no lib.lua; see its
-	// header). Nothing in the library calls it.
-	NaiveZSetAcquire = redis.NewScript(naiveZSetAcquireSrc)
 )
 
 // KeyCount is the number of KEYS every semaphore script takes (see lib.lua);
-// the fence scripts and the baseline NaiveZSetAcquire take their own.
+// the fence scripts take their own.
 const KeyCount = 7

@@ -54,10 +54,11 @@ func runSetLimit(args []string, stdout, stderr io.Writer) int {
 func runRelease(args []string, stdout, stderr io.Writer) int {
 	c := newCommand("release", "NAME ID [flags]",
 		"Force-releases the holder with lease id ID (as shown by status; a unique\n"+
-			"prefix is enough), with the same script a client's Release runs, and admits\n"+
-			"the next waiters. The holder's process learns it at its next renewal\n"+
-			"(within LeaseTTL/3): its lease reports ErrLeaseLost. ID may also be a fair\n"+
-			"waiter's: it leaves the queue, and its process queues it again at the back.", stdout, stderr)
+			"prefix is enough), with the script a client's Release runs (leaving no\n"+
+			"tombstone), and admits the next waiters. The holder's process learns it at\n"+
+			"its next renewal (within LeaseTTL/3): its lease reports ErrLeaseLost. ID\n"+
+			"may also be a fair waiter's: it leaves the queue, and its process queues it\n"+
+			"again at the back.", stdout, stderr)
 	pos, code, stop := c.Parse(args, 2, "NAME ID")
 	if stop {
 		return code
@@ -67,7 +68,7 @@ func runRelease(args []string, stdout, stderr io.Writer) int {
 		return code
 	}
 	defer ss.close()
-	ctx, client, t, e, s := ss.ctx, ss.client, ss.t, ss.e, ss.s
+	ctx, t, e, s := ss.ctx, ss.t, ss.e, ss.s
 	id, err := resolveID(s, pos[1])
 	if err != nil {
 		return c.Fail(err)
