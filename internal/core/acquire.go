@@ -45,6 +45,7 @@ func (e *Engine) AcquireN(ctx context.Context, n int) (redsem.Lease, error) {
 
 func (e *Engine) acquire(ctx context.Context, id string, n int, start time.Time) (redsem.Lease, error) {
 	var w *waiter
+	var backoff time.Duration
 	timer := time.NewTimer(time.Hour)
 	timer.Stop()
 	defer func() {
@@ -53,14 +54,39 @@ func (e *Engine) acquire(ctx context.Context, id string, n int, start time.Time)
 			w.h.unregister(w)
 		}
 	}()
-	if e.cfg.Fair {
-		// The fair queue needs the session (and its channel) first.
-		var err error
-		if w, err = e.register(ctx, id, n); err != nil {
-			return nil, err
+	// pause waits out a transient error with jittered backoff; it returns
+	// the error to give up with once ctx ends, or nil to go on. The last
+	// transient error is kept for that final error.
+	var lastErr error
+	pause := func(err error) error {
+		if ctx.Err() != nil || !Transient(err) {
+			if lastErr != nil && !errors.Is(err, lastErr) {
+				err = errors.Join(err, lastErr)
+			}
+			return err
+		}
+		lastErr = err
+		backoff = min(max(2*backoff, 20*time.Millisecond), time.Second)
+		timer.Reset(jitter(backoff))
+		select {
+		case <-timer.C:
+			return nil
+		case <-ctx.Done():
+			return e.ctxErr(ctx, err)
 		}
 	}
 	for {
+		// The fair queue needs the session (and its channel) first; an
+		// unfair waiter subscribes after its first attempt failed.
+		if w == nil && e.cfg.Fair {
+			var err error
+			if w, err = e.register(ctx, id, n); err != nil {
+				if err = pause(err); err != nil {
+					return nil, err
+				}
+				continue
+			}
+		}
 		mode, sid := "try", ""
 		switch {
 		case e.cfg.Fair:
@@ -70,8 +96,15 @@ func (e *Engine) acquire(ctx context.Context, id string, n int, start time.Time)
 		}
 		a, err := e.acquireOnce(ctx, id, n, mode, sid)
 		if err != nil {
-			return nil, e.fail(ctx, id, err)
+			// Ride a transient error out: the same id again after a pause
+			// (the script is idempotent per id, so a try that did reach
+			// Redis is found).
+			if err = pause(err); err != nil {
+				return nil, e.fail(ctx, id, err)
+			}
+			continue
 		}
+		backoff, lastErr = 0, nil
 		if a.code == codeGranted {
 			return e.granted(start, id, a.slots, a.token, a.deadline), nil
 		}
@@ -80,7 +113,9 @@ func (e *Engine) acquire(ctx context.Context, id string, n int, start time.Time)
 			// freed between the first attempt and the subscription is
 			// not missed.
 			if w, err = e.register(ctx, id, n); err != nil {
-				return nil, e.fail(ctx, id, err)
+				if err = pause(err); err != nil {
+					return nil, e.fail(ctx, id, err)
+				}
 			}
 			continue
 		}
@@ -114,7 +149,7 @@ func (e *Engine) acquire(ctx context.Context, id string, n int, start time.Time)
 			return nil, redsem.ErrClosed
 		case <-ctx.Done():
 			e.leave(ctx, w, id)
-			return nil, e.gaveUp(ctx)
+			return nil, e.ctxErr(ctx, nil)
 		}
 	}
 }
@@ -124,6 +159,12 @@ func (e *Engine) acquire(ctx context.Context, id string, n int, start time.Time)
 // wake-up it received but will not use.
 func (e *Engine) leave(ctx context.Context, w *waiter, id string) {
 	if e.cfg.Fair {
+		if ctx.Err() == nil {
+			// Close: the caller's context still runs, so leave now, within it.
+			if _, _, err := e.release(ctx, id, "undo"); err == nil {
+				return
+			}
+		}
 		e.undo(ctx, id, nil)
 		return
 	}
@@ -148,22 +189,12 @@ func (e *Engine) waitFor(hint int64) time.Duration {
 	return time.Duration(float64(d) * (0.8 + 0.4*rand.Float64()))
 }
 
-// gaveUp is the error of an acquire abandoned because ctx ended: it matches
-// ctx.Err() and, when ctx was ended with a cause, the cause too.
-func (e *Engine) gaveUp(ctx context.Context) error {
-	err, cause := ctx.Err(), context.Cause(ctx)
-	if cause == nil || cause == err {
-		return fmt.Errorf("redsem: acquire %q: gave up waiting: %w", e.cfg.Name, err)
-	}
-	return fmt.Errorf("redsem: acquire %q: gave up waiting: %w (%w)", e.cfg.Name, err, cause)
-}
-
 // fail turns an error met while acquiring into the error Acquire returns,
 // after undoing whatever the attempt may have left in Redis.
 func (e *Engine) fail(ctx context.Context, id string, err error) error {
 	e.undo(ctx, id, err)
-	if ctx.Err() != nil {
-		return errors.Join(e.gaveUp(ctx), err)
+	if ctx.Err() != nil && !errors.Is(err, ctx.Err()) {
+		return e.ctxErr(ctx, err)
 	}
 	return err
 }

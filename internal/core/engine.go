@@ -42,6 +42,10 @@ type Engine struct {
 	hubMu  sync.Mutex
 	hub    *hub
 	closed bool // under hubMu
+
+	stopped context.Context // ends on Close: stops undo retries
+	stop    context.CancelFunc
+	undos   sync.WaitGroup
 }
 
 // New validates cfg and returns an Engine.
@@ -50,6 +54,7 @@ func New(cfg Config) (*Engine, error) {
 		return nil, err
 	}
 	e := &Engine{cfg: cfg, keys: KeysFor(cfg.Prefix, cfg.Name), pub: "PUBLISH"}
+	e.stopped, e.stop = context.WithCancel(context.Background())
 	if _, ok := cfg.Client.(*redis.ClusterClient); ok {
 		e.pub = "SPUBLISH"
 	}
@@ -62,8 +67,9 @@ func (e *Engine) Name() string { return e.cfg.Name }
 // Keys returns the semaphore's keys (for tools and tests).
 func (e *Engine) Keys() Keys { return e.keys }
 
-// Close stops the background work of waiting (the wake-up subscription and
-// the fair heartbeat). Leases already granted keep renewing until released.
+// Close stops the background work of waiting (the wake-up subscription,
+// the fair heartbeat, retries of undos). Leases already granted keep
+// renewing until released.
 func (e *Engine) Close() error {
 	e.hubMu.Lock()
 	h := e.hub
@@ -73,8 +79,13 @@ func (e *Engine) Close() error {
 	if h != nil {
 		h.shutdown()
 	}
+	e.stop()
 	return nil
 }
+
+// WaitUndos waits until no undo runs (for tests that check what is left in
+// Redis after an abandoned call).
+func (e *Engine) WaitUndos() { e.undos.Wait() }
 
 func (e *Engine) isClosed() bool {
 	e.hubMu.Lock()
@@ -91,27 +102,84 @@ func (e *Engine) run(ctx context.Context, s *redis.Script, limit int, args ...an
 // runOn is run on a given client or connection. Every script call of the
 // library goes through here; status.lua, which writes nothing, runs with
 // EVALSHA_RO so that it may run on a read-only replica.
+//
+// The call returns once ctx ends, whatever the client does: go-redis honours
+// a context's deadline only on clients built with ContextTimeoutEnabled, and
+// retries a failed command on its own, so the command runs on a goroutine of
+// its own and is abandoned (its reply ignored) when ctx ends first. What an
+// abandoned request may still do in Redis is made harmless by the scripts:
+// see undo.
 func (e *Engine) runOn(ctx context.Context, c redis.Scripter, s *redis.Script, limit int, args ...any) ([]any, time.Time, error) {
 	argv := make([]any, 0, 3+len(args))
 	argv = append(argv, e.keys.Chan, e.pub, limit)
 	argv = append(argv, args...)
 	sent := time.Now()
-	var cmd *redis.Cmd
-	if s == lua.Status {
-		cmd = s.RunRO(ctx, c, e.keys.List, argv...)
-		if err := cmd.Err(); err != nil && strings.Contains(err.Error(), "not allowed in read-only scripts") {
-			// miniredis counts TIME as a write in a read-only script;
-			// status.lua writes nothing, so run it as a plain script.
+	call := func() ([]any, error) {
+		var cmd *redis.Cmd
+		if s == lua.Status {
+			cmd = s.RunRO(ctx, c, e.keys.List, argv...)
+			if err := cmd.Err(); err != nil && strings.Contains(err.Error(), "not allowed in read-only scripts") {
+				// miniredis counts TIME as a write in a read-only script;
+				// status.lua writes nothing, so run it as a plain script.
+				cmd = s.Run(ctx, c, e.keys.List, argv...)
+			}
+		} else {
 			cmd = s.Run(ctx, c, e.keys.List, argv...)
 		}
-	} else {
-		cmd = s.Run(ctx, c, e.keys.List, argv...)
+		return cmd.Slice()
 	}
-	v, err := cmd.Slice()
+	v, err := bounded(ctx, call)
 	if err != nil {
+		if ctx.Err() != nil {
+			return nil, sent, e.ctxErr(ctx, err)
+		}
 		return nil, sent, e.wrap(err)
 	}
 	return v, sent, nil
+}
+
+// bounded runs call and returns its result, or ctx's error as soon as ctx
+// ends while call still runs (call then finishes on its own; its result is
+// dropped). A context that can never end costs no goroutine.
+func bounded(ctx context.Context, call func() ([]any, error)) ([]any, error) {
+	if ctx.Done() == nil {
+		return call()
+	}
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	type result struct {
+		v   []any
+		err error
+	}
+	ch := make(chan result, 1)
+	go func() {
+		v, err := call()
+		ch <- result{v, err}
+	}()
+	select {
+	case r := <-ch:
+		return r.v, r.err
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
+}
+
+// ctxErr is the error of a call that ctx ended: it matches ctx.Err() and the
+// context's cause, and keeps err (what the call itself reported, if any).
+func (e *Engine) ctxErr(ctx context.Context, err error) error {
+	base := ctx.Err()
+	cause := context.Cause(ctx)
+	var out error
+	if cause != nil && cause != base {
+		out = fmt.Errorf("redsem: %q: gave up: %w (%w)", e.cfg.Name, base, cause)
+	} else {
+		out = fmt.Errorf("redsem: %q: gave up: %w", e.cfg.Name, base)
+	}
+	if err != nil && !errors.Is(err, base) {
+		out = errors.Join(out, err)
+	}
+	return out
 }
 
 func (e *Engine) wrap(err error) error {
@@ -297,22 +365,44 @@ func (e *Engine) failed(err error) {
 
 // undo cancels id after a failed or abandoned acquire: a reply lost on the
 // wire may have granted or queued it, or the request may still be in
-// flight. release.lua removes whatever id holds or where it waits, and
-// leaves a cancellation record that acquire.lua honours should the acquire
-// run after it. Errors that acquire.lua returns before writing anything
+// flight (an abandoned call, a paused Redis). release.lua removes whatever
+// id holds or where it waits, and leaves a cancellation record that
+// acquire.lua honours should the acquire run after it: the two may run in
+// either order. Errors that acquire.lua returns before writing anything
 // need no undo.
 //
-// When the last error was a failed dial, the server could not be reached and
-// undo does not try either (it would only wait for the same failure); a
-// grant made by an earlier, retried attempt then expires after LeaseTTL.
+// undo does not wait: the release runs on a goroutine of its own, detached
+// from ctx, and is tried again with backoff while Redis cannot be reached,
+// for at most LeaseTTL (a grant it could not undo expires by then; a queue
+// entry of this process's session is evicted when it reaches the head and
+// nobody claims it). Close stops those retries.
 func (e *Engine) undo(ctx context.Context, id string, cause error) {
 	if errors.Is(cause, redsem.ErrLimitMismatch) || errors.Is(cause, redsem.ErrWeight) ||
 		errors.Is(cause, redsem.ErrQueueFull) || isDialError(cause) {
+		// Nothing written; or (a failed dial) nothing sent on this try, and
+		// a grant an earlier, retried try made expires after LeaseTTL.
 		return
 	}
-	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cleanupTimeout)
-	defer cancel()
-	_, _, _ = e.release(cctx, id, "undo")
+	e.undos.Add(1)
+	go func() {
+		defer e.undos.Done()
+		uctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), e.cfg.LeaseTTL)
+		defer cancel()
+		stop := context.AfterFunc(e.stopped, cancel)
+		defer stop()
+		for wait := 20 * time.Millisecond; ; wait = min(2*wait, time.Second) {
+			if _, _, err := e.release(uctx, id, "undo"); err == nil || !Transient(err) {
+				return
+			}
+			t := time.NewTimer(jitter(wait))
+			select {
+			case <-t.C:
+			case <-uctx.Done():
+				t.Stop()
+				return
+			}
+		}
+	}()
 }
 
 // Kinds of release that release.lua reports.

@@ -111,7 +111,7 @@ func (e *Engine) register(ctx context.Context, id string, n int) (*waiter, error
 		return w, nil
 	case <-ctx.Done():
 		h.unregister(w)
-		return nil, e.gaveUp(ctx)
+		return nil, e.ctxErr(ctx, nil)
 	}
 }
 

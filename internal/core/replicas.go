@@ -76,7 +76,7 @@ func (e *Engine) replicated(ctx context.Context, l redsem.Lease, err error) (red
 			return nil, err
 		}
 		if ctx.Err() != nil {
-			return nil, errors.Join(e.gaveUp(ctx), err)
+			return nil, e.ctxErr(ctx, err)
 		}
 		return nil, err
 	}
