@@ -31,7 +31,7 @@ func TestMiddlewareLimitAcrossProcesses(t *testing.T) {
 	tr := newTracker(t)
 	mw := redsemhttp.Middleware(redsemhttp.Options{Semaphore: fixed(sem)})
 	parent := httptest.NewServer(mw(callTracker(tr.URL + "/hold?from=parent")))
-	t.Cleanup(parent.Close)
+	t.Cleanup(func() { tr.open(); parent.Close() }) // no handler left waiting
 	child := startChild(t, srv.Addr, name, limit, tr.URL)
 
 	client := &http.Client{Timeout: 20 * time.Second}

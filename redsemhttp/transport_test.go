@@ -41,7 +41,7 @@ func TestTransportLimit(t *testing.T) {
 				srv.Start()
 				base = http.DefaultTransport.(*http.Transport).Clone()
 			}
-			t.Cleanup(srv.Close)
+			t.Cleanup(func() { tr.open(); srv.Close() }) // no handler left waiting
 			t.Cleanup(base.CloseIdleConnections)
 			clients := []*http.Client{
 				{Transport: &redsemhttp.Transport{Base: base, Semaphore: fixed(semA)}},
