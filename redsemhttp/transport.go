@@ -26,6 +26,7 @@ import (
 // itself: close every body (defer resp.Body.Close()), as net/http requires
 // anyway to reuse connections.
 //
+// A lease lost while its request is in flight does not cancel the request.
 // It works with HTTP/1 and HTTP/2 alike: the lease is per request, not per
 // connection. A Transport is safe for concurrent use; its fields must not
 // change once it is in use.

@@ -278,4 +278,25 @@ func TestConnectWaits(t *testing.T) {
 			t.Fatalf("%d holders (%v) after db.Close, want 0", len(st.Holders), err)
 		}
 	})
+	t.Run("Driver().Open holds a lease", func(t *testing.T) {
+		pgDB(t)
+		cfg, _ := appConfig(t)
+		db := sql.OpenDB(redsemsql.NewConnector(stdlib.GetConnector(*cfg), sem))
+		t.Cleanup(func() { _ = db.Close() })
+		c, err := db.Driver().Open(pgURL())
+		if err != nil {
+			t.Fatal(err)
+		}
+		st, err := sem.Status(ctx)
+		if err != nil || len(st.Holders) != 1 {
+			t.Fatalf("%d holders (%v) with a connection open, want 1", len(st.Holders), err)
+		}
+		if err := c.Close(); err != nil {
+			t.Fatal(err)
+		}
+		st, err = sem.Status(ctx)
+		if err != nil || len(st.Holders) != 0 {
+			t.Fatalf("%d holders (%v) after Close, want 0", len(st.Holders), err)
+		}
+	})
 }
