@@ -53,6 +53,9 @@ type Options struct {
 
 type leaseKey struct{}
 
+// errNoSemaphore stands for a nil semaphore returned without an error.
+var errNoSemaphore = errors.New("no semaphore for the request")
+
 // LeaseFromContext returns the lease under which Middleware runs the
 // request whose context is ctx. It reports false when the request runs
 // without one (FailOpen after a failed Acquire). Pass the lease's Slot and
@@ -110,6 +113,9 @@ func Middleware(opts Options) func(http.Handler) http.Handler {
 	return func(next http.Handler) http.Handler {
 		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 			sem, err := opts.Semaphore(r)
+			if err == nil && sem == nil {
+				err = errNoSemaphore
+			}
 			if err != nil {
 				onError(w, r, fmt.Errorf("redsemhttp: choose semaphore: %w", err))
 				return

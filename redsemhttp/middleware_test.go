@@ -286,6 +286,10 @@ func TestMiddlewareSemaphoreError(t *testing.T) {
 	if !errors.Is(got, pickErr) || got.Error() != "redsemhttp: choose semaphore: unknown tenant" {
 		t.Fatalf("ErrorHandler got %v", got)
 	}
+	none := func(*http.Request) (redsem.Semaphore, error) { return nil, nil }
+	if rec := serve(redsemhttp.Middleware(redsemhttp.Options{Semaphore: none})(handler), context.Background()); rec.Code != http.StatusInternalServerError {
+		t.Fatalf("nil semaphore: status %d, want 500", rec.Code)
+	}
 	if called.Load() {
 		t.Fatal("handler called")
 	}

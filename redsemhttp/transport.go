@@ -61,6 +61,9 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 		return nil, errors.New("redsemhttp: Transport.Semaphore is nil")
 	}
 	sem, err := t.Semaphore(req)
+	if err == nil && sem == nil {
+		err = errNoSemaphore
+	}
 	if err != nil {
 		closeBody()
 		return nil, fmt.Errorf("redsemhttp: choose semaphore: %w", err)
