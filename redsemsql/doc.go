@@ -22,9 +22,9 @@
 // whose pool keeps 5 idle connections keeps 5 slots from every other
 // process. So:
 //
-//   - Set SetMaxOpenConns to at most the limit in every process (more only
-//     makes queries wait in Connect, holding nothing, rather than in the
-//     pool).
+//   - Set SetMaxOpenConns to at most the limit in every process. A higher
+//     value does no harm to others: the extra Connect calls wait for a
+//     slot, holding nothing.
 //   - Bound idle slots with SetMaxIdleConns (database/sql's default is 2) and
 //     SetConnMaxIdleTime, so that a process that has gone quiet gives its
 //     slots back. database/sql closes expired idle connections at most once
