@@ -1,0 +1,152 @@
+package redsemhttp
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"net/http"
+	"strconv"
+	"time"
+
+	"github.com/redsem/redsem"
+)
+
+// defaultReleaseTimeout bounds a release when no ReleaseTimeout is set.
+const defaultReleaseTimeout = 5 * time.Second
+
+// defaultRetryAfter is the Retry-After of a 503 when Options.RetryAfter is
+// zero.
+const defaultRetryAfter = time.Second
+
+// Options configure Middleware. The zero value is not usable: Semaphore is
+// required (Middleware panics without it, a programming error).
+type Options struct {
+	// Semaphore picks the semaphore for a request: one per route, per
+	// tenant, per API key. It is called once per request. An error answers
+	// the request with ErrorHandler (default: 500 Internal Server Error)
+	// without calling the handler.
+	Semaphore func(*http.Request) (redsem.Semaphore, error)
+	// MaxWait bounds how long a request waits for a lease; zero: as long as
+	// the request's context allows. A request still waiting after MaxWait is
+	// answered 503 with Retry-After, and leaves nothing behind in Redis.
+	MaxWait time.Duration
+	// RetryAfter is the value of the Retry-After header of a 503 answer,
+	// rounded up to whole seconds; zero: 1s.
+	RetryAfter time.Duration
+	// FailOpen decides what happens when Acquire fails for a reason other
+	// than waiting too long or a full queue: Redis unreachable, the
+	// semaphore closed, a limit mismatch. False (the default) fails closed:
+	// the request is answered 503 with Retry-After, as if no slot were free.
+	// True fails open: the handler runs without a lease (LeaseFromContext
+	// reports none), so the limit does not hold while Redis is down, but the
+	// service stays up.
+	FailOpen bool
+	// ErrorHandler answers a request whose Semaphore func returned an error
+	// (err wraps it, with the prefix "redsemhttp: "); nil: a plain-text 500
+	// Internal Server Error that does not show err to the client.
+	ErrorHandler func(w http.ResponseWriter, r *http.Request, err error)
+	// ReleaseTimeout bounds the Release made when the handler returns,
+	// which runs even if the request's context has ended; zero: 5s.
+	ReleaseTimeout time.Duration
+}
+
+type leaseKey struct{}
+
+// errNoSemaphore stands for a nil semaphore returned without an error.
+var errNoSemaphore = errors.New("no semaphore for the request")
+
+// LeaseFromContext returns the lease under which Middleware runs the
+// request whose context is ctx. It reports false when the request runs
+// without one (FailOpen after a failed Acquire). Pass the lease's Slot and
+// Token on to a store protected with package fencing.
+func LeaseFromContext(ctx context.Context) (redsem.Lease, bool) {
+	l, ok := ctx.Value(leaseKey{}).(redsem.Lease)
+	return l, ok
+}
+
+// Middleware admits a request only while it holds a lease of the semaphore
+// that opts.Semaphore returns for it; the lease is released when the handler
+// returns. A request that cannot get one within opts.MaxWait (or whose
+// queue is full) is answered 503 with a Retry-After header, without calling
+// the handler.
+//
+// In detail, for each request:
+//   - Semaphore returns an error: ErrorHandler answers (default 500); the
+//     handler does not run.
+//   - Acquire returns a lease: the handler runs with the lease in its
+//     request's context (LeaseFromContext), and the lease is released when
+//     the handler returns or panics (the panic goes on after the release).
+//   - Acquire gives up because MaxWait passed or the request's context ended
+//     (the client went away), or fails with an error matching
+//     redsem.ErrQueueFull: 503 Service Unavailable with Retry-After.
+//   - Acquire fails otherwise (Redis unreachable, ...): 503 with Retry-After
+//     (fail closed), or with Options.FailOpen the handler runs without a
+//     lease.
+//
+// A lease lost while the handler runs (Redis lost it, the process paused
+// past its TTL) does not stop the handler; handlers that must stop watch
+// the lease's Done channel.
+func Middleware(opts Options) func(http.Handler) http.Handler {
+	if opts.Semaphore == nil {
+		panic("redsemhttp: Middleware needs Options.Semaphore")
+	}
+	retryAfter := opts.RetryAfter
+	if retryAfter <= 0 {
+		retryAfter = defaultRetryAfter
+	}
+	retryAfterHeader := strconv.FormatInt(int64(math.Ceil(retryAfter.Seconds())), 10)
+	releaseTimeout := opts.ReleaseTimeout
+	if releaseTimeout <= 0 {
+		releaseTimeout = defaultReleaseTimeout
+	}
+	onError := opts.ErrorHandler
+	if onError == nil {
+		onError = func(w http.ResponseWriter, _ *http.Request, _ error) {
+			http.Error(w, "redsemhttp: no limiter for this request", http.StatusInternalServerError)
+		}
+	}
+	unavailable := func(w http.ResponseWriter, msg string) {
+		w.Header().Set("Retry-After", retryAfterHeader)
+		http.Error(w, msg, http.StatusServiceUnavailable)
+	}
+	return func(next http.Handler) http.Handler {
+		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			sem, err := opts.Semaphore(r)
+			if err == nil && sem == nil {
+				err = errNoSemaphore
+			}
+			if err != nil {
+				onError(w, r, fmt.Errorf("redsemhttp: choose semaphore: %w", err))
+				return
+			}
+			ctx := r.Context()
+			waitCtx := ctx
+			if opts.MaxWait > 0 {
+				var cancel context.CancelFunc
+				waitCtx, cancel = context.WithTimeout(ctx, opts.MaxWait)
+				defer cancel()
+			}
+			lease, err := sem.Acquire(waitCtx)
+			switch {
+			case err == nil:
+			case waitCtx.Err() != nil && errors.Is(err, waitCtx.Err()), errors.Is(err, redsem.ErrQueueFull):
+				unavailable(w, "redsemhttp: no slot free, try again later")
+				return
+			case opts.FailOpen:
+				next.ServeHTTP(w, r)
+				return
+			default:
+				unavailable(w, "redsemhttp: limiter unavailable, try again later")
+				return
+			}
+			defer func() {
+				// Runs on return and on panic: the panic continues after it.
+				rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), releaseTimeout)
+				_ = lease.Release(rctx) // on failure the slot comes back after its TTL
+				cancel()
+			}()
+			next.ServeHTTP(w, r.WithContext(context.WithValue(ctx, leaseKey{}, lease)))
+		})
+	}
+}

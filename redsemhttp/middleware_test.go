@@ -1,0 +1,296 @@
+package redsemhttp_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strconv"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/redsem/redsem"
+	"github.com/redsem/redsem/fair"
+	"github.com/redsem/redsem/internal/redistest"
+	"github.com/redsem/redsem/redsemhttp"
+	"github.com/redsem/redsem/unfair"
+)
+
+// TestMiddlewareLimitAcrossProcesses: this process and a child process
+// serve the same route behind Middleware with one semaphore of limit 3;
+// 12 requests split over both never have more than 3 handlers running.
+func TestMiddlewareLimitAcrossProcesses(t *testing.T) {
+	const limit, requests = 3, 12
+	srv := redistest.Shared(t)
+	name := redistest.Name(t)
+	sem := newFair(t, redistest.Client(t), name, limit, fair.Options{})
+	tr := newTracker(t)
+	mw := redsemhttp.Middleware(redsemhttp.Options{Semaphore: fixed(sem)})
+	parent := httptest.NewServer(mw(callTracker(tr.URL + "/hold?from=parent")))
+	t.Cleanup(func() { tr.open(); parent.Close() }) // no handler left waiting
+	child := startChild(t, srv.Addr, name, limit, tr.URL)
+
+	client := &http.Client{Timeout: 20 * time.Second}
+	results := make(chan error, requests)
+	for i := 0; i < requests; i++ {
+		url := parent.URL
+		if i%2 == 1 {
+			url = child
+		}
+		go func() {
+			resp, err := client.Get(url)
+			if err != nil {
+				results <- err
+				return
+			}
+			b, _ := io.ReadAll(resp.Body)
+			_ = resp.Body.Close()
+			if resp.StatusCode != http.StatusOK {
+				err = fmt.Errorf("%s: %d %s", url, resp.StatusCode, b)
+			}
+			results <- err
+		}()
+	}
+	// Three handlers are inside, the other nine wait in the queue, and no
+	// fourth handler has started.
+	tr.waitEntered(t, limit)
+	waitCounts(t, sem, limit, requests-limit)
+	if n := tr.inflight.Load(); n != limit {
+		t.Fatalf("%d handlers running, limit %d", n, limit)
+	}
+	tr.open()
+	for i := 0; i < requests; i++ {
+		if err := <-results; err != nil {
+			t.Fatal(err)
+		}
+	}
+	if m := tr.max.Load(); m > limit {
+		t.Fatalf("%d handlers ran at once, limit %d", m, limit)
+	}
+	if e := tr.entries(); e["parent"] != requests/2 || e["child"] != requests/2 {
+		t.Fatalf("entries %v, want %d from each process", e, requests/2)
+	}
+	wantCounts(t, sem, 0, 0)
+}
+
+// serve runs h on a request with ctx and returns the recorded response.
+func serve(h http.Handler, ctx context.Context) *httptest.ResponseRecorder {
+	rec := httptest.NewRecorder()
+	h.ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/", nil).WithContext(ctx))
+	return rec
+}
+
+func want503(t *testing.T, rec *httptest.ResponseRecorder, retryAfter string) {
+	t.Helper()
+	if rec.Code != http.StatusServiceUnavailable {
+		t.Fatalf("status %d (%s), want 503", rec.Code, rec.Body)
+	}
+	if got := rec.Header().Get("Retry-After"); got != retryAfter {
+		t.Fatalf("Retry-After %q, want %q", got, retryAfter)
+	}
+}
+
+// TestMiddlewareReleases: the lease is released on every path, and a
+// request that gets none never reaches the handler.
+func TestMiddlewareReleases(t *testing.T) {
+	ctx := redistest.Ctx(t, 20*time.Second)
+	sem := newFair(t, redistest.Client(t), redistest.Name(t), 1, fair.Options{})
+	var calls atomic.Int64
+	var seen redsem.Lease
+	var holdersInside int
+	inner := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		calls.Add(1)
+		l, ok := redsemhttp.LeaseFromContext(r.Context())
+		if !ok {
+			t.Error("handler runs without a lease")
+			return
+		}
+		seen = l
+		st, err := sem.Status(r.Context())
+		if err != nil {
+			t.Error(err)
+		}
+		holdersInside = len(st.Holders)
+		switch r.URL.Query().Get("do") {
+		case "panic":
+			panic("handler panic")
+		case "error":
+			http.Error(w, "handler failed", http.StatusInternalServerError)
+			return
+		}
+		_, _ = io.WriteString(w, "ok")
+	})
+	h := redsemhttp.Middleware(redsemhttp.Options{Semaphore: fixed(sem), MaxWait: 5 * time.Second})(inner)
+
+	t.Run("ok", func(t *testing.T) {
+		rec := serve(h, ctx)
+		if rec.Code != http.StatusOK || rec.Body.String() != "ok" {
+			t.Fatalf("%d %q", rec.Code, rec.Body)
+		}
+		wantCounts(t, sem, 0, 0)
+		if holdersInside != 1 {
+			t.Fatalf("%d holders while the handler ran, want 1", holdersInside)
+		}
+		if seen.Err() != nil {
+			t.Fatalf("lease: %v", seen.Err())
+		}
+	})
+	t.Run("error", func(t *testing.T) {
+		rec := httptest.NewRecorder()
+		h.ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/?do=error", nil).WithContext(ctx))
+		if rec.Code != http.StatusInternalServerError {
+			t.Fatalf("status %d", rec.Code)
+		}
+		wantCounts(t, sem, 0, 0)
+	})
+	t.Run("panic", func(t *testing.T) {
+		func() {
+			defer func() {
+				if r := recover(); r != "handler panic" {
+					t.Fatalf("recovered %v, want the handler's panic", r)
+				}
+			}()
+			h.ServeHTTP(httptest.NewRecorder(), httptest.NewRequest(http.MethodGet, "/?do=panic", nil).WithContext(ctx))
+			t.Fatal("the panic did not go on")
+		}()
+		wantCounts(t, sem, 0, 0)
+	})
+	t.Run("MaxWait", func(t *testing.T) {
+		l, err := sem.Acquire(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer func() { _ = l.Release(ctx) }()
+		before := calls.Load()
+		short := redsemhttp.Middleware(redsemhttp.Options{Semaphore: fixed(sem), MaxWait: 50 * time.Millisecond})(inner)
+		want503(t, serve(short, ctx), "1")
+		if calls.Load() != before {
+			t.Fatal("handler called without a lease")
+		}
+		wantCounts(t, sem, 1, 0) // no queue entry left behind
+	})
+	t.Run("client gone while waiting", func(t *testing.T) {
+		l, err := sem.Acquire(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer func() { _ = l.Release(ctx) }()
+		before := calls.Load()
+		reqCtx, cancel := context.WithCancel(ctx)
+		done := make(chan *httptest.ResponseRecorder)
+		go func() { done <- serve(h, reqCtx) }()
+		waitCounts(t, sem, 1, 1)
+		cancel()
+		want503(t, <-done, "1")
+		if calls.Load() != before {
+			t.Fatal("handler called without a lease")
+		}
+		wantCounts(t, sem, 1, 0)
+	})
+	t.Run("RetryAfter rounds up", func(t *testing.T) {
+		l, err := sem.Acquire(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer func() { _ = l.Release(ctx) }()
+		mw := redsemhttp.Middleware(redsemhttp.Options{Semaphore: fixed(sem), MaxWait: time.Millisecond, RetryAfter: 1500 * time.Millisecond})
+		want503(t, serve(mw(inner), ctx), "2")
+	})
+}
+
+// queueFull is a real semaphore whose Acquire reports a full queue, as a
+// fair semaphore with MaxWaiters does.
+type queueFull struct{ redsem.Semaphore }
+
+func (queueFull) Acquire(context.Context) (redsem.Lease, error) {
+	return nil, fmt.Errorf("fair: %w", redsem.ErrQueueFull)
+}
+
+func TestMiddlewareQueueFull(t *testing.T) {
+	sem := newFair(t, redistest.Client(t), redistest.Name(t), 1, fair.Options{})
+	var called atomic.Bool
+	h := redsemhttp.Middleware(redsemhttp.Options{Semaphore: fixed(queueFull{sem}), FailOpen: true, RetryAfter: 3 * time.Second})(
+		http.HandlerFunc(func(http.ResponseWriter, *http.Request) { called.Store(true) }))
+	// A full queue is not a failure of the limiter: 503 even with FailOpen.
+	want503(t, serve(h, context.Background()), "3")
+	if called.Load() {
+		t.Fatal("handler called")
+	}
+}
+
+// TestMiddlewareRedisUnreachable: with Redis down the middleware fails
+// closed (503) by default and runs the handler without a lease with
+// FailOpen.
+func TestMiddlewareRedisUnreachable(t *testing.T) {
+	port, err := redistest.FreePort()
+	if err != nil {
+		t.Fatal(err)
+	}
+	client := redis.NewClient(&redis.Options{Addr: "127.0.0.1:" + strconv.Itoa(port), MaxRetries: -1,
+		DialTimeout: time.Second, ContextTimeoutEnabled: true})
+	t.Cleanup(func() { _ = client.Close() })
+	sem, err := unfair.New(client, redistest.Name(t), 2, unfair.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = sem.Close() })
+	ctx := redistest.Ctx(t, 10*time.Second)
+	var calls, withLease atomic.Int64
+	handler := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		calls.Add(1)
+		if _, ok := redsemhttp.LeaseFromContext(r.Context()); ok {
+			withLease.Add(1)
+		}
+		_, _ = io.WriteString(w, "served")
+	})
+
+	closed := redsemhttp.Middleware(redsemhttp.Options{Semaphore: fixed(sem), MaxWait: 5 * time.Second})(handler)
+	want503(t, serve(closed, ctx), "1")
+	if calls.Load() != 0 {
+		t.Fatal("fail closed: handler called")
+	}
+
+	open := redsemhttp.Middleware(redsemhttp.Options{Semaphore: fixed(sem), MaxWait: 5 * time.Second, FailOpen: true})(handler)
+	rec := serve(open, ctx)
+	if rec.Code != http.StatusOK || rec.Body.String() != "served" {
+		t.Fatalf("fail open: %d %q", rec.Code, rec.Body)
+	}
+	if calls.Load() != 1 || withLease.Load() != 0 {
+		t.Fatalf("fail open: %d calls, %d with a lease; want 1, 0", calls.Load(), withLease.Load())
+	}
+}
+
+func TestMiddlewareSemaphoreError(t *testing.T) {
+	pickErr := errors.New("unknown tenant")
+	pick := func(*http.Request) (redsem.Semaphore, error) { return nil, pickErr }
+	var called atomic.Bool
+	handler := http.HandlerFunc(func(http.ResponseWriter, *http.Request) { called.Store(true) })
+
+	rec := serve(redsemhttp.Middleware(redsemhttp.Options{Semaphore: pick})(handler), context.Background())
+	if rec.Code != http.StatusInternalServerError {
+		t.Fatalf("status %d, want 500", rec.Code)
+	}
+	var got error
+	custom := redsemhttp.Middleware(redsemhttp.Options{Semaphore: pick,
+		ErrorHandler: func(w http.ResponseWriter, _ *http.Request, err error) {
+			got = err
+			http.Error(w, "no such tenant", http.StatusNotFound)
+		}})
+	if rec := serve(custom(handler), context.Background()); rec.Code != http.StatusNotFound {
+		t.Fatalf("status %d, want the ErrorHandler's 404", rec.Code)
+	}
+	if !errors.Is(got, pickErr) || got.Error() != "redsemhttp: choose semaphore: unknown tenant" {
+		t.Fatalf("ErrorHandler got %v", got)
+	}
+	none := func(*http.Request) (redsem.Semaphore, error) { return nil, nil }
+	if rec := serve(redsemhttp.Middleware(redsemhttp.Options{Semaphore: none})(handler), context.Background()); rec.Code != http.StatusInternalServerError {
+		t.Fatalf("nil semaphore: status %d, want 500", rec.Code)
+	}
+	if called.Load() {
+		t.Fatal("handler called")
+	}
+}
