@@ -145,15 +145,21 @@ func TestLinearizabilityCheckerRejectsMutants(t *testing.T) {
 	for _, m := range []mutation{mutSlotClash, mutFalseRefusal, mutLowToken} {
 		t.Run(m.String(), func(t *testing.T) {
 			for _, v := range linVariants {
-				st := newMutantState(m)
-				wrap := func(s redsem.Semaphore) redsem.Semaphore { return &mutantSem{Semaphore: s, st: st} }
-				h := recordHistory(t, srv, v.newSem, w, nil, wrap)
-				res, msg := checkHistory(t, fmt.Sprintf("mutant-%s-%s", m, v.name), h)
-				if res != porcupine.Illegal {
-					t.Errorf("%s, %s: the checker accepted the history of a mutant (%v)", m, v.name, res)
-					continue
+				for _, f := range []*linFaults{nil, {drop: 0.04, kill: 0.02, retries: -1}} {
+					st := newMutantState(m)
+					wrap := func(s redsem.Semaphore) redsem.Semaphore { return &mutantSem{Semaphore: s, st: st} }
+					h := recordHistory(t, srv, v.newSem, w, f, wrap)
+					label := fmt.Sprintf("mutant-%s-%s", m, v.name)
+					if f != nil {
+						label += "-faults"
+					}
+					res, msg := checkHistory(t, label, h)
+					if res != porcupine.Illegal {
+						t.Errorf("%s: the checker accepted the history of a mutant (%v)", label, res)
+						continue
+					}
+					t.Logf("rejected as it should be:\n%s", msg)
 				}
-				t.Logf("rejected as it should be:\n%s", msg)
 			}
 		})
 	}
