@@ -434,7 +434,9 @@ func TestLinearizableNetworkFaults(t *testing.T) {
 // can land after another client's later SetLimit and undo it (seen: a
 // SetLimit(4) applied at 710 ms and again at 1085 ms, reverting a
 // SetLimit(1) made at 907 ms in between; a grant with 1 of 1 slots held
-// followed). Set REDSEM_LIN_RETRIED_SETLIMIT=1 to run it.
+// followed). Set REDSEM_LIN_RETRIED_SETLIMIT=1 to run it. The root
+// package's TestResentSetLimitDoesNotUndoLaterSetLimit is its
+// deterministic form.
 func TestLinearizableRetriedSetLimit(t *testing.T) {
 	if os.Getenv("REDSEM_LIN_RETRIED_SETLIMIT") == "" {
 		t.Skip("pending engine fix: a re-sent SetLimit (reply lost, go-redis retry) can undo a later SetLimit of another client")

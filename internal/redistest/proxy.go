@@ -23,6 +23,7 @@ type Proxy struct {
 	conns    map[net.Conn]struct{}
 	dropProb float64 // chance that a request's reply is lost
 	killProb float64 // chance that a request's connection is reset before it is forwarded
+	dropNext int     // replies of the next requests to lose, whatever the odds
 	dropped  int     // replies lost so far
 	killed   int     // connections reset so far
 	closed   bool
@@ -52,6 +53,14 @@ func StartProxy(t testing.TB, target string) *Proxy {
 func (p *Proxy) SetFaults(drop, kill float64) {
 	p.mu.Lock()
 	p.dropProb, p.killProb = drop, kill
+	p.mu.Unlock()
+}
+
+// DropNext makes the proxy lose the replies to the next n requests read
+// from any client (after Redis ran them), on top of SetFaults' odds.
+func (p *Proxy) DropNext(n int) {
+	p.mu.Lock()
+	p.dropNext += n
 	p.mu.Unlock()
 }
 
@@ -115,6 +124,11 @@ func (p *Proxy) accept() {
 func (p *Proxy) fate() (drop, kill bool) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
+	if p.dropNext > 0 {
+		p.dropNext--
+		p.dropped++
+		return true, false
+	}
 	r := rand.Float64()
 	switch {
 	case r < p.killProb:
