@@ -196,7 +196,7 @@ func recordHistory(t *testing.T, srv *redistest.Server, newSem newSemFunc, w lin
 						}
 						break // a read of unknown outcome changes nothing: left out
 					}
-					out := linOut{res: resOK, limit: st.Limit}
+					out := linOut{res: resOK, limit: st.Limit, waiters: len(st.Waiters)}
 					for _, h := range st.Holders {
 						out.holders = append(out.holders, linHolder{id: h.ID, slot: h.Slot, token: h.Token})
 					}
@@ -239,7 +239,7 @@ func recordHistory(t *testing.T, srv *redistest.Server, newSem newSemFunc, w lin
 	if err != nil {
 		t.Fatalf("final Status: %v", err)
 	}
-	out := linOut{res: resOK, limit: st.Limit}
+	out := linOut{res: resOK, limit: st.Limit, waiters: len(st.Waiters)}
 	for _, h := range st.Holders {
 		out.holders = append(out.holders, linHolder{id: h.ID, slot: h.Slot, token: h.Token})
 	}

@@ -77,6 +77,7 @@ type linOut struct {
 	token   int64       // opTry granted
 	limit   int         // opStatus
 	holders []linHolder // opStatus, sorted by id
+	waiters int         // opStatus: queued waiters (fair)
 }
 
 // linState is the model's state. It is never modified once made.
@@ -212,6 +213,9 @@ func linStep(known map[string]bool, s linState, in linIn, out linOut) (linState,
 	case opStatus:
 		if out.limit != s.limit {
 			return s, fmt.Sprintf("Status says limit %d, the model %d", out.limit, s.limit)
+		}
+		if out.waiters != 0 {
+			return s, fmt.Sprintf("Status shows %d waiters, but only TryAcquire is called", out.waiters)
 		}
 		slots := map[int]string{}
 		for _, h := range out.holders {
