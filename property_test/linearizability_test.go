@@ -264,11 +264,12 @@ func recordHistory(t *testing.T, srv *redistest.Server, newSem newSemFunc, w lin
 	return h
 }
 
-// checkHistory checks h with porcupine. On a failure it writes porcupine's
-// visualisation to a file (under $REDSEM_LIN_DIR, else os.TempDir()) and
-// returns a description: the operations that could not extend the longest
-// linearization found, with the model's reason for each.
-func checkHistory(t *testing.T, label string, h linHistory) (porcupine.CheckResult, string) {
+// checkHistory checks h with porcupine. On a failure it returns a
+// description: the operations that could not extend the longest
+// linearization found, with the model's reason for each; and, when files
+// is set or $REDSEM_LIN_DIR names a directory, it writes porcupine's
+// visualisation and the history as text there (default os.TempDir()).
+func checkHistory(t *testing.T, label string, h linHistory, files bool) (porcupine.CheckResult, string) {
 	t.Helper()
 	model := linModel(h.known, h.limit)
 	began := time.Now()
@@ -286,6 +287,9 @@ func checkHistory(t *testing.T, label string, h linHistory) (porcupine.CheckResu
 	}
 	dir := os.Getenv("REDSEM_LIN_DIR")
 	if dir == "" {
+		if !files {
+			return res, msg.String()
+		}
 		dir = os.TempDir()
 	}
 	safe := strings.NewReplacer("/", "_", " ", "_").Replace(label)
@@ -386,7 +390,7 @@ func TestLinearizable(t *testing.T) {
 			for r := range rounds {
 				for wi, w := range workloads {
 					h := recordHistory(t, srv, v.newSem, w, nil, nil)
-					if res, msg := checkHistory(t, fmt.Sprintf("%s-w%d-r%d", v.name, wi, r), h); res != porcupine.Ok {
+					if res, msg := checkHistory(t, fmt.Sprintf("%s-w%d-r%d", v.name, wi, r), h, true); res != porcupine.Ok {
 						t.Error(msg)
 					}
 				}
@@ -419,7 +423,7 @@ func TestLinearizableNetworkFaults(t *testing.T) {
 			for r := range rounds {
 				for ci, c := range cases {
 					h := recordHistory(t, srv, v.newSem, c.w, &c.faults, nil)
-					if res, msg := checkHistory(t, fmt.Sprintf("%s-faults%d-r%d", v.name, ci, r), h); res != porcupine.Ok {
+					if res, msg := checkHistory(t, fmt.Sprintf("%s-faults%d-r%d", v.name, ci, r), h, true); res != porcupine.Ok {
 						t.Error(msg)
 					}
 				}
@@ -448,7 +452,7 @@ func TestLinearizableRetriedSetLimit(t *testing.T) {
 		t.Run(v.name, func(t *testing.T) {
 			for r := range 5 {
 				h := recordHistory(t, srv, v.newSem, w, &faults, nil)
-				if res, msg := checkHistory(t, fmt.Sprintf("%s-retried-setlimit-r%d", v.name, r), h); res != porcupine.Ok {
+				if res, msg := checkHistory(t, fmt.Sprintf("%s-retried-setlimit-r%d", v.name, r), h, true); res != porcupine.Ok {
 					t.Error(msg)
 				}
 			}
