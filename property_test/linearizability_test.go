@@ -163,7 +163,7 @@ func recordHistory(t *testing.T, srv *redistest.Server, newSem newSemFunc, w lin
 						}
 						out.res, ret = resUnknown, unknownReturn
 					}
-					record(porcupine.Operation{ClientId: ci, Input: linIn{kind: opTry, client: ci}, Call: call, Output: out, Return: ret})
+					record(porcupine.Operation{ClientId: ci, Input: linIn{kind: opTry}, Call: call, Output: out, Return: ret})
 				case r < 0.8 && len(held) > 0:
 					i := rng.IntN(len(held))
 					l := held[i]
@@ -184,7 +184,7 @@ func recordHistory(t *testing.T, srv *redistest.Server, newSem newSemFunc, w lin
 						}
 						out.res, ret = resUnknown, unknownReturn
 					}
-					record(porcupine.Operation{ClientId: ci, Input: linIn{kind: opRelease, client: ci, id: l.ID()}, Call: call, Output: out, Return: ret})
+					record(porcupine.Operation{ClientId: ci, Input: linIn{kind: opRelease, id: l.ID()}, Call: call, Output: out, Return: ret})
 				case r < 0.95 || !w.setLimits:
 					call := now()
 					st, err := s.Status(ctx)
@@ -201,7 +201,7 @@ func recordHistory(t *testing.T, srv *redistest.Server, newSem newSemFunc, w lin
 						out.holders = append(out.holders, linHolder{id: h.ID, slot: h.Slot, token: h.Token})
 					}
 					slices.SortFunc(out.holders, func(a, b linHolder) int { return strings.Compare(a.id, b.id) })
-					record(porcupine.Operation{ClientId: ci, Input: linIn{kind: opStatus, client: ci}, Call: call, Output: out, Return: ret})
+					record(porcupine.Operation{ClientId: ci, Input: linIn{kind: opStatus}, Call: call, Output: out, Return: ret})
 				default:
 					n := 1 + rng.IntN(4)
 					call := now()
@@ -215,7 +215,7 @@ func recordHistory(t *testing.T, srv *redistest.Server, newSem newSemFunc, w lin
 						}
 						out.res, ret = resUnknown, unknownReturn
 					}
-					record(porcupine.Operation{ClientId: ci, Input: linIn{kind: opSetLimit, client: ci, limit: n}, Call: call, Output: out, Return: ret})
+					record(porcupine.Operation{ClientId: ci, Input: linIn{kind: opSetLimit, limit: n}, Call: call, Output: out, Return: ret})
 				}
 				cancel()
 			}

@@ -55,10 +55,9 @@ const (
 
 // linIn is an operation's input.
 type linIn struct {
-	kind   linKind
-	client int
-	id     string // opRelease: the lease released
-	limit  int    // opSetLimit: the new limit
+	kind  linKind
+	id    string // opRelease: the lease released
+	limit int    // opSetLimit: the new limit
 }
 
 // linHolder is one held lease, in the model or in a Status reply.
