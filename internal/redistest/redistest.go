@@ -5,7 +5,9 @@
 //
 // Use Client for a client of the package's shared server (started once per
 // test binary, stopped by Main), Start for a dedicated server that the test
-// may restart or kill, and Name for a semaphore name unique to the test.
+// may restart or kill, Name for a semaphore name unique to the test, and
+// StartProxy for a TCP proxy in front of a server that loses replies and
+// resets connections.
 package redistest
 
 import (
