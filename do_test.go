@@ -3,6 +3,7 @@ package redsem_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"testing"
 	"time"
 
@@ -109,8 +110,17 @@ func TestDoCancelsOnLeaseLoss(t *testing.T) {
 	})
 }
 
-// forceRelease deletes a lease from Redis behind its holder's back.
+// forceRelease removes a lease from Redis behind its holder's back, as
+// "redsem release NAME ID" does.
 func forceRelease(ctx context.Context, c *redis.Client, s redsem.Semaphore, id string) error {
-	k := core.KeysFor(core.DefaultPrefix, s.Name())
-	return c.ZRem(ctx, k.List[core.KeyHolders], id).Err()
+	e, err := core.New(core.Config{Client: c, Name: s.Name(), Limit: 1, Prefix: core.DefaultPrefix})
+	if err != nil {
+		return err
+	}
+	defer e.Close()
+	kind, _, err := e.ForceRelease(ctx, id)
+	if err == nil && kind != core.ReleasedLease {
+		err = fmt.Errorf("force release of %s: kind %d, want a lease", id, kind)
+	}
+	return err
 }

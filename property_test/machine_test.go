@@ -30,6 +30,8 @@ const (
 	maxPending = 5                      // live waiters at once
 	waitBound  = 5 * time.Second        // bound on every wait for a condition
 	leakMargin = 1000 + 200             // lib.lua's MARGIN_MS plus slack, ms
+	recordLife = 15 * time.Second       // lib.lua's TOMB_MS: release and cancellation records
+	pruneEvery = 1000                   // ms: lib.lua's prune step runs at most this often
 )
 
 func TestUnfairStateMachine(t *testing.T) { runMachine(t, false) }
@@ -90,6 +92,7 @@ type machine struct {
 	nextArrival int
 	counter     int
 	lastWrite   int64 // start of the last call that ran expire() and admit()
+	lastPrune   int64 // start of the last call that ran prune() when due (acquire, release, heartbeat)
 	restartUs   int64 // local µs just before the last restart; earlier tokens are lost
 }
 
@@ -188,6 +191,12 @@ func (m *machine) takeLease(rt *rapid.T, l redsem.Lease, ttl time.Duration, floo
 	e := &entity{kind: kLease, id: l.ID(), lease: l, ttl: ttl.Milliseconds(), floor: floor,
 		limitAt: m.limit, arrival: arrival}
 	e.death = after(w, e.ttl)
+	if m.fair {
+		// A grant made while Acquire queued lasts until the earlier of grant
+		// + TTL and the queue session's deadline (until its first renewal);
+		// the Deadline the lease reports is never later than Redis's.
+		e.death.lo = min(e.death.lo, l.Deadline().UnixMilli())
+	}
 	m.add(e, "L")
 	m.granted(rt, e, l.Slot(), l.Token(), w)
 	rt.Logf("%s granted at [%d,%d], deadline %v", e, w.b, w.a, e.death)
@@ -218,21 +227,18 @@ func (m *machine) noJump(rt *rapid.T, e *entity, w window) {
 			}
 			if !o.granted {
 				ctx, cancel := m.ctx()
-				v, err := m.rdb.HGet(ctx, m.keys.List[core.KeyLeases], o.id).Result()
+				slot, token, ok, err := m.leaseRecord(ctx, o.id)
 				cancel()
 				checkNow := callStart()
-				if errors.Is(err, redis.Nil) {
+				if err != nil {
+					fatalf(rt, "lease record: %v", err)
+				}
+				if !ok {
 					if o.death.lo-guard > checkNow {
 						fatalf(rt, "%s was granted although live waiter %s, queued before it, is still waiting", e, o)
 					}
 					continue
 				}
-				if err != nil {
-					fatalf(rt, "hget: %v", err)
-				}
-				var slot int
-				var token int64
-				fmt.Sscanf(v, "%d %d", &slot, &token)
 				m.granted(rt, o, slot, token, window{w.b, checkNow})
 			}
 		default:
@@ -242,6 +248,30 @@ func (m *machine) noJump(rt *rapid.T, e *entity, w window) {
 			fatalf(rt, "%s jumped the queue: %s, queued before it, got the later token", e, o)
 		}
 	}
+}
+
+// leaseRecord reads the lease that Redis keeps for id, held or expired but
+// not yet removed: its meta record "L|token|slots|owner" (see lua/lib.lua).
+// ok is false when id has no lease record (queued, evicted or gone).
+func (m *machine) leaseRecord(ctx context.Context, id string) (slot int, token int64, ok bool, err error) {
+	v, err := m.rdb.HGet(ctx, m.keys.List[core.KeyMeta], id).Result()
+	if errors.Is(err, redis.Nil) {
+		return 0, 0, false, nil
+	}
+	if err != nil {
+		return 0, 0, false, err
+	}
+	f := strings.Split(v, "|")
+	if f[0] != "L" {
+		return 0, 0, false, nil
+	}
+	if len(f) < 4 {
+		return 0, 0, false, fmt.Errorf("bad lease record %q of %s", v, id)
+	}
+	if _, err := fmt.Sscanf(f[1]+" "+strings.Split(f[2], ",")[0], "%d %d", &token, &slot); err != nil {
+		return 0, 0, false, fmt.Errorf("bad lease record %q of %s: %v", v, id, err)
+	}
+	return slot, token, true, nil
 }
 
 // await waits (bounded) for a live waiter's Acquire to return.
@@ -284,6 +314,10 @@ func (m *machine) settle(rt *rapid.T, e *entity, r goResult) {
 	}
 	now := callEnd()
 	e.death = span{e.launched + e.ttl, now + e.ttl} // granted between its launch and now
+	// A grant made while it queued lasts until the earlier of grant + TTL
+	// and its queue session's deadline (until its first renewal); the
+	// Deadline the lease reports is never later than Redis's.
+	e.death.lo = min(e.death.lo, r.l.Deadline().UnixMilli())
 	m.granted(rt, e, r.l.Slot(), r.l.Token(), window{now, now})
 	rt.Logf("%s returned a lease", e)
 }
@@ -405,12 +439,16 @@ func (m *machine) check(rt *rapid.T) {
 			fatalf(rt, "waiters %v wait while %d of %d slots are held", describeW(m, st.Waiters), len(st.Holders), st.Limit)
 		}
 	}
-	// Dead waiters are evicted by the next script that runs after they die.
+	// Dead waiters are evicted by the first script that prunes (at most once
+	// a second: acquire, release, heartbeat) a second after they die, or
+	// sooner by admit at the head; their grants end with the next script.
 	for _, e := range m.ents {
-		if e.kind == kRaw && e.death.hi+guard <= m.lastWrite && e.death.hi > 0 {
+		if e.kind == kRaw && e.death.hi+pruneEvery+guard <= m.lastPrune && e.death.hi > 0 {
 			if _, err := m.rdb.ZScore(ctx, m.keys.List[core.KeyQueue], e.id).Result(); !errors.Is(err, redis.Nil) {
-				fatalf(rt, "dead waiter %s (session ended by %d) still in the queue after a script ran at %d (err %v)", e, e.death.hi, m.lastWrite, err)
+				fatalf(rt, "dead waiter %s (session ended by %d) still in the queue after a script pruned at %d (err %v)", e, e.death.hi, m.lastPrune, err)
 			}
+		}
+		if e.kind == kRaw && e.death.hi+guard <= m.lastWrite && e.death.hi > 0 {
 			if _, err := m.rdb.ZScore(ctx, m.keys.List[core.KeyHolders], e.id).Result(); !errors.Is(err, redis.Nil) {
 				fatalf(rt, "dead waiter %s (its lease or session ended by %d) still holds a slot after a script ran at %d (err %v)", e, e.death.hi, m.lastWrite, err)
 			}
@@ -469,7 +507,7 @@ func (m *machine) tryAcquire(rt *rapid.T, crash bool) {
 	w := window{b: callStart()}
 	l, err := sem.TryAcquire(ctx)
 	w.a = callEnd()
-	m.lastWrite = w.b
+	m.lastWrite, m.lastPrune = w.b, w.b
 	certain, possible, queueEmpty := m.counts(w)
 	if err != nil {
 		if !errors.Is(err, redsem.ErrNoSlot) {
@@ -527,7 +565,7 @@ func (m *machine) acquireShort(rt *rapid.T) {
 		rt.Logf("Acquire(%v): timed out", d)
 		return
 	}
-	m.lastWrite = w.b // its first attempt ran after b
+	m.lastWrite, m.lastPrune = w.b, w.b // its first attempt ran after b
 	certain, _, _ := m.counts(w)
 	if certain >= m.limit {
 		fatalf(rt, "Acquire granted slot %d token %d although %d of %d slots are certainly held throughout", l.Slot(), l.Token(), certain, m.limit)
@@ -576,7 +614,7 @@ func (m *machine) releaseOne(rt *rapid.T, e *entity) {
 	err := e.lease.Release(ctx)
 	w.a = callEnd()
 	if !e.localLost { // a lease already known lost answers without Redis
-		m.lastWrite = w.b
+		m.lastWrite, m.lastPrune = w.b, w.b
 	}
 	expectLive(rt, "Release", e, w, err)
 	e.gone = true
@@ -766,23 +804,38 @@ func (m *machine) enqueueDead(rt *rapid.T) {
 	e := &entity{kind: kRaw, id: uuid.NewString(), floor: m.maxToken, limitAt: m.limit, arrival: m.arrive(),
 		ttl: rawLeaseMs}
 	sid := "dead" + strings.ReplaceAll(uuid.NewString(), "-", "")
+	// The session's first heartbeat, then one acquire in queue mode, back to
+	// back in one transaction (so the session cannot die in between).
+	var hb, acq *redis.Cmd
 	w := window{b: callStart()}
-	v, err := lua.Acquire.Run(ctx, m.rdb, m.keys.List, m.keys.Chan, m.base, e.id, rawLeaseMs, "queue", sid, rawQueueMs).Slice()
+	_, err := m.rdb.TxPipelined(ctx, func(p redis.Pipeliner) error {
+		hb = lua.Heartbeat.Eval(ctx, p, m.keys.List, m.keys.Chan, "PUBLISH", m.base, sid, rawQueueMs, "new")
+		acq = lua.Acquire.Eval(ctx, p, m.keys.List, m.keys.Chan, "PUBLISH", m.base, e.id, 1, rawLeaseMs, "queue", sid, 0, "raw", 0)
+		return nil
+	})
 	w.a = callEnd()
+	if err != nil {
+		fatalf(rt, "raw heartbeat and acquire: %v", err)
+	}
+	if alive, err := hb.Slice(); err != nil || alive[1] != int64(1) {
+		fatalf(rt, "raw heartbeat: %v %v", alive, err)
+	}
+	v, err := acq.Slice()
 	if err != nil {
 		fatalf(rt, "raw acquire: %v", err)
 	}
-	m.lastWrite = w.b
+	m.lastWrite, m.lastPrune = w.b, w.b
 	m.add(e, "R")
 	switch code := v[0].(int64); code {
-	case 1: // granted at once, not tied to the session
+	case 1: // {1, now, token, deadline, slot}: granted at once, not tied to the session
 		e.death = after(w, rawLeaseMs)
-		m.granted(rt, e, int(v[1].(int64)), v[2].(int64), w)
+		m.granted(rt, e, int(v[4].(int64)), v[2].(int64), w)
 		m.noJump(rt, e, w)
 		rt.Logf("%s granted at once", e)
-	case 0: // queued; gone (or its unclaimed grant revoked) when the session dies
-		e.death = span{w.b + rawQueueMs, w.a + rawLeaseMs}
-		rt.Logf("%s queued at position %d until %v", e, v[2], e.death)
+	case 0: // {0, now, hint, position}: queued; gone when the session dies,
+		// and a grant lasts no longer than the session (rawQueueMs < rawLeaseMs)
+		e.death = span{w.b + rawQueueMs, w.a + rawQueueMs}
+		rt.Logf("%s queued at position %d until %v", e, v[3], e.death)
 	default:
 		fatalf(rt, "raw acquire reply %v", v)
 	}
@@ -805,7 +858,7 @@ func (m *machine) cancelWaiter(rt *rapid.T) {
 	e.cancel()
 	m.await(rt, e)
 	if e.gone { // it left the queue through release.lua
-		m.lastWrite = w.b
+		m.lastWrite, m.lastPrune = w.b, w.b
 	}
 	rt.Logf("cancelled %s (gone %v)", e, e.gone)
 }
@@ -840,11 +893,28 @@ func (m *machine) drainAndCheckLeak(rt *rapid.T) {
 	if d := time.Until(time.UnixMilli(until + guard)); d > 0 {
 		time.Sleep(d) // every remaining lease and dead session ends by then
 	}
-	// Any write script runs expire(); a release of an unknown id is one.
-	if _, err := lua.Release.Run(ctx, m.rdb, m.keys.List, m.keys.Chan, m.base, "nobody").Result(); err != nil {
+	// Any write script runs expire() and admit() (which evicts dead waiters
+	// while slots are free); a forced release of an unknown id is one.
+	eng, err := core.New(core.Config{Client: m.rdb, Name: m.name, Limit: m.base, Prefix: core.DefaultPrefix})
+	if err != nil {
+		fatalf(rt, "engine: %v", err)
+	}
+	defer eng.Close()
+	if _, _, err := eng.ForceRelease(ctx, "nobody"); err != nil {
 		fatalf(rt, "release: %v", err)
 	}
 	now := time.Now().UnixMilli()
+	raw, err := core.Inspect(ctx, m.rdb, m.keys)
+	if err != nil {
+		fatalf(rt, "inspect: %v", err)
+	}
+	if raw.Live() {
+		var dumps []string
+		for _, k := range m.keys.List {
+			dumps = append(dumps, k+"="+dump(ctx, m.rdb, k))
+		}
+		fatalf(rt, "leak: entries left after every lease and waiter ended: %+v: %s", raw, strings.Join(dumps, " "))
+	}
 	for i, k := range m.keys.List {
 		n, err := m.rdb.Exists(ctx, k).Result()
 		if err != nil {
@@ -854,23 +924,23 @@ func (m *machine) drainAndCheckLeak(rt *rapid.T) {
 			continue
 		}
 		switch i {
-		case core.KeyHolders, core.KeyLeases, core.KeyQueue, core.KeyWaiters, core.KeyBySession:
-			fatalf(rt, "leak: %s still exists after every lease and waiter ended: %s", k, dump(ctx, m.rdb, k))
 		case core.KeySessions:
 			ss, _ := m.rdb.ZRangeWithScores(ctx, k, 0, -1).Result()
 			for _, s := range ss {
-				if int64(s.Score) > now+queueTTL.Milliseconds()+clockSlack {
+				if s.Member != core.Sentinel && int64(s.Score) > now+queueTTL.Milliseconds()+clockSlack {
 					fatalf(rt, "leak: session %v outlives any heartbeat", s)
 				}
 			}
 		case core.KeyOverride:
 			continue // SetLimit's setting never expires
 		}
+		// Keys expire at lib.lua's horizon: at most twice the longest entry
+		// lifetime (release and cancellation records included) plus MARGIN_MS.
 		pttl, err := m.rdb.PTTL(ctx, k).Result()
 		if err != nil {
 			fatalf(rt, "pttl %s: %v", k, err)
 		}
-		if pttl < 0 || pttl > max(normalTTL, queueTTL)+leakMargin*time.Millisecond {
+		if pttl < 0 || pttl > 2*max(normalTTL, queueTTL, recordLife)+leakMargin*time.Millisecond {
 			fatalf(rt, "leak: %s has TTL %v", k, pttl)
 		}
 	}

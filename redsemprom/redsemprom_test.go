@@ -239,9 +239,14 @@ func TestWaiterEvicted(t *testing.T) {
 		return id != ""
 	})
 	// Remove the entry as an operator would ('redsem release NAME ID'); the
-	// waiter's session heartbeat finds it gone and queues again.
-	if err := client.ZRem(ctx, core.KeysFor(core.DefaultPrefix, name).List[core.KeyQueue], id).Err(); err != nil {
+	// waiter learns that its entry is gone and queues again.
+	e, err := core.New(core.Config{Client: client, Name: name, Limit: 1, Prefix: core.DefaultPrefix})
+	if err != nil {
 		t.Fatal(err)
+	}
+	defer e.Close()
+	if kind, _, err := e.ForceRelease(ctx, id); err != nil || kind != core.ReleasedWaiter {
+		t.Fatalf("force release of waiter %s: kind %d, %v", id, kind, err)
 	}
 	waitFor(t, 10*time.Second, "redsem_waiters_evicted_total to count it", func() bool {
 		return p.get(t, "redsem_waiters_evicted_total", "name", name) >= 1

@@ -234,18 +234,20 @@ func waitBlocked(t *testing.T, ctx context.Context, c redis.UniversalClient, s r
 	})
 }
 
-// shardSubscribers counts the sharded subscribers of channel on the node
-// that serves it.
+// shardSubscribers counts the subscribers of channel: on a cluster the
+// sharded ones on the node that serves it (the engine uses SSUBSCRIBE and
+// the scripts SPUBLISH there), elsewhere plain ones (SUBSCRIBE, PUBLISH).
 func shardSubscribers(ctx context.Context, c redis.UniversalClient, channel string) (int64, error) {
-	var node redis.Cmdable = c
-	if cc, ok := c.(*redis.ClusterClient); ok {
-		m, err := cc.MasterForKey(ctx, channel)
-		if err != nil {
-			return 0, err
-		}
-		node = m
+	cc, ok := c.(*redis.ClusterClient)
+	if !ok {
+		v, err := c.PubSubNumSub(ctx, channel).Result()
+		return v[channel], err
 	}
-	v, err := node.PubSubShardNumSub(ctx, channel).Result()
+	m, err := cc.MasterForKey(ctx, channel)
+	if err != nil {
+		return 0, err
+	}
+	v, err := m.PubSubShardNumSub(ctx, channel).Result()
 	return v[channel], err
 }
 

@@ -82,67 +82,112 @@ func keysOf(ctx context.Context, c redis.UniversalClient, name string) ([]string
 	return have, nil
 }
 
-// expectCleanState waits (up to within) until no key of the semaphore is left
-// but the SetLimit override, which never expires, and checks that every key
-// still there meanwhile has a TTL.
+// The horizon of lua/lib.lua: every key of a semaphore but the SetLimit
+// override expires at the horizon, which a script moves, when an entry it
+// writes outlives it, to until + keyMargin + max(until - now, keyMargin).
+// Release tombstones and cancellation records live recordLife.
+const (
+	keyMargin  = time.Second
+	recordLife = 15 * time.Second
+)
+
+// horizonBound is the longest TTL that a semaphore's keys may have when no
+// entry written lives longer than longest (tombstones included).
+func horizonBound(longest time.Duration) time.Duration {
+	return 2*max(longest, recordLife, keyMargin) + keyMargin
+}
+
+// statusOf reads the live state of semaphore name through c, as the redsem
+// command does (Status runs read-only, so c may be a replica's client).
+func statusOf(ctx context.Context, c redis.UniversalClient, name string) (redsem.Status, error) {
+	e, err := core.New(core.Config{Client: c, Name: name, Limit: 1, Prefix: core.DefaultPrefix})
+	if err != nil {
+		return redsem.Status{}, err
+	}
+	defer e.Close()
+	return e.Status(ctx)
+}
+
+// forceRelease releases id (a lease or a fair waiter) behind its holder's
+// back, as "redsem release NAME ID" does; it returns the kind of release
+// (core.ReleasedLease, core.ReleasedWaiter, core.ReleasedNothing).
+func forceRelease(ctx context.Context, c redis.UniversalClient, name, id string) (int, error) {
+	e, err := core.New(core.Config{Client: c, Name: name, Limit: 1, Prefix: core.DefaultPrefix})
+	if err != nil {
+		return 0, err
+	}
+	defer e.Close()
+	kind, _, err := e.ForceRelease(ctx, id)
+	return kind, err
+}
+
+// expectKeysExpire checks that every key of the semaphore but the SetLimit
+// override, which never expires, has a TTL of at most horizonBound(longest):
+// whatever is left vanishes by itself.
+func expectKeysExpire(t *testing.T, ctx context.Context, c redis.UniversalClient, name string, longest time.Duration) {
+	t.Helper()
+	have, err := keysOf(ctx, c, name)
+	if err != nil {
+		t.Fatalf("keys: %v", err)
+	}
+	override := core.KeysFor(core.DefaultPrefix, name).List[core.KeyOverride]
+	bound := horizonBound(longest)
+	for _, k := range have {
+		if k == override {
+			continue
+		}
+		ttl, err := c.PTTL(ctx, k).Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if ttl == -2 {
+			continue // expired meanwhile
+		}
+		if ttl < 0 || ttl > bound {
+			t.Fatalf("key %s has TTL %v, want at most %v", k, ttl, bound)
+		}
+	}
+}
+
+// expectCleanState waits (up to within) until the semaphore has no live
+// holder or waiter left, and checks that every key but the SetLimit override
+// expires by itself within the horizon of entries that live within at most.
+// (The keys themselves outlive their entries by design: release tombstones
+// live 15s, and the horizon is extended by doubling; expired holder entries
+// are removed by the next script that runs after their deadline.)
 func expectCleanState(t *testing.T, c redis.UniversalClient, name string, within time.Duration) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), within+5*time.Second)
 	defer cancel()
-	override := core.KeysFor(core.DefaultPrefix, name).List[core.KeyOverride]
-	deadline := time.Now().Add(within)
-	for {
-		have, err := keysOf(ctx, c, name)
+	eventually(t, within, "clean state", func() error {
+		st, err := statusOf(ctx, c, name)
 		if err != nil {
-			t.Fatalf("clean state: %v", err)
+			return err
 		}
-		var left []string
-		for _, k := range have {
-			if k == override {
-				continue
-			}
-			if ttl, err := c.PTTL(ctx, k).Result(); err == nil && ttl == -1 {
-				t.Fatalf("clean state: key %s has no TTL", k)
-			}
-			left = append(left, k)
+		if len(st.Holders)+len(st.Waiters) > 0 {
+			return errorf("holders %+v, waiters %+v left", st.Holders, st.Waiters)
 		}
-		if len(left) == 0 {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("clean state: keys left after %v: %v", within, left)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+		return nil
+	})
+	expectKeysExpire(t, ctx, c, name, within)
 }
 
-// expectNoEntries checks, without waiting for the keys to expire, that the
-// semaphore has no holder, lease, waiter or session entry left, and that
-// every key but the override has a TTL of at most maxTTL.
-func expectNoEntries(t *testing.T, c redis.UniversalClient, name string, maxTTL time.Duration) {
+// expectNoEntries checks, without waiting for anything to expire, that the
+// semaphore has no holder, lease, queue or waiter entry left (core.Inspect),
+// and that every key but the override has a TTL within the horizon of
+// entries that live longest at most.
+func expectNoEntries(t *testing.T, c redis.UniversalClient, name string, longest time.Duration) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	k := core.KeysFor(core.DefaultPrefix, name).List
-	for _, i := range []int{core.KeyHolders, core.KeyQueue, core.KeyBySession} {
-		if n, err := c.ZCard(ctx, k[i]).Result(); err != nil || n != 0 {
-			t.Fatalf("%s has %d entries (%v)", k[i], n, err)
-		}
+	raw, err := core.Inspect(ctx, c, core.KeysFor(core.DefaultPrefix, name))
+	if err != nil {
+		t.Fatal(err)
 	}
-	for _, i := range []int{core.KeyLeases, core.KeyWaiters} {
-		if n, err := c.HLen(ctx, k[i]).Result(); err != nil || n != 0 {
-			t.Fatalf("%s has %d entries (%v)", k[i], n, err)
-		}
+	if raw.Live() {
+		t.Fatalf("entries left: %+v", raw)
 	}
-	for _, key := range k[:core.KeyOverride] {
-		ttl, err := c.PTTL(ctx, key).Result()
-		if err != nil {
-			t.Fatal(err)
-		}
-		if ttl == -1 || ttl > maxTTL {
-			t.Fatalf("key %s has TTL %v, want at most %v", key, ttl, maxTTL)
-		}
-	}
+	expectKeysExpire(t, ctx, c, name, longest)
 }
 
 // eventually polls cond every 20ms until it returns nil or within passes.

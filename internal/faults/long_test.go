@@ -84,7 +84,7 @@ func TestPubSubKilled(t *testing.T) {
 			}
 			_ = holder.Close()
 			_ = waiter.Close()
-			expectNoEntries(t, c, name, o.LeaseTTL+2*time.Second)
+			expectNoEntries(t, c, name, o.LeaseTTL)
 		})
 	}
 }
@@ -143,7 +143,7 @@ func TestPausedHolder(t *testing.T) {
 				t.Fatal(err)
 			}
 			_ = s.Close()
-			expectNoEntries(t, c, name, lease+queue+2*time.Second)
+			expectNoEntries(t, c, name, lease+queue)
 		})
 	}
 }

@@ -158,9 +158,8 @@ func TestReleaseReplyLost(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			k := core.KeysFor(core.DefaultPrefix, name)
-			if err := lua.Release.Run(ctx, direct, k.List, k.Chan, 1, l2.ID()).Err(); err != nil {
-				t.Fatal(err)
+			if kind, err := forceRelease(ctx, direct, name, l2.ID()); err != nil || kind != core.ReleasedLease {
+				t.Fatalf("forced release: kind %d, %v", kind, err)
 			}
 			if err := l2.Release(ctx); !errors.Is(err, redsem.ErrLeaseLost) {
 				t.Fatalf("Release after a forced release: %v, want ErrLeaseLost", err)

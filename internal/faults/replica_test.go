@@ -8,7 +8,6 @@ import (
 	"github.com/redis/go-redis/v9"
 	"github.com/redsem/redsem"
 	"github.com/redsem/redsem/fair"
-	"github.com/redsem/redsem/internal/core"
 	"github.com/redsem/redsem/internal/redistest"
 	"github.com/redsem/redsem/unfair"
 )
@@ -58,8 +57,8 @@ func TestMinReplicas(t *testing.T) {
 				t.Fatalf("TryAcquire with one replica required: %v", err)
 			}
 			// The grant is on the replica once TryAcquire returned.
-			if ok, err := rc.HExists(ctx, leasesKey(name), l.ID()).Result(); err != nil || !ok {
-				t.Fatalf("grant not on the replica: %v %v", ok, err)
+			if st, err := statusOf(ctx, rc, name); err != nil || len(st.Holders) != 1 || st.Holders[0].ID != l.ID() {
+				t.Fatalf("grant not on the replica: holders %+v, %v", st.Holders, err)
 			}
 
 			_, err = two.TryAcquire(ctx)
@@ -110,10 +109,6 @@ func TestMinReplicas(t *testing.T) {
 			}
 		})
 	}
-}
-
-func leasesKey(name string) string {
-	return core.KeysFor(core.DefaultPrefix, name).List[core.KeyLeases]
 }
 
 // New rejects a negative MinReplicas or ReplicaTimeout, and MinReplicas with
