@@ -33,6 +33,8 @@
 --   "C"                                 cancelled: an acquire that runs
 --                                       later (e.g. a request delayed in
 --                                       flight) must not grant or queue it
+--   "S"                                 a SetLimit call id that ran (a
+--                                       re-sent copy changes nothing)
 --
 -- ARGV common prefix:
 --   ARGV[1] channel base ("prefix:{name}:ch"); grants go to
@@ -295,9 +297,9 @@ end
 
 -- prune drops tombstones past their time, and dead sessions with their
 -- waiters wherever they stand in the queue (admit also evicts dead waiters
--- it meets at the head). It runs at most once a second (sooner while a
--- batch was full), so its scan of the queue when a session died costs
--- little.
+-- it meets at the head). It runs at most every 100 ms (sooner while a
+-- batch was full), so its cost is spread thin, and its scan of the queue
+-- when a session died is rare.
 local function prune(now)
   if now < num('_prune') then
     return
@@ -337,11 +339,12 @@ local function prune(now)
   if #due == BATCH or #dead == BATCH then
     set('_prune', fmt(now))
   else
-    set('_prune', fmt(now + 1000))
+    set('_prune', fmt(now + 100))
   end
 end
 
--- tombstone marks id as released ("R") or cancelled ("C") until until_ms.
+-- tombstone marks id as released ("R"), cancelled ("C") or a SetLimit call
+-- that ran ("S") until until_ms.
 local function tombstone(id, kind, now, until_ms)
   set(id, kind)
   redis.call('ZADD', E, until_ms, id)

@@ -91,7 +91,7 @@ func TestBadArgumentsWriteNothing(t *testing.T) {
 	if _, err := run(ctx, t, c, lua.Release, k, 1, "id", "holder", 1000); err == nil {
 		t.Error("release with a bad mode: no error")
 	}
-	if _, err := run(ctx, t, c, lua.SetLimit, k, 0); err == nil {
+	if _, err := run(ctx, t, c, lua.SetLimit, k, 0, "call-1"); err == nil {
 		t.Error("setlimit 0: no error")
 	}
 	if n := c.Exists(ctx, k.List...).Val(); n != 0 {
@@ -116,7 +116,7 @@ func TestEveryKeyExpires(t *testing.T) {
 	if _, err := run(ctx, t, c, lua.Release, k, 1, "h", "owner", 1000); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := run(ctx, t, c, lua.SetLimit, k, 1); err != nil {
+	if _, err := run(ctx, t, c, lua.SetLimit, k, 1, "call-2"); err != nil {
 		t.Fatal(err)
 	}
 	for i, key := range k.List {

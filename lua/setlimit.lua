@@ -3,14 +3,29 @@
 -- queued waiter's weight ends that waiter's wait (an "x" message), wherever
 -- it stands in the queue (a scan of the queue: SetLimit is rare).
 -- KEYS: the seven keys of lib.lua.
--- ARGV: [1] channel base, [2] publish command, [3] the new limit (>= 1).
+-- ARGV: [1] channel base, [2] publish command, [3] the new limit (>= 1),
+--       [4] call id (a UUID per SetLimit call): a copy of the call that runs
+--           again (go-redis re-sends a command whose reply was lost) finds
+--           its record and changes nothing, so it cannot undo a later
+--           SetLimit of another client.
 -- Reply: {now, grants...}: grants as in release.lua.
 local limit, err = int_arg(3, 'limit', 1)
 if err then return err end
+local call; call, err = id_arg(4, 'call id')
+if err then return err end
 local now, now_us = clock()
-redis.call('SET', O, limit)
-load()
+load(call)
 init(now)
+if get(call) then
+  return finish({now}) -- this call ran already
+end
+-- The record does not extend the keys' lifetime: should they expire first
+-- (an idle semaphore with short TTLs), nothing of what SetLimit changed
+-- remains to be undone but the override, which a re-sent copy sets again
+-- to its own value.
+set(call, 'S')
+redis.call('ZADD', E, now + TOMB_MS, call)
+redis.call('SET', O, limit)
 set('_fixed', limit)
 expire(now)
 -- Waiters heavier than the new limit can never be admitted: they leave the

@@ -433,18 +433,15 @@ func TestLinearizableNetworkFaults(t *testing.T) {
 }
 
 // TestLinearizableRetriedSetLimit is TestLinearizableNetworkFaults's retried
-// histories with SetLimit calls. It fails on the current engine: when the
-// reply to a SetLimit is lost, go-redis sends it again, and the second copy
-// can land after another client's later SetLimit and undo it (seen: a
+// histories with SetLimit calls. It found a lost update: when the reply to
+// a SetLimit was lost, go-redis sent it again, and the second copy could
+// land after another client's later SetLimit and undo it (seen: a
 // SetLimit(4) applied at 710 ms and again at 1085 ms, reverting a
 // SetLimit(1) made at 907 ms in between; a grant with 1 of 1 slots held
-// followed). Set REDSEM_LIN_RETRIED_SETLIMIT=1 to run it. The root
-// package's TestResentSetLimitDoesNotUndoLaterSetLimit is its
-// deterministic form.
+// followed). SetLimit now carries a call id that setlimit.lua records, so a
+// re-sent copy changes nothing. The root package's
+// TestResentSetLimitDoesNotUndoLaterSetLimit is its deterministic form.
 func TestLinearizableRetriedSetLimit(t *testing.T) {
-	if os.Getenv("REDSEM_LIN_RETRIED_SETLIMIT") == "" {
-		t.Skip("pending engine fix: a re-sent SetLimit (reply lost, go-redis retry) can undo a later SetLimit of another client")
-	}
 	srv := redistest.Start(t)
 	faults := linFaults{drop: 0.08, kill: 0.04, retries: 3}
 	w := linWorkload{clients: 4, ops: 80, limit: 2, maxHeld: 2, setLimits: true}

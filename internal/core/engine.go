@@ -489,7 +489,7 @@ func (e *Engine) SetLimit(ctx context.Context, limit int) error {
 	if limit < 1 || limit > MaxLimit {
 		return cfgErr("limit", "%d is outside [1, %d]", limit, MaxLimit)
 	}
-	v, sent, err := e.run(ctx, lua.SetLimit, limit)
+	v, sent, err := e.run(ctx, lua.SetLimit, limit, uuid.NewString())
 	if err != nil {
 		return err
 	}

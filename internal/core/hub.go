@@ -194,16 +194,20 @@ func (h *hub) shutdown() {
 	h.wg.Wait()
 }
 
-// deliver hands an event to a local waiter, if it is still waiting.
-func (h *hub) deliver(id string, ev event) {
+// deliver hands an event to a local waiter, if it is still waiting, and
+// reports whether it was.
+func (h *hub) deliver(id string, ev event) bool {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	if w := h.waiters[id]; w != nil {
-		select {
-		case w.events <- ev:
-		default:
-		}
+	w := h.waiters[id]
+	if w == nil {
+		return false
 	}
+	select {
+	case w.events <- ev:
+	default:
+	}
+	return true
 }
 
 // broadcast hands ev to every local waiter.
@@ -356,7 +360,10 @@ func (h *hub) onMessage(m *redis.Message) {
 	case len(f) == 3 && f[0] == "x":
 		h.deliver(f[1], event{kind: evWeight, limit: int(toInt(f[2]))})
 	case len(f) == 2 && f[0] == "r":
-		h.deliver(f[1], event{kind: evRequeue})
+		// An operator removed this waiter from the queue: it queues again.
+		if h.deliver(f[1], event{kind: evRequeue}) {
+			h.e.emit(redsem.Event{Kind: redsem.EventWaiterEvicted, LeaseID: f[1]})
+		}
 	}
 }
 
