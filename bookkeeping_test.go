@@ -1,6 +1,7 @@
 package redsem_test
 
 import (
+	"errors"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -89,7 +90,10 @@ func TestReleasedLeaseBookkeepingBounded(t *testing.T) {
 								lastRel = now
 							}
 							mu.Unlock()
-							if err := l.Release(ctx); err != nil {
+							// A loaded machine may delay a cycle past the
+							// short TTL: that lease expired (no tombstone),
+							// which the bound allows.
+							if err := l.Release(ctx); err != nil && !errors.Is(err, redsem.ErrLeaseLost) {
 								t.Errorf("cycle %d: Release: %v", i, err)
 								return
 							}
