@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log"
 
+	"github.com/alicebob/miniredis/v2"
 	"github.com/redis/go-redis/v9"
 	"github.com/redsem/redsem"
 	"github.com/redsem/redsem/fair"
@@ -74,4 +75,59 @@ func Example_chooseVariant() {
 	// Output:
 	// third holder: redsem: no slot available true
 	// slots: 0 1 tokens increase: true
+}
+
+// AcquireN takes several slots at once, all or nothing, like
+// golang.org/x/sync/semaphore's Acquire(ctx, n), but across every process.
+func Example_weighted() {
+	ctx := context.Background()
+	client := redis.NewClient(&redis.Options{Addr: redisAddr(), ContextTimeoutEnabled: true})
+	defer client.Close()
+
+	// A GPU server that takes 20 jobs' worth of work; this job needs 3.
+	sem, err := fair.New(client, "example:gpu", 20, fair.Options{})
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer sem.Close()
+	lease, err := sem.AcquireN(ctx, 3)
+	if err != nil {
+		log.Fatal(err)
+	}
+	fmt.Println("slots:", lease.Slots())
+	_, err = sem.AcquireN(ctx, 21)
+	fmt.Println("21 of 20:", errors.Is(err, redsem.ErrWeight))
+	if err := lease.Release(ctx); err != nil {
+		log.Fatal(err)
+	}
+	// Output:
+	// slots: [0 1 2]
+	// 21 of 20: true
+}
+
+// Code that takes a redsem.Semaphore can be unit-tested on miniredis: both
+// variants run on it unchanged. That checks your code, not redsem's
+// guarantees (those are tested against real Redis).
+func Example_miniredis() {
+	m, err := miniredis.Run()
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer m.Close()
+	client := redis.NewClient(&redis.Options{Addr: m.Addr()})
+	defer client.Close()
+
+	sem, err := unfair.New(client, "api", 2, unfair.Options{})
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer sem.Close()
+	ctx := context.Background()
+	a, _ := sem.TryAcquire(ctx)
+	b, _ := sem.TryAcquire(ctx)
+	_, err = sem.TryAcquire(ctx)
+	fmt.Println("third:", err)
+	_ = a.Release(ctx)
+	_ = b.Release(ctx)
+	// Output: third: redsem: no slot available
 }
