@@ -258,7 +258,7 @@ func TestStatusCollector(t *testing.T) {
 	ctx := redistest.Ctx(t, 30*time.Second)
 	client := redistest.Client(t)
 	name := redistest.Name(t)
-	sem, err := fair.New(client, name, 2, fair.Options{})
+	sem, err := fair.New(client, name, 2, fair.Options{Owner: "worker-1"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -298,6 +298,12 @@ redsem_status_holders{name="NAME"} 2
 # HELP redsem_status_limit Limit in force (set-limit's, else the established one), read on scrape.
 # TYPE redsem_status_limit gauge
 redsem_status_limit{name="NAME"} 2
+# HELP redsem_status_owner_slots Slots held in Redis per Options.Owner of the acquiring process, read on scrape.
+# TYPE redsem_status_owner_slots gauge
+redsem_status_owner_slots{name="NAME",owner="worker-1"} 2
+# HELP redsem_status_owner_waiters Live fair waiters in Redis per Options.Owner of the queuing process, read on scrape.
+# TYPE redsem_status_owner_waiters gauge
+redsem_status_owner_waiters{name="NAME",owner="worker-1"} 1
 # HELP redsem_status_queue_length Live waiters in the fair queue in Redis, read on scrape (always 0 for unfair).
 # TYPE redsem_status_queue_length gauge
 redsem_status_queue_length{name="NAME"} 1

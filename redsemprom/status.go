@@ -27,6 +27,7 @@ type StatusCollector struct {
 	timeout time.Duration
 
 	holders, queue, limit, up *prometheus.Desc
+	ownerSlots, ownerWaiters  *prometheus.Desc
 }
 
 var _ prometheus.Collector = (*StatusCollector)(nil)
@@ -50,6 +51,10 @@ func NewStatusCollector(opts StatusOptions, sems ...redsem.Semaphore) *StatusCol
 		queue:   desc("queue_length", "Live waiters in the fair queue in Redis, read on scrape (always 0 for unfair)."),
 		limit:   desc("limit", "Limit in force (set-limit's, else the established one), read on scrape."),
 		up:      desc("up", "1 if the last Status read from Redis worked, else 0."),
+		ownerSlots: prometheus.NewDesc(prometheus.BuildFQName(ns, "status", "owner_slots"),
+			"Slots held in Redis per Options.Owner of the acquiring process, read on scrape.", []string{"name", "owner"}, opts.ConstLabels),
+		ownerWaiters: prometheus.NewDesc(prometheus.BuildFQName(ns, "status", "owner_waiters"),
+			"Live fair waiters in Redis per Options.Owner of the queuing process, read on scrape.", []string{"name", "owner"}, opts.ConstLabels),
 	}
 }
 
@@ -59,6 +64,8 @@ func (c *StatusCollector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- c.queue
 	ch <- c.limit
 	ch <- c.up
+	ch <- c.ownerSlots
+	ch <- c.ownerWaiters
 }
 
 // Collect implements prometheus.Collector: it reads every semaphore's
@@ -82,6 +89,19 @@ func (c *StatusCollector) Collect(ch chan<- prometheus.Metric) {
 			ch <- prometheus.MustNewConstMetric(c.holders, prometheus.GaugeValue, float64(len(st.Holders)), name)
 			ch <- prometheus.MustNewConstMetric(c.queue, prometheus.GaugeValue, float64(len(st.Waiters)), name)
 			ch <- prometheus.MustNewConstMetric(c.limit, prometheus.GaugeValue, float64(st.Limit), name)
+			slots, waiters := map[string]int{}, map[string]int{}
+			for _, h := range st.Holders {
+				slots[h.Owner] += max(len(h.Slots), 1)
+			}
+			for _, w := range st.Waiters {
+				waiters[w.Owner]++
+			}
+			for owner, n := range slots {
+				ch <- prometheus.MustNewConstMetric(c.ownerSlots, prometheus.GaugeValue, float64(n), name, owner)
+			}
+			for owner, n := range waiters {
+				ch <- prometheus.MustNewConstMetric(c.ownerWaiters, prometheus.GaugeValue, float64(n), name, owner)
+			}
 		}()
 	}
 	wg.Wait()

@@ -56,7 +56,7 @@ func TestStatusIdle(t *testing.T) {
 	if code != exitOK || errs != "" {
 		t.Fatalf("exit %d, stderr %q", code, errs)
 	}
-	if !strings.Contains(out, "limit:   unknown: idle, no live state") || !strings.Contains(out, "holders: 0\n") {
+	if !strings.Contains(out, "limit:   unknown: idle, no live state") || !strings.Contains(out, "holders: 0, holding 0 slots\n") {
 		t.Fatalf("idle status does not say the limit is unknown:\n%s", out)
 	}
 	code, out, _ = runCmd(t, "status", "--json", name)
@@ -113,12 +113,12 @@ func TestStatusHoldersAndWaiters(t *testing.T) {
 	t.Logf("status:\n%s", out)
 	for _, l := range leases {
 		row := regexp.MustCompile(`(?m)^\s+` + regexp.QuoteMeta(itoa(l.Slot())) + `\s+` + regexp.QuoteMeta(itoa64(l.Token())) +
-			`\s+>=\S+\s+\S+\s+\S+\s+` + regexp.QuoteMeta(l.ID()) + `$`)
+			`\s+>=\S+\s+\S+\s+\S+\s+` + regexp.QuoteMeta(core.DefaultOwner()) + `\s+` + regexp.QuoteMeta(l.ID()) + `$`)
 		if !row.MatchString(out) {
 			t.Errorf("no holder row with slot %d, token %d, id %s", l.Slot(), l.Token(), l.ID())
 		}
 	}
-	for _, want := range []string{"limit:   2 (established by live clients)", "holders: 2 of 2", "waiters: 1", "full: all 2 slots held, 1 waiting"} {
+	for _, want := range []string{"limit:   2 (established by live clients)", "holders: 2, holding 2 of 2 slots", "waiters: 1", "full: all 2 slots held, 1 waiting"} {
 		if !strings.Contains(out, want) {
 			t.Errorf("status lacks %q", want)
 		}

@@ -43,7 +43,9 @@ type snapshot struct {
 
 type holderInfo struct {
 	ID          string    `json:"id"`
-	Slot        int       `json:"slot"` // -1: no lease record
+	Slot        int       `json:"slot"`  // the first of Slots
+	Slots       []int     `json:"slots"` // every slot the lease holds
+	Owner       string    `json:"owner"` // Options.Owner of the process that acquired it
 	Token       int64     `json:"token"`
 	Deadline    time.Time `json:"deadline"`
 	ExpiresInMs int64     `json:"expires_in_ms"`
@@ -56,6 +58,8 @@ type holderInfo struct {
 type waiterInfo struct {
 	ID       string `json:"id"`
 	Position int    `json:"position"`
+	Weight   int    `json:"weight"` // slots it waits for
+	Owner    string `json:"owner"`  // Options.Owner of the process that queued it
 	// EvictDeadline is when the waiter is evicted unless its process
 	// heart-beats (its session's deadline).
 	EvictDeadline time.Time `json:"evict_deadline"`
@@ -149,14 +153,14 @@ func read(ctx context.Context, client redis.UniversalClient, e *core.Engine, pre
 	}
 	nowMs := now.UnixMilli()
 	for _, h := range st.Holders {
-		hi := holderInfo{ID: h.ID, Slot: h.Slot, Token: h.Token, Deadline: h.Deadline.UTC(), ExpiresInMs: h.Deadline.UnixMilli() - nowMs}
+		hi := holderInfo{ID: h.ID, Slot: h.Slot, Slots: h.Slots, Owner: h.Owner, Token: h.Token, Deadline: h.Deadline.UTC(), ExpiresInMs: h.Deadline.UnixMilli() - nowMs}
 		if age := nowMs - h.Token/1000; h.Token > 0 && age >= 0 {
 			hi.MinAgeMs = &age
 		}
 		s.Holders = append(s.Holders, hi)
 	}
 	for _, w := range st.Waiters {
-		s.Waiters = append(s.Waiters, waiterInfo{ID: w.ID, Position: w.Position, EvictDeadline: w.Deadline.UTC(), EvictInMs: w.Deadline.UnixMilli() - nowMs})
+		s.Waiters = append(s.Waiters, waiterInfo{ID: w.ID, Position: w.Position, Weight: w.Weight, Owner: w.Owner, EvictDeadline: w.Deadline.UTC(), EvictInMs: w.Deadline.UnixMilli() - nowMs})
 	}
 	if v, err := node.ConfigGet(ctx, "maxmemory-policy").Result(); err == nil {
 		s.MaxMemoryPolicy = v["maxmemory-policy"]
@@ -181,27 +185,40 @@ func (s *snapshot) note(format string, args ...any) {
 	s.Notes = append(s.Notes, fmt.Sprintf(format, args...))
 }
 
+// slotsHeld is the number of slots the holders hold (a weighted lease
+// holds several).
+func (s *snapshot) slotsHeld() int {
+	n := 0
+	for _, h := range s.Holders {
+		n += max(len(h.Slots), 1)
+	}
+	return n
+}
+
 // check adds the warnings and notes that one snapshot supports.
 func (s *snapshot) check(o readOpts) {
 	if s.Limit != nil {
 		limit := *s.Limit
+		held := s.slotsHeld()
 		switch {
-		case len(s.Holders) > limit:
-			s.warn("over the limit: %d holders, limit %d (the limit was lowered: leases are not revoked, new grants wait until fewer than %d are held)",
-				len(s.Holders), limit, limit)
-		case len(s.Holders) == limit:
+		case held > limit:
+			s.warn("over the limit: %d slots held, limit %d (the limit was lowered: leases are not revoked, new grants wait until fewer than %d are held)",
+				held, limit, limit)
+		case held == limit:
 			s.warn("full: all %d slots held, %d waiting in the fair queue (one reading; watch shows how long it stays full)",
 				limit, len(s.Waiters))
-		case len(s.Waiters) > 0:
+		case len(s.Waiters) > 0 && s.Waiters[0].Weight <= limit-held:
 			s.warn("%d waiting while %d slots are free: admission is pending (normal for a moment; waiters whose process died are evicted when their deadline passes)",
-				len(s.Waiters), limit-len(s.Holders))
+				len(s.Waiters), limit-held)
+		case len(s.Waiters) > 0:
+			s.note("%d waiting; the head waits for %d slots, %d are free", len(s.Waiters), s.Waiters[0].Weight, limit-held)
 		}
 		if s.Override != nil && s.Established != nil && *s.Override != *s.Established {
 			s.note("clients were built with limit %d; set-limit's %d overrides it", *s.Established, *s.Override)
 		}
 		for _, h := range s.Holders {
-			if h.Slot >= limit {
-				s.warn("holder %s holds slot %d, outside the limit %d (the limit was lowered)", h.ID, h.Slot, limit)
+			if len(h.Slots) > 0 && h.Slots[len(h.Slots)-1] >= limit {
+				s.warn("holder %s holds slot %d, outside the limit %d (the limit was lowered)", h.ID, h.Slots[len(h.Slots)-1], limit)
 			}
 		}
 	}

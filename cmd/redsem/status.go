@@ -7,6 +7,7 @@ import (
 	"io"
 	"os"
 	"os/signal"
+	"strconv"
 	"strings"
 	"syscall"
 	"text/tabwriter"
@@ -62,33 +63,33 @@ func render(w io.Writer, s *snapshot) {
 		fmt.Fprintf(w, "state:   idle: no holders, no waiters\n")
 	}
 	if s.Limit != nil {
-		fmt.Fprintf(w, "holders: %d of %d\n", len(s.Holders), *s.Limit)
+		fmt.Fprintf(w, "holders: %d, holding %d of %d slots\n", len(s.Holders), s.slotsHeld(), *s.Limit)
 	} else {
-		fmt.Fprintf(w, "holders: %d\n", len(s.Holders))
+		fmt.Fprintf(w, "holders: %d, holding %d slots\n", len(s.Holders), s.slotsHeld())
 	}
 	if len(s.Holders) > 0 {
 		tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-		fmt.Fprintln(tw, "  SLOT\tTOKEN\tAGE\tEXPIRES IN\tDEADLINE\tID")
+		fmt.Fprintln(tw, "  SLOT\tTOKEN\tAGE\tEXPIRES IN\tDEADLINE\tOWNER\tID")
 		for _, h := range s.Holders {
 			age := "?"
 			if h.MinAgeMs != nil {
 				age = ">=" + fmtMs(*h.MinAgeMs)
 			}
-			fmt.Fprintf(tw, "  %d\t%d\t%s\t%s\t%s\t%s\n", h.Slot, h.Token, age, fmtMs(h.ExpiresInMs),
-				h.Deadline.Format("15:04:05.000"), h.ID)
+			fmt.Fprintf(tw, "  %s\t%d\t%s\t%s\t%s\t%s\t%s\n", slotList(h.Slots, h.Slot), h.Token, age, fmtMs(h.ExpiresInMs),
+				h.Deadline.Format("15:04:05.000"), h.Owner, h.ID)
 		}
 		tw.Flush()
 	}
 	fmt.Fprintf(w, "waiters: %d (fair queue, head first; unfair waiters retry and are not stored in Redis)\n", len(s.Waiters))
 	if len(s.Waiters) > 0 {
 		tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-		fmt.Fprintln(tw, "  POS\tWAITING\tEVICTED IN\tID")
+		fmt.Fprintln(tw, "  POS\tSLOTS\tWAITING\tEVICTED IN\tOWNER\tID")
 		for _, q := range s.Waiters {
 			seen := "?"
 			if q.SeenForMs != nil {
 				seen = ">=" + fmtMs(*q.SeenForMs)
 			}
-			fmt.Fprintf(tw, "  %d\t%s\t%s\t%s\n", q.Position, seen, fmtMs(q.EvictInMs), q.ID)
+			fmt.Fprintf(tw, "  %d\t%d\t%s\t%s\t%s\t%s\n", q.Position, q.Weight, seen, fmtMs(q.EvictInMs), q.Owner, q.ID)
 		}
 		tw.Flush()
 	}
@@ -212,4 +213,16 @@ func isTerminal(w io.Writer) bool {
 	}
 	fi, err := f.Stat()
 	return err == nil && fi.Mode()&os.ModeCharDevice != 0 && !strings.EqualFold(os.Getenv("TERM"), "dumb")
+}
+
+// slotList shows a lease's slots: "3", or "0,1,2" for a weighted lease.
+func slotList(slots []int, first int) string {
+	if len(slots) == 0 {
+		return strconv.Itoa(first)
+	}
+	parts := make([]string, len(slots))
+	for i, x := range slots {
+		parts[i] = strconv.Itoa(x)
+	}
+	return strings.Join(parts, ",")
 }
