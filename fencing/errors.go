@@ -32,6 +32,11 @@ type StaleError struct {
 	// Highest is the token recorded for Slot, which is greater than
 	// Fence.Token; 0 when the guard does not report it (the SQL guard).
 	Highest int64
+	// Err is the store's error when the guard learnt of the higher token
+	// through one (the SQL guard when a concurrent check raised a slot's
+	// token during a weighted check: the statement, and any transaction it
+	// ran in, was aborted); else nil.
+	Err error
 }
 
 func (e *StaleError) Error() string {
@@ -42,13 +47,22 @@ func (e *StaleError) Error() string {
 	case e.Fence.weighted():
 		where = fmt.Sprintf("resource %q slots %s", e.Fence.Resource, formatSlots(e.Fence.Slots))
 	}
+	var msg string
 	if e.Highest > 0 {
-		return fmt.Sprintf("fencing: stale token %d for %s: token %d was already recorded",
+		msg = fmt.Sprintf("fencing: stale token %d for %s: token %d was already recorded",
 			e.Fence.Token, where, e.Highest)
+	} else {
+		msg = fmt.Sprintf("fencing: stale token %d for %s: a higher token was already recorded",
+			e.Fence.Token, where)
 	}
-	return fmt.Sprintf("fencing: stale token %d for %s: a higher token was already recorded",
-		e.Fence.Token, where)
+	if e.Err != nil {
+		msg += " (the store aborted the check: " + e.Err.Error() + ")"
+	}
+	return msg
 }
+
+// Unwrap returns Err.
+func (e *StaleError) Unwrap() error { return e.Err }
 
 // Is reports whether target is ErrStale.
 func (e *StaleError) Is(target error) bool { return target == ErrStale }
