@@ -269,11 +269,16 @@ func TestGuardWeightedConcurrent(t *testing.T) {
 				aborted int // stale found by the SQL guard's abort path (a race)
 				wg      sync.WaitGroup
 			)
+			// Tokens rise roughly with time, as a semaphore issues them, but
+			// overlap, so that concurrent checks pass each other's snapshot
+			// (the race the SQL statement must abort) as well as fail early.
+			var clock int64 = 1000
 			token := func() int64 {
 				mu.Lock()
 				defer mu.Unlock()
+				clock += 10
 				for {
-					tok := rand.Int64N(1<<40) + 1
+					tok := clock - rand.Int64N(200)
 					if !used[tok] {
 						used[tok] = true
 						return tok
