@@ -353,3 +353,84 @@ func TestGuardWeightedConcurrent(t *testing.T) {
 		})
 	}
 }
+
+// TestSQLGuardWeightedRace: a weighted check that passed its snapshot's
+// NOT EXISTS and then meets a higher token that a concurrent transaction
+// commits on one of its slots (a new row or an updated one) records nothing
+// for any slot; one that meets a lower token goes on and records them all.
+func TestSQLGuardWeightedRace(t *testing.T) {
+	db := pgDB(t)
+	ctx := redistest.Ctx(t, 30*time.Second)
+	g := newSQLGuard(t, db)
+	blocked := func() bool {
+		var n int
+		_ = db.QueryRowContext(ctx, "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE 'INSERT INTO "+g.Table()+" AS cur %'").Scan(&n)
+		return n > 0
+	}
+	for _, tc := range []struct {
+		name     string
+		before   int64 // token recorded on slot 2 beforehand; 0: no row
+		other    int64 // token the concurrent transaction records on slot 2
+		accepted bool  // the weighted check (token 10, slots 0, 2, 4)
+	}{
+		{"new row higher", 0, 20, false},
+		{"updated row higher", 5, 20, false},
+		{"new row lower", 0, 7, true},
+		{"updated row lower", 5, 7, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			r := redistest.Name(t)
+			if tc.before > 0 {
+				if err := g.Check(ctx, db, wfence(r, tc.before, 2)); err != nil {
+					t.Fatal(err)
+				}
+			}
+			other, err := db.BeginTx(ctx, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer func() { _ = other.Rollback() }()
+			if err := g.Check(ctx, other, wfence(r, tc.other, 2)); err != nil {
+				t.Fatal(err)
+			}
+			// The weighted check runs in its own transaction, to see that
+			// the caller can tell from the error that it is aborted.
+			done := make(chan error, 1)
+			go func() {
+				tx, err := db.BeginTx(ctx, nil)
+				if err != nil {
+					done <- err
+					return
+				}
+				if err := g.Check(ctx, tx, wfence(r, 10, 0, 2, 4)); err != nil {
+					_ = tx.Rollback()
+					done <- err
+					return
+				}
+				done <- tx.Commit()
+			}()
+			waitFor(t, 10*time.Second, blocked) // it wrote slot 0 and waits for slot 2
+			if err := other.Commit(); err != nil {
+				t.Fatal(err)
+			}
+			err = <-done
+			want := map[int]int64{0: 0, 2: tc.other, 4: 0}
+			if tc.accepted {
+				if err != nil {
+					t.Fatal(err)
+				}
+				want = map[int]int64{0: 10, 2: 10, 4: 10}
+			} else {
+				var se *fencing.StaleError
+				if !errors.As(err, &se) || se.Err == nil {
+					t.Fatalf("%v, want a *StaleError from the aborted statement", err)
+				}
+			}
+			for slot, tok := range want {
+				if got := recorded(t, db, g, r, slot); got != tok {
+					t.Fatalf("slot %d: recorded %d, want %d", slot, got, tok)
+				}
+			}
+		})
+	}
+}
