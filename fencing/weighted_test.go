@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
+	"net/http"
 	"slices"
 	"strings"
 	"sync"
@@ -432,5 +433,108 @@ func TestSQLGuardWeightedRace(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+func TestHeadersWeighted(t *testing.T) {
+	h := http.Header{}
+	h.Set(fencing.HeaderSlot, "9") // a stale one-slot header is replaced
+	f := wfence("a/b c", 42, 0, 3, 4)
+	if err := fencing.SetHeaders(h, f); err != nil {
+		t.Fatal(err)
+	}
+	if got := h.Get(fencing.HeaderSlots); got != "0,3,4" || h.Values(fencing.HeaderSlot) != nil {
+		t.Fatalf("headers %v: want %s 0,3,4 and no %s", h, fencing.HeaderSlots, fencing.HeaderSlot)
+	}
+	back, err := fencing.ParseHeaders(h)
+	if err != nil || back.Resource != f.Resource || back.Slot != 0 || !slices.Equal(back.Slots, f.Slots) || back.Token != 42 {
+		t.Fatalf("ParseHeaders = %+v, %v; want %+v", back, err, f)
+	}
+	// A one-slot fence is sent as before, and replaces a Slots header.
+	if err := fencing.SetHeaders(h, wfence("r", 42, 7)); err != nil {
+		t.Fatal(err)
+	}
+	if h.Get(fencing.HeaderSlot) != "7" || h.Values(fencing.HeaderSlots) != nil {
+		t.Fatalf("headers %v after a one-slot fence", h)
+	}
+	base := func(slot, slots string) http.Header {
+		h := http.Header{}
+		h.Set(fencing.HeaderResource, "r")
+		h.Set(fencing.HeaderToken, "5")
+		if slot != "" {
+			h.Set(fencing.HeaderSlot, slot)
+		}
+		if slots != "" {
+			h.Set(fencing.HeaderSlots, slots)
+		}
+		return h
+	}
+	for _, tc := range []struct {
+		slot, slots string
+		want        []int // nil: invalid
+	}{
+		{"", "1, 5 ,9", []int{1, 5, 9}},
+		{"1", "1,5", []int{1, 5}}, // both, consistent
+		{"", "6", []int{6}},       // one element: a plain fence
+		{"2", "", []int{2}},
+		{"0", "1,5", nil}, // both, inconsistent
+		{"", "5,1", nil},
+		{"", "1,1", nil},
+		{"", "1,,2", nil},
+		{"", "-1,2", nil},
+		{"", "1,2147483648", nil},
+		{"", "a", nil},
+		{"", " ", nil},
+	} {
+		f, err := fencing.ParseHeaders(base(tc.slot, tc.slots))
+		if tc.want == nil {
+			if !errors.Is(err, fencing.ErrInvalidFence) {
+				t.Fatalf("slot %q slots %q: %+v, %v; want ErrInvalidFence", tc.slot, tc.slots, f, err)
+			}
+			continue
+		}
+		if err != nil || !slices.Equal(f.AllSlots(), tc.want) || (len(tc.want) == 1) != (f.Slots == nil) {
+			t.Fatalf("slot %q slots %q: %+v, %v; want slots %v", tc.slot, tc.slots, f, err, tc.want)
+		}
+	}
+	h = base("", "1,2")
+	h.Add(fencing.HeaderSlots, "3")
+	if _, err := fencing.ParseHeaders(h); !errors.Is(err, fencing.ErrInvalidFence) {
+		t.Fatalf("repeated %s: %v", fencing.HeaderSlots, err)
+	}
+}
+
+// TestHTTPWeighted: Transport sends every slot and Middleware checks them
+// all: a weighted zombie gets 409 as soon as one of its slots has a newer
+// holder, and nothing is recorded for its other slots.
+func TestHTTPWeighted(t *testing.T) {
+	ctx := redistest.Ctx(t, 10*time.Second)
+	g := newRedisGuard(t, fencing.RedisOptions{})
+	srv := fencedServer(t, g)
+	r := redistest.Name(t)
+	for i, s := range []struct {
+		fence  fencing.Fence
+		status int
+	}{
+		{wfence(r, 10, 0, 1, 2), http.StatusOK},
+		{wfence(r, 11, 2), http.StatusOK}, // slot 2 changes hands
+		{wfence(r, 10, 0, 1, 2), http.StatusConflict},
+		{wfence(r, 9, 3, 4), http.StatusOK},
+		{wfence(r, 10, 3, 4, 5), http.StatusOK},
+	} {
+		status, body, err := send(t, fencing.WithFence(ctx, s.fence), srv.URL)
+		if err != nil || status != s.status {
+			t.Fatalf("step %d %+v: %d %q %v, want %d", i, s.fence, status, body, err, s.status)
+		}
+	}
+	for slot, want := range map[int]int64{0: 10, 1: 10, 2: 11, 3: 10, 5: 10} {
+		if got, err := g.Highest(ctx, r, slot); err != nil || got != want {
+			t.Fatalf("slot %d: %d, %v; want %d", slot, got, err, want)
+		}
+	}
+	// An unsorted weighted fence in the context is not sent.
+	bad := fencing.Fence{Resource: r, Slot: 4, Slots: []int{4, 3}, Token: 12}
+	if _, _, err := send(t, fencing.WithFence(ctx, bad), srv.URL); !errors.Is(err, fencing.ErrInvalidFence) {
+		t.Fatalf("unsorted slots: %v, want ErrInvalidFence", err)
 	}
 }
