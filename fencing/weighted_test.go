@@ -538,3 +538,91 @@ func TestHTTPWeighted(t *testing.T) {
 		t.Fatalf("unsorted slots: %v, want ErrInvalidFence", err)
 	}
 }
+
+// TestGuardWeightedModel drives each guard and an in-memory model side by
+// side with random one-slot and weighted fences: the model accepts a token
+// when it is at least the recorded one of every slot and then records it
+// for all of them. Every answer and, at the end, every record must agree.
+func TestGuardWeightedModel(t *testing.T) {
+	for _, gs := range guardStores {
+		t.Run(gs.name, func(t *testing.T) {
+			t.Parallel()
+			ctx := redistest.Ctx(t, 30*time.Second)
+			s := gs.mk(t)
+			r := redistest.Name(t)
+			const slots, steps = 8, 400
+			model := make([]int64, slots)
+			seed := rand.Uint64()
+			rng := rand.New(rand.NewPCG(seed, 2))
+			t.Logf("seed %d", seed)
+			for i := 0; i < steps; i++ {
+				var held []int
+				for sl := 0; sl < slots; sl++ {
+					if rng.IntN(3) == 0 {
+						held = append(held, sl)
+					}
+				}
+				if len(held) == 0 {
+					held = []int{rng.IntN(slots)}
+				}
+				f := wfence(r, int64(i/2+rng.IntN(20)+1), held...) // rising, overlapping
+				want := true
+				for _, sl := range held {
+					want = want && f.Token >= model[sl]
+				}
+				err := s.check(ctx, f)
+				if want != (err == nil) || (err != nil && !errors.Is(err, fencing.ErrStale)) {
+					t.Fatalf("seed %d step %d: %v token %d over %v: %v, model accepts: %v", seed, i, held, f.Token, model, err, want)
+				}
+				if want {
+					for _, sl := range held {
+						model[sl] = f.Token
+					}
+				}
+			}
+			for sl, tok := range model {
+				if got := s.highest(ctx, r, sl); got != tok {
+					t.Fatalf("seed %d: slot %d records %d, model %d", seed, sl, got, tok)
+				}
+			}
+		})
+	}
+}
+
+// FuzzParseHeaders: whatever the slot headers say, ParseHeaders returns a
+// valid fence or an *InvalidFenceError, and a valid fence survives
+// SetHeaders and ParseHeaders unchanged.
+func FuzzParseHeaders(f *testing.F) {
+	for _, seed := range [][2]string{{"", "0,3,4"}, {"1", "1,5"}, {"3", ""}, {"", "5,1"}, {"", "1,,2"}, {"0", " 0 , 7"}, {"", "-0,1"}} {
+		f.Add(seed[0], seed[1])
+	}
+	f.Fuzz(func(t *testing.T, slot, slots string) {
+		h := http.Header{}
+		h.Set(fencing.HeaderResource, "r")
+		h.Set(fencing.HeaderToken, "5")
+		if slot != "" {
+			h.Set(fencing.HeaderSlot, slot)
+		}
+		if slots != "" {
+			h.Set(fencing.HeaderSlots, slots)
+		}
+		fence, err := fencing.ParseHeaders(h)
+		if err != nil {
+			if !errors.Is(err, fencing.ErrInvalidFence) {
+				t.Fatalf("%q %q: %v", slot, slots, err)
+			}
+			return
+		}
+		if err := fence.Validate(); err != nil {
+			t.Fatalf("%q %q: parsed %+v fails Validate: %v", slot, slots, fence, err)
+		}
+		h2 := http.Header{}
+		if err := fencing.SetHeaders(h2, fence); err != nil {
+			t.Fatal(err)
+		}
+		back, err := fencing.ParseHeaders(h2)
+		if err != nil || back.Slot != fence.Slot || !slices.Equal(back.Slots, fence.Slots) || (back.Slots == nil) != (fence.Slots == nil) {
+			t.Fatalf("%+v -> %v -> %+v, %v", fence, h2, back, err)
+		}
+	})
+}
