@@ -40,7 +40,11 @@ type StaleError struct {
 }
 
 func (e *StaleError) Error() string {
-	where := fmt.Sprintf("resource %q slot %d", e.Fence.Resource, e.Slot)
+	slot := e.Slot
+	if !e.Fence.weighted() {
+		slot = e.Fence.Slot // the only one
+	}
+	where := fmt.Sprintf("resource %q slot %d", e.Fence.Resource, slot)
 	switch {
 	case e.Fence.weighted() && e.Slot >= 0:
 		where += " (of slots " + formatSlots(e.Fence.Slots) + ")"
