@@ -65,8 +65,10 @@ type SQLOptions struct {
 // usual.
 //
 // A weighted fence (several slots) is checked by CheckSlotsSQL, one
-// statement that records the token for every slot or for none; see there
-// for why concurrent checks cannot interleave into a partial record.
+// statement that records the token for every slot or for none, locking the
+// rows in ascending slot order (so that two weighted checks cannot
+// deadlock); see CheckSlotsSQL and docs/fencing.md for why concurrent
+// checks cannot interleave into a partial record.
 type SQLGuard struct {
 	table      string
 	maxSlots   int
