@@ -100,3 +100,50 @@ func ExampleMiddleware() {
 	// token 8: 200 stored for slot 1
 	// token 7: 409 fencing: stale token 7 for resource "reports" slot 0: token 9 was already recorded
 }
+
+// A weighted lease (AcquireN) is fenced on every slot it holds. When it
+// turns zombie, its slots are granted again one by one, possibly to other
+// holders; the zombie is rejected as soon as any one of them has written,
+// even if its first slot has no new writer yet.
+func Example_weighted() {
+	ctx := context.Background()
+	rdb := redisClient()
+	defer rdb.Close()
+	guard, err := fencing.NewRedisGuard(rdb, fencing.RedisOptions{KeyPrefix: "example-weighted"})
+	if err != nil {
+		panic(err)
+	}
+	defer rdb.Del(ctx, guard.FenceKey("batch"))
+
+	opts := unfair.Options{LeaseTTL: 300 * time.Millisecond, DisableAutoRenew: true}
+	semA, _ := unfair.New(rdb, "example-weighted", 3, opts)
+	semB, _ := unfair.New(rdb, "example-weighted", 3, opts)
+	defer semA.Close()
+	defer semB.Close()
+
+	a, _ := semA.AcquireN(ctx, 3)
+	fmt.Println("A holds slots", a.Slots())
+	fmt.Println("A writes:", guard.Check(ctx, fencing.Of("batch", a)))
+
+	// A pauses past its lease. B's AcquireN returns once A's lease has
+	// expired; B takes slots 0 and 1 and does not write (yet); C takes 2.
+	b, _ := semB.AcquireN(ctx, 2)
+	defer b.Release(ctx)
+	c, _ := semB.Acquire(ctx)
+	defer c.Release(ctx)
+	fmt.Println("B holds", b.Slots(), "and C holds", c.Slots())
+	fmt.Println("C writes:", guard.Check(ctx, fencing.Of("batch", c)))
+
+	// A wakes up and writes with the fence of all its slots.
+	err = guard.Check(ctx, fencing.Of("batch", a))
+	var stale *fencing.StaleError
+	if errors.As(err, &stale) {
+		fmt.Println("A writes again: stale because of slot", stale.Slot)
+	}
+	// Output:
+	// A holds slots [0 1 2]
+	// A writes: <nil>
+	// B holds [0 1] and C holds [2]
+	// C writes: <nil>
+	// A writes again: stale because of slot 2
+}

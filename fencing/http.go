@@ -5,31 +5,48 @@ import (
 	"net/http"
 	"net/url"
 	"strconv"
+	"strings"
 )
 
 // The request headers that carry a fence. The resource is percent-encoded
-// (url.PathEscape) so that any resource name fits in a header.
+// (url.PathEscape) so that any resource name fits in a header. A fence of
+// one slot is sent in HeaderSlot; a weighted fence in HeaderSlots, as a
+// comma-separated ascending list ("0,3,4"), and without HeaderSlot, so that
+// a server that knows only HeaderSlot answers 400 instead of checking the
+// first slot alone.
 const (
 	HeaderResource = "Redsem-Fence-Resource"
 	HeaderSlot     = "Redsem-Fence-Slot"
+	HeaderSlots    = "Redsem-Fence-Slots"
 	HeaderToken    = "Redsem-Fence-Token"
 )
 
-// SetHeaders validates f and writes it into h as the three fencing headers.
-// It returns an *InvalidFenceError and leaves h unchanged for bad input.
+// SetHeaders validates f and writes it into h as the fencing headers:
+// HeaderResource, HeaderToken, and HeaderSlot for one slot or HeaderSlots
+// for a weighted fence (deleting the other of the two). It returns an
+// *InvalidFenceError and leaves h unchanged for bad input.
 func SetHeaders(h http.Header, f Fence) error {
 	if err := f.Validate(); err != nil {
 		return err
 	}
 	h.Set(HeaderResource, url.PathEscape(f.Resource))
-	h.Set(HeaderSlot, strconv.Itoa(f.Slot))
+	if f.weighted() {
+		h.Del(HeaderSlot)
+		h.Set(HeaderSlots, formatSlots(f.Slots))
+	} else {
+		h.Del(HeaderSlots)
+		h.Set(HeaderSlot, strconv.Itoa(f.Slot))
+	}
 	h.Set(HeaderToken, strconv.FormatInt(f.Token, 10))
 	return nil
 }
 
-// ParseHeaders reads the fence from h. It returns an *InvalidFenceError
-// (naming the header) when a header is missing, repeated, malformed or out
-// of range.
+// ParseHeaders reads the fence from h. The slots come from HeaderSlots or
+// HeaderSlot; when both are present, HeaderSlot must be the first of
+// HeaderSlots. A one-element HeaderSlots gives a fence with Slots nil. It
+// returns an *InvalidFenceError (naming the header) when a header is
+// missing, repeated, malformed or out of range, or the slots are not
+// strictly ascending.
 func ParseHeaders(h http.Header) (Fence, error) {
 	get := func(name string) (string, error) {
 		v := h.Values(name)
@@ -49,15 +66,33 @@ func ParseHeaders(h http.Header) (Fence, error) {
 	if f.Resource, err = url.PathUnescape(raw); err != nil {
 		return f, &InvalidFenceError{Field: HeaderResource, Value: raw, Reason: "bad percent-encoding"}
 	}
-	raw, err = get(HeaderSlot)
-	if err != nil {
-		return f, err
+	if len(h.Values(HeaderSlots)) > 0 {
+		raw, err = get(HeaderSlots)
+		if err != nil {
+			return f, err
+		}
+		if f.Slots, err = parseSlots(raw); err != nil {
+			return f, err
+		}
+		f.Slot = f.Slots[0]
 	}
-	slot, err := strconv.ParseInt(raw, 10, 32)
-	if err != nil {
-		return f, &InvalidFenceError{Field: HeaderSlot, Value: raw, Reason: "not a 32-bit integer"}
+	if len(h.Values(HeaderSlot)) > 0 || f.Slots == nil {
+		raw, err = get(HeaderSlot)
+		if err != nil {
+			return f, err
+		}
+		slot, err := strconv.ParseInt(raw, 10, 32)
+		if err != nil {
+			return f, &InvalidFenceError{Field: HeaderSlot, Value: raw, Reason: "not a 32-bit integer"}
+		}
+		if f.Slots != nil && int(slot) != f.Slot {
+			return f, &InvalidFenceError{Field: HeaderSlot, Value: raw, Reason: "not the first of " + HeaderSlots}
+		}
+		f.Slot = int(slot)
 	}
-	f.Slot = int(slot)
+	if len(f.Slots) == 1 {
+		f.Slots = nil // the plain one-slot fence
+	}
 	raw, err = get(HeaderToken)
 	if err != nil {
 		return f, err
@@ -68,8 +103,30 @@ func ParseHeaders(h http.Header) (Fence, error) {
 	return f, f.Validate()
 }
 
+// parseSlots reads a HeaderSlots value: decimal slots separated by commas,
+// with optional spaces around each, strictly ascending.
+func parseSlots(raw string) ([]int, error) {
+	parts := strings.Split(raw, ",")
+	slots := make([]int, 0, len(parts))
+	for _, p := range parts {
+		s, err := strconv.ParseInt(strings.TrimSpace(p), 10, 32)
+		if err != nil {
+			return nil, &InvalidFenceError{Field: HeaderSlots, Value: raw, Reason: "not a list of 32-bit integers"}
+		}
+		if s < 0 {
+			return nil, &InvalidFenceError{Field: HeaderSlots, Value: raw, Reason: "a negative slot"}
+		}
+		if n := len(slots); n > 0 && int(s) <= slots[n-1] {
+			return nil, &InvalidFenceError{Field: HeaderSlots, Value: raw, Reason: "not strictly ascending (unsorted or a duplicate)"}
+		}
+		slots = append(slots, int(s))
+	}
+	return slots, nil
+}
+
 // Transport is an http.RoundTripper that sends the fence found in each
-// request's context (see WithLease, WithFence) as the fencing headers. A
+// request's context (see WithLease, WithFence) as the fencing headers
+// (every slot of a weighted lease, see HeaderSlots). A
 // request whose context carries no fence is sent unchanged: a server behind
 // Middleware answers it with 400. A fence that fails Validate makes
 // RoundTrip return the *InvalidFenceError without sending anything.
@@ -100,8 +157,8 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 	return base.RoundTrip(r)
 }
 
-// Middleware checks the fence in each request's headers with guard before
-// calling next, and passes the fence on in the request's context (read it
+// Middleware checks the fence in each request's headers with guard (for a
+// weighted fence: every slot, see Guard) before calling next, and passes the fence on in the request's context (read it
 // with FromContext). It answers 400 Bad Request when the headers are
 // missing or malformed, 409 Conflict when the token is stale, and 503
 // Service Unavailable when the guard fails otherwise; in each case next is

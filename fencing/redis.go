@@ -26,9 +26,10 @@ type RedisOptions struct {
 // RedisGuard fences writes to a Redis (the store-side Redis, which may be
 // another server than the semaphore's). It keeps one HASH per resource,
 // FenceKey(resource), mapping slot -> highest token, with no TTL: a record
-// that expired would let a zombie through. Keys of one resource share a
-// {hash-tag}, so Redis Cluster keeps them in one slot. It is safe for
-// concurrent use.
+// that expired would let a zombie through. A weighted fence is checked
+// against, and recorded for, every slot it names in one script. Keys of one
+// resource share a {hash-tag}, so Redis Cluster keeps them in one slot. It
+// is safe for concurrent use.
 //
 // The guard is only as durable as the store-side Redis: if that Redis loses
 // the fence key (restart without persistence, failover), the next write of
@@ -77,23 +78,25 @@ func (g *RedisGuard) FenceKey(resource string) string { return g.base(resource) 
 // hash slot. On a single Redis any key will do.
 func (g *RedisGuard) DataKey(resource, name string) string { return g.base(resource) + "data:" + name }
 
-// Check records f.Token as the highest token of (f.Resource, f.Slot) unless
-// a higher one is recorded; see Guard. A stale token yields a *StaleError
-// that names the recorded token.
+// Check records f.Token as the highest token of (f.Resource, s) for every
+// slot s of f unless a higher one is recorded for any of them, in one
+// script: all or nothing; see Guard. A stale token yields a *StaleError
+// that names the (lowest) slot with a higher token and that token, and
+// leaves the record of every slot unchanged.
 func (g *RedisGuard) Check(ctx context.Context, f Fence) error {
 	if err := f.validate(g.maxSlots); err != nil {
 		return err
 	}
 	v, err := lua.Fence.Run(ctx, g.client, []string{g.FenceKey(f.Resource)},
-		f.Slot, strconv.FormatInt(f.Token, 10)).Slice()
+		f.slotList(), strconv.FormatInt(f.Token, 10)).Slice()
 	return g.reply(f, v, err)
 }
 
-// Set is a guarded write: in one script it checks f as Check does and, only
-// if the token is not stale, sets key to value, with a TTL of ttl when ttl
+// Set is a guarded write: in one script it checks f as Check does (every
+// slot of f) and, only if the token is not stale, sets key to value, with a TTL of ttl when ttl
 // > 0 (ttl is rounded down to milliseconds; a positive ttl below 1ms is an
 // error) or no TTL when ttl is 0. A stale token yields a *StaleError and
-// leaves both the record and key unchanged. In Redis Cluster, key must
+// leaves both the record of every slot and key unchanged. In Redis Cluster, key must
 // share the fence key's hash slot: use DataKey.
 func (g *RedisGuard) Set(ctx context.Context, f Fence, key, value string, ttl time.Duration) error {
 	if err := f.validate(g.maxSlots); err != nil {
@@ -103,7 +106,7 @@ func (g *RedisGuard) Set(ctx context.Context, f Fence, key, value string, ttl ti
 		return &InvalidFenceError{Field: "ttl", Value: ttl.String(), Reason: "negative or below 1ms"}
 	}
 	v, err := lua.FenceSet.Run(ctx, g.client, []string{g.FenceKey(f.Resource), key},
-		f.Slot, strconv.FormatInt(f.Token, 10), value, ttl.Milliseconds()).Slice()
+		f.slotList(), strconv.FormatInt(f.Token, 10), value, ttl.Milliseconds()).Slice()
 	return g.reply(f, v, err)
 }
 
@@ -120,21 +123,26 @@ func (g *RedisGuard) Highest(ctx context.Context, resource string, slot int) (in
 	return n, err
 }
 
-// reply turns a fence script reply into nil, a *StaleError or an error.
+// reply turns a fence script reply into nil, a *StaleError or an error:
+// {1, token} or {0, highest, slot}.
 func (g *RedisGuard) reply(f Fence, v []any, err error) error {
 	if err != nil {
 		return fmt.Errorf("fencing: redis guard: %w", err)
 	}
-	if len(v) != 2 {
-		return fmt.Errorf("fencing: redis guard: unexpected reply %v", v)
+	if len(v) == 2 {
+		if ok, _ := v[0].(int64); ok == 1 {
+			return nil
+		}
 	}
-	if ok, _ := v[0].(int64); ok == 1 {
-		return nil
+	if len(v) != 3 {
+		return fmt.Errorf("fencing: redis guard: unexpected reply %v", v)
 	}
 	s, _ := v[1].(string)
-	highest, perr := strconv.ParseInt(s, 10, 64)
-	if perr != nil {
+	highest, herr := strconv.ParseInt(s, 10, 64)
+	s, _ = v[2].(string)
+	slot, serr := strconv.Atoi(s)
+	if herr != nil || serr != nil {
 		return fmt.Errorf("fencing: redis guard: unexpected reply %v", v)
 	}
-	return &StaleError{Fence: f, Highest: highest}
+	return &StaleError{Fence: f, Slot: slot, Highest: highest}
 }

@@ -63,10 +63,17 @@ type SQLOptions struct {
 // READ or SERIALIZABLE, PostgreSQL may instead fail one of two concurrent
 // transactions with a serialization error, which the caller retries as
 // usual.
+//
+// A weighted fence (several slots) is checked by CheckSlotsSQL, one
+// statement that records the token for every slot or for none, locking the
+// rows in ascending slot order (so that two weighted checks cannot
+// deadlock); see CheckSlotsSQL and docs/fencing.md for why concurrent
+// checks cannot interleave into a partial record.
 type SQLGuard struct {
-	table    string
-	maxSlots int
-	check    string
+	table      string
+	maxSlots   int
+	check      string
+	checkSlots string
 }
 
 var identRe = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]{0,62}(\.[A-Za-z_][A-Za-z0-9_]{0,62})?$`)
@@ -86,11 +93,50 @@ func NewSQLGuard(opts SQLOptions) (*SQLGuard, error) {
 	if opts.MaxSlots < 0 {
 		return nil, &InvalidFenceError{Field: "SQLOptions.MaxSlots", Value: strconv.Itoa(opts.MaxSlots), Reason: "negative"}
 	}
-	return &SQLGuard{table: table, maxSlots: opts.MaxSlots, check: fmt.Sprintf(
-		`INSERT INTO %[1]s (resource, slot, token) VALUES ($1, $2, $3) `+
-			`ON CONFLICT (resource, slot) DO UPDATE SET token = EXCLUDED.token `+
-			`WHERE %[1]s.token <= EXCLUDED.token`, table)}, nil
+	return &SQLGuard{table: table, maxSlots: opts.MaxSlots,
+		check: fmt.Sprintf(
+			`INSERT INTO %[1]s (resource, slot, token) VALUES ($1, $2, $3) `+
+				`ON CONFLICT (resource, slot) DO UPDATE SET token = EXCLUDED.token `+
+				`WHERE %[1]s.token <= EXCLUDED.token`, table),
+		checkSlots: fmt.Sprintf(checkSlotsSQL, table),
+	}, nil
 }
+
+// checkSlotsSQL is the weighted check; %[1]s is the table. How it stays all
+// or nothing under concurrency (READ COMMITTED, PostgreSQL's default):
+//
+//  1. NOT EXISTS reads the statement's snapshot without locking. If some
+//     slot already has a committed higher token there, the SELECT yields no
+//     row: nothing is inserted, updated or locked, and the statement
+//     affects 0 rows. This is the usual way a zombie is rejected.
+//  2. Otherwise the INSERT takes the slots in ascending order (ORDER BY).
+//     For each it either inserts the row or, on conflict, locks the
+//     existing row (waiting for a concurrent transaction that inserted or
+//     updated it to end) and evaluates DO UPDATE against the row's latest
+//     committed version, not the snapshot. The DO UPDATE has no WHERE: a
+//     recorded token that is not above ours is raised to ours, and a higher
+//     one, which a concurrent check committed after our snapshot was taken,
+//     makes the CASE yield NULL, which the NOT NULL constraint refuses. That
+//     error aborts the whole statement, undoing the rows it had already
+//     written: there is no path on which some slots are written and others
+//     skipped, so the statement affects either every slot's row or none.
+//  3. Every check locks its rows in ascending slot order and waits only for
+//     the row it is at, so two such checks never wait for each other in a
+//     cycle: no deadlock between them (a caller's transaction that holds
+//     other locks of the table can still deadlock, as any transaction).
+//
+// Parameters are text and cast in SQL so that any driver can pass them.
+const checkSlotsSQL = `INSERT INTO %[1]s AS cur (resource, slot, token) ` +
+	`SELECT $1::text, s.slot, $3::bigint FROM unnest($2::text::int[]) AS s(slot) ` +
+	`WHERE NOT EXISTS (SELECT 1 FROM %[1]s ` +
+	`WHERE resource = $1::text AND slot = ANY($2::text::int[]) AND token > $3::bigint) ` +
+	`ORDER BY s.slot ` +
+	`ON CONFLICT (resource, slot) DO UPDATE ` +
+	`SET token = CASE WHEN cur.token <= EXCLUDED.token THEN EXCLUDED.token END`
+
+// sqlStateNotNull is PostgreSQL's not_null_violation: checkSlotsSQL's way of
+// refusing a token that a concurrent check made stale.
+const sqlStateNotNull = "23502"
 
 // Table is the fence table's name.
 func (g *SQLGuard) Table() string { return g.table }
@@ -113,31 +159,71 @@ func (g *SQLGuard) CreateTable(ctx context.Context, db Execer) error {
 	return nil
 }
 
-// CheckSQL is the conditional statement Check runs, with parameters $1
-// resource, $2 slot, $3 token. It inserts or raises the slot's token and
-// affects one row, or affects no row when a higher token is recorded.
+// CheckSQL is the conditional statement Check runs for a fence of one
+// slot, with parameters $1 resource, $2 slot, $3 token. It inserts or
+// raises the slot's token and affects one row, or affects no row when a
+// higher token is recorded.
 func (g *SQLGuard) CheckSQL() string { return g.check }
 
-// Check runs CheckSQL on db (a *sql.Tx to check inside your transaction)
-// and returns nil when one row was affected: f.Token is recorded (a higher
-// or equal token was not there). It returns a *StaleError (Highest 0) when
-// no row was affected, an *InvalidFenceError for bad input before any I/O,
-// and the driver's error otherwise. After a stale result roll back the
-// transaction, or commit it: the statement changed nothing.
+// CheckSlotsSQL is the statement Check runs for a weighted fence, with
+// parameters $1 resource, $2 the slots as a PostgreSQL array literal in text
+// (ascending, no duplicates: "{0,3,4}"), $3 token. It inserts or raises the
+// token of every slot and affects one row per slot, when no slot has a
+// higher token recorded. Otherwise it writes nothing: it affects no row
+// when the higher token was committed before the statement began, and
+// fails with a not_null_violation (SQLSTATE 23502) on the token column when
+// a concurrent check recorded it while the statement ran (an error aborts
+// the statement as a whole, which is what keeps it all or nothing; in a
+// transaction it also aborts the transaction).
+func (g *SQLGuard) CheckSlotsSQL() string { return g.checkSlots }
+
+// Check runs CheckSQL (one slot) or CheckSlotsSQL (a weighted fence) on db
+// (a *sql.Tx to check inside your transaction) and returns nil when the
+// token was recorded for every slot of f (no slot had a higher one). It
+// returns a *StaleError (Highest 0) when a slot has a higher token, and then
+// recorded nothing for any slot; an *InvalidFenceError for bad input before
+// any I/O; and the driver's error otherwise.
+//
+// After a stale result roll back the transaction. For one slot, or when the
+// higher token was committed before the check began, the statement changed
+// nothing and the transaction may also go on; but when a concurrent check
+// of the same slots recorded a higher token while a weighted check ran, the
+// statement failed to stay all or nothing, and PostgreSQL has aborted the
+// transaction (the *StaleError then wraps the driver's error).
 func (g *SQLGuard) Check(ctx context.Context, db Execer, f Fence) error {
 	if err := f.validate(g.maxSlots); err != nil {
 		return err
 	}
-	res, err := db.ExecContext(ctx, g.check, f.Resource, f.Slot, f.Token)
+	if !f.weighted() {
+		res, err := db.ExecContext(ctx, g.check, f.Resource, f.Slot, f.Token)
+		if err != nil {
+			return fmt.Errorf("fencing: sql guard: %w", err)
+		}
+		n, err := res.RowsAffected()
+		if err != nil {
+			return fmt.Errorf("fencing: sql guard: rows affected: %w", err)
+		}
+		if n == 0 {
+			return &StaleError{Fence: f, Slot: f.Slot}
+		}
+		return nil
+	}
+	res, err := db.ExecContext(ctx, g.checkSlots, f.Resource, "{"+formatSlots(f.Slots)+"}", f.Token)
 	if err != nil {
+		var pe interface{ SQLState() string }
+		if errors.As(err, &pe) && pe.SQLState() == sqlStateNotNull {
+			return &StaleError{Fence: f, Slot: -1, Err: err}
+		}
 		return fmt.Errorf("fencing: sql guard: %w", err)
 	}
 	n, err := res.RowsAffected()
-	if err != nil {
+	switch {
+	case err != nil:
 		return fmt.Errorf("fencing: sql guard: rows affected: %w", err)
-	}
-	if n == 0 {
-		return &StaleError{Fence: f}
+	case n == 0:
+		return &StaleError{Fence: f, Slot: -1}
+	case n != int64(len(f.Slots)):
+		return fmt.Errorf("fencing: sql guard: %d rows affected for %d slots", n, len(f.Slots))
 	}
 	return nil
 }

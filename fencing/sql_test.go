@@ -271,10 +271,17 @@ func TestSQLGuardPgx(t *testing.T) {
 		t.Fatal(err)
 	}
 	wantStale(t, g.Check(ctx, ex, fencing.Fence{Resource: r, Slot: 0, Token: 6}), 0)
+	// A weighted fence: the slots travel as text through pgx too.
+	if err := g.Check(ctx, ex, fencing.Fence{Resource: r, Slot: 1, Slots: []int{1, 2}, Token: 8}); err != nil {
+		t.Fatal(err)
+	}
+	wantStale(t, g.Check(ctx, ex, fencing.Fence{Resource: r, Slot: 0, Slots: []int{0, 2, 3}, Token: 7}), 0)
 	if err := tx.Commit(ctx); err != nil {
 		t.Fatal(err)
 	}
-	if got := recorded(t, db, g, r, 0); got != 7 {
-		t.Fatalf("recorded %d, want 7", got)
+	for slot, want := range map[int]int64{0: 7, 1: 8, 2: 8, 3: 0} {
+		if got := recorded(t, db, g, r, slot); got != want {
+			t.Fatalf("slot %d: recorded %d, want %d", slot, got, want)
+		}
 	}
 }

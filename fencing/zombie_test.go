@@ -8,12 +8,15 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/redis/go-redis/v9"
 	"github.com/redsem/redsem"
+	"github.com/redsem/redsem/fair"
 	"github.com/redsem/redsem/fencing"
 	"github.com/redsem/redsem/internal/redistest"
 	"github.com/redsem/redsem/unfair"
@@ -230,5 +233,151 @@ func TestOtherSlotsUndisturbed(t *testing.T) {
 		if err := g.Check(ctx, fencing.Of(res, l)); err != nil {
 			t.Fatalf("holder of slot %d rejected: %v", l.Slot(), err)
 		}
+	}
+}
+
+// TestZombieWeighted: lease A holds all three slots (AcquireN), writes,
+// and pauses past its lease. B takes one of A's slots, not A's first one
+// (a lease that B takes first and releases unused covers the first), and
+// writes. A wakes and writes: rejected, because one of its slots has a
+// newer holder, although its first slot has none. B's write stands.
+func TestZombieWeighted(t *testing.T) {
+	type newSem func(c *redis.Client, name string) (redsem.Semaphore, error)
+	sems := []struct {
+		name string
+		new  newSem
+	}{
+		{"unfair", func(c *redis.Client, name string) (redsem.Semaphore, error) {
+			return unfair.New(c, name, 3, unfair.Options{LeaseTTL: 300 * time.Millisecond, DisableAutoRenew: true})
+		}},
+		{"fair", func(c *redis.Client, name string) (redsem.Semaphore, error) {
+			return fair.New(c, name, 3, fair.Options{LeaseTTL: 300 * time.Millisecond, DisableAutoRenew: true})
+		}},
+	}
+	stores := []struct {
+		name string
+		mk   func(*testing.T, string) fencedStore
+	}{{"redis", redisStore}, {"sql", sqlStore}, {"http", httpStore}}
+	for _, sv := range sems {
+		for _, st := range stores {
+			t.Run(sv.name+"/"+st.name, func(t *testing.T) {
+				t.Parallel()
+				ctx := redistest.Ctx(t, 20*time.Second)
+				semName := redistest.Name(t)
+				store := st.mk(t, "resource-"+semName)
+				semA, err := sv.new(redistest.Client(t), semName)
+				if err != nil {
+					t.Fatal(err)
+				}
+				defer semA.Close()
+				semB, err := sv.new(redistest.Client(t), semName)
+				if err != nil {
+					t.Fatal(err)
+				}
+				defer semB.Close()
+
+				a, err := semA.AcquireN(ctx, 3)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if !slices.Equal(a.Slots(), []int{0, 1, 2}) {
+					t.Fatalf("A holds %v, want [0 1 2]", a.Slots())
+				}
+				if err := store.write(ctx, a, "A1"); err != nil {
+					t.Fatalf("A's write while holding: %v", err)
+				}
+				// A pauses; B's Acquire returns once A's lease has expired.
+				first, err := semB.Acquire(ctx)
+				if err != nil {
+					t.Fatal(err)
+				}
+				b, err := semB.TryAcquire(ctx)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if b.Slot() == a.Slot() { // B writes with the other one
+					first, b = b, first
+				}
+				if b.Slot() == a.Slot() || !slices.Contains(a.Slots(), b.Slot()) || b.Token() <= a.Token() {
+					t.Fatalf("B's leases: slots %d, %d; A's slots %v", first.Slot(), b.Slot(), a.Slots())
+				}
+				if err := first.Release(ctx); err != nil { // never wrote
+					t.Fatal(err)
+				}
+				if err := store.write(ctx, b, "B"); err != nil {
+					t.Fatalf("B's write: %v", err)
+				}
+				// A wakes, unaware that its lease is gone, and writes.
+				if err := store.write(ctx, a, "A2"); !errors.Is(err, fencing.ErrStale) {
+					t.Fatalf("zombie write (slots %v, B has slot %d): %v, want ErrStale", a.Slots(), b.Slot(), err)
+				}
+				if err := a.Renew(ctx); !errors.Is(err, redsem.ErrLeaseLost) {
+					t.Fatalf("A.Renew: %v, want ErrLeaseLost", err)
+				}
+				if got := store.read(ctx); got != "B" {
+					t.Fatalf("stored %q, want B's write", got)
+				}
+				if err := store.write(ctx, b, "B2"); err != nil {
+					t.Fatalf("B's second write: %v", err)
+				}
+				if got := store.read(ctx); got != "B2" {
+					t.Fatalf("stored %q, want B2", got)
+				}
+				if err := b.Release(ctx); err != nil {
+					t.Fatal(err)
+				}
+			})
+		}
+	}
+}
+
+// TestZombieWeightedFirstSlotIsNotEnough shows why a weighted fence names
+// every slot: the zombie's first slot alone has no newer holder in the
+// store, so a fence of that slot would be accepted; its full fence is not.
+func TestZombieWeightedFirstSlotIsNotEnough(t *testing.T) {
+	ctx := redistest.Ctx(t, 10*time.Second)
+	g := newRedisGuard(t, fencing.RedisOptions{})
+	sem, err := unfair.New(redistest.Client(t), redistest.Name(t), 3, unfair.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sem.Close()
+	res := redistest.Name(t)
+	a, err := sem.TryAcquireN(ctx, 3)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := g.Check(ctx, fencing.Of(res, a)); err != nil {
+		t.Fatal(err)
+	}
+	// A's slots change hands (released here; expiry is the same to the
+	// store): one lease takes 0 and 1 and never writes, another takes 2.
+	if err := a.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	quiet, err := sem.TryAcquireN(ctx, 2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer quiet.Release(ctx)
+	b, err := sem.TryAcquire(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Release(ctx)
+	if b.Slot() != 2 || a.Slot() != 0 {
+		t.Fatalf("A's first slot %d, B's slot %d; want 0 and 2", a.Slot(), b.Slot())
+	}
+	if err := g.Check(ctx, fencing.Of(res, b)); err != nil {
+		t.Fatal(err)
+	}
+	err = g.Check(ctx, fencing.Of(res, a))
+	var se *fencing.StaleError
+	if !errors.As(err, &se) || se.Slot != 2 || se.Highest != b.Token() {
+		t.Fatalf("zombie's full fence: %v, want stale for slot 2 with B's token", err)
+	}
+	firstOnly := fencing.Fence{Resource: res, Slot: a.Slot(), Token: a.Token()}
+	if err := g.Check(ctx, firstOnly); err != nil {
+		t.Fatalf("first-slot-only fence: %v; the point is that it would pass", err)
 	}
 }
