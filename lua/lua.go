@@ -54,7 +54,7 @@ var (
 	// SetLimit sets the limit for every client of a name.
 	SetLimit = redis.NewScript(lib + setLimitSrc)
 
-	// Fence checks a fencing token for one slot of a resource and records
+	// Fence checks a fencing token for the slots of a resource and records
 	// it (package fencing). It runs in the store-side Redis, on a fence key
 	// rather than the semaphore keys; fence_lib.lua is prepended.
 	Fence = redis.NewScript(fenceLib + fenceSrc)
