@@ -33,6 +33,13 @@ var (
 	// the limit in force, at once and writing nothing; and to a queued
 	// AcquireN whose weight a SetLimit made larger than the new limit.
 	ErrWeight = errors.New("redsem: weight outside [1, limit]")
+	// ErrUnavailable is matched, together with the context's error, by the
+	// error of an Acquire that gave up while Redis could not be reached or
+	// answered only with transient errors (refused or reset connections,
+	// timeouts, LOADING, failover), or never answered at all before the
+	// context ended: Acquire rides those out until its context ends. Tell
+	// "Redis is down" from "no slot in time" with it.
+	ErrUnavailable = errors.New("redsem: Redis unavailable")
 	// ErrQueueFull is returned by a fair AcquireN, at once and writing
 	// nothing, when Options.MaxWaiters waiters are queued already.
 	ErrQueueFull = errors.New("redsem: queue full")

@@ -563,6 +563,7 @@ func (m *machine) acquireShort(rt *rapid.T) {
 			fatalf(rt, "Acquire timed out after %v although at most %d of %d slots were held and nobody queued (%v)", d, possible, m.limit, err)
 		}
 		rt.Logf("Acquire(%v): timed out", d)
+		m.awaitUndo(rt)
 		return
 	}
 	m.lastWrite, m.lastPrune = w.b, w.b // its first attempt ran after b
@@ -859,8 +860,48 @@ func (m *machine) cancelWaiter(rt *rapid.T) {
 	m.await(rt, e)
 	if e.gone { // it left the queue through release.lua
 		m.lastWrite, m.lastPrune = w.b, w.b
+		m.awaitUndo(rt)
 	}
 	rt.Logf("cancelled %s (gone %v)", e, e.gone)
+}
+
+// awaitUndo waits (bounded) until the undo of a cancelled Acquire ran: the
+// engine sends it detached from the ended context and does not wait for it,
+// so Status may show the cancelled id (queued, or holding a slot it won in
+// the race) for a moment. Until then the id is unknown to the model, which
+// never learned it.
+func (m *machine) awaitUndo(rt *rapid.T) {
+	ctx, cancel := m.ctx()
+	defer cancel()
+	deadline := time.Now().Add(waitBound)
+	for {
+		st, err := m.norm.Status(ctx)
+		if err != nil {
+			fatalf(rt, "status: %v", err)
+		}
+		unknown := ""
+		stale := func(id string) bool {
+			e := m.byID[id]
+			return e == nil || (e.kind == kGo && e.gone)
+		}
+		for _, wt := range st.Waiters {
+			if stale(wt.ID) {
+				unknown = wt.ID
+			}
+		}
+		for _, h := range st.Holders {
+			if stale(h.ID) {
+				unknown = h.ID
+			}
+		}
+		if unknown == "" {
+			return
+		}
+		if time.Now().After(deadline) {
+			fatalf(rt, "the cancelled Acquire's entry %s is still in Redis after %v: its undo never ran", unknown, waitBound)
+		}
+		time.Sleep(2 * time.Millisecond)
+	}
 }
 
 // drainAndCheckLeak ends every lease and waiter, waits until every deadline

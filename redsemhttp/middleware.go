@@ -80,9 +80,10 @@ func LeaseFromContext(ctx context.Context) (redsem.Lease, bool) {
 //   - Acquire gives up because MaxWait passed or the request's context ended
 //     (the client went away), or fails with an error matching
 //     redsem.ErrQueueFull: 503 Service Unavailable with Retry-After.
-//   - Acquire fails otherwise (Redis unreachable, ...): 503 with Retry-After
-//     (fail closed), or with Options.FailOpen the handler runs without a
-//     lease.
+//   - Acquire fails otherwise, or gives up with an error matching
+//     redsem.ErrUnavailable (Redis unreachable: Acquire rides that out until
+//     MaxWait): 503 with Retry-After (fail closed), or with
+//     Options.FailOpen the handler runs without a lease.
 //
 // A lease lost while the handler runs (Redis lost it, the process paused
 // past its TTL) does not stop the handler; handlers that must stop watch
@@ -130,6 +131,15 @@ func Middleware(opts Options) func(http.Handler) http.Handler {
 			lease, err := sem.Acquire(waitCtx)
 			switch {
 			case err == nil:
+			case errors.Is(err, redsem.ErrUnavailable):
+				// Acquire rode out Redis errors until MaxWait: Redis is
+				// unreachable, not busy.
+				if opts.FailOpen {
+					next.ServeHTTP(w, r)
+					return
+				}
+				unavailable(w, "redsemhttp: limiter unavailable, try again later")
+				return
 			case waitCtx.Err() != nil && errors.Is(err, waitCtx.Err()), errors.Is(err, redsem.ErrQueueFull):
 				unavailable(w, "redsemhttp: no slot free, try again later")
 				return

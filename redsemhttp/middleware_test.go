@@ -248,13 +248,15 @@ func TestMiddlewareRedisUnreachable(t *testing.T) {
 		_, _ = io.WriteString(w, "served")
 	})
 
-	closed := redsemhttp.Middleware(redsemhttp.Options{Semaphore: fixed(sem), MaxWait: 5 * time.Second})(handler)
+	// Acquire rides out the refused connections until MaxWait, then gives
+	// up with an error matching redsem.ErrUnavailable.
+	closed := redsemhttp.Middleware(redsemhttp.Options{Semaphore: fixed(sem), MaxWait: 300 * time.Millisecond})(handler)
 	want503(t, serve(closed, ctx), "1")
 	if calls.Load() != 0 {
 		t.Fatal("fail closed: handler called")
 	}
 
-	open := redsemhttp.Middleware(redsemhttp.Options{Semaphore: fixed(sem), MaxWait: 5 * time.Second, FailOpen: true})(handler)
+	open := redsemhttp.Middleware(redsemhttp.Options{Semaphore: fixed(sem), MaxWait: 300 * time.Millisecond, FailOpen: true})(handler)
 	rec := serve(open, ctx)
 	if rec.Code != http.StatusOK || rec.Body.String() != "served" {
 		t.Fatalf("fail open: %d %q", rec.Code, rec.Body)

@@ -57,11 +57,18 @@ func (e *Engine) acquire(ctx context.Context, id string, n int, start time.Time)
 	// pause waits out a transient error with jittered backoff; it returns
 	// the error to give up with once ctx ends, or nil to go on. The last
 	// transient error is kept for that final error.
+	// replied records that Redis answered this acquire at least once: a
+	// context that ends before any answer (every try refused, black-holed
+	// or still dialing) means Redis was unavailable, not busy.
 	var lastErr error
+	replied := false
 	pause := func(err error) error {
 		if ctx.Err() != nil || !Transient(err) {
-			if lastErr != nil && !errors.Is(err, lastErr) {
-				err = errors.Join(err, lastErr)
+			switch {
+			case lastErr != nil && !errors.Is(err, lastErr):
+				err = errors.Join(err, fmt.Errorf("%w: %w", redsem.ErrUnavailable, lastErr))
+			case lastErr == nil && !replied && ctx.Err() != nil && errors.Is(err, ctx.Err()):
+				err = errors.Join(err, fmt.Errorf("%w: no answer before the context ended", redsem.ErrUnavailable))
 			}
 			return err
 		}
@@ -72,7 +79,7 @@ func (e *Engine) acquire(ctx context.Context, id string, n int, start time.Time)
 		case <-timer.C:
 			return nil
 		case <-ctx.Done():
-			return e.ctxErr(ctx, err)
+			return e.ctxErr(ctx, fmt.Errorf("%w: %w", redsem.ErrUnavailable, err))
 		}
 	}
 	for {
@@ -104,7 +111,7 @@ func (e *Engine) acquire(ctx context.Context, id string, n int, start time.Time)
 			}
 			continue
 		}
-		backoff, lastErr = 0, nil
+		backoff, lastErr, replied = 0, nil, true
 		if a.code == codeGranted {
 			return e.granted(start, id, a.slots, a.token, a.deadline), nil
 		}
