@@ -250,8 +250,8 @@ func decodeAttempt(v []any, sent time.Time) (attempt, error) {
 // acquireOnce runs acquire.lua once for id. mode is "try", "wait" or
 // "queue"; sid is the fair session (queue mode).
 func (e *Engine) acquireOnce(ctx context.Context, id string, n int, mode, sid string) (attempt, error) {
-	if err := ctx.Err(); err != nil {
-		return attempt{}, e.wrap(err) // nothing sent
+	if ctx.Err() != nil {
+		return attempt{}, e.ctxErr(ctx, nil) // nothing sent
 	}
 	if sid == "" {
 		sid = "-"

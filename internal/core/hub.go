@@ -377,6 +377,25 @@ func (h *hub) heartbeats(ps *redis.PubSub) {
 	t := time.NewTimer(every)
 	defer t.Stop()
 	for {
+		// The next beat: the periodic one, or sooner just after the
+		// earliest holder may expire (the hint of the latest reply, which
+		// may have come before this loop started).
+		h.mu.Lock()
+		at := next
+		if h.hint >= 0 && len(h.waiters) > 0 {
+			if due := time.Now().Add(time.Duration(h.hint+1) * time.Millisecond); due.Before(at) {
+				at = due
+			}
+		}
+		h.mu.Unlock()
+		if !t.Stop() {
+			select {
+			case <-t.C:
+			default:
+			}
+		}
+		t.Reset(time.Until(at))
+
 		select {
 		case <-h.quit:
 			return
@@ -394,21 +413,6 @@ func (h *hub) heartbeats(ps *redis.PubSub) {
 			next = time.Now().Add(every)
 		case <-h.kick: // a new hint: maybe beat earlier, no beat now
 		}
-		h.mu.Lock()
-		at := next
-		if h.hint >= 0 && len(h.waiters) > 0 {
-			if due := time.Now().Add(time.Duration(h.hint+1) * time.Millisecond); due.Before(at) {
-				at = due
-			}
-		}
-		h.mu.Unlock()
-		if !t.Stop() {
-			select {
-			case <-t.C:
-			default:
-			}
-		}
-		t.Reset(time.Until(at))
 	}
 }
 
