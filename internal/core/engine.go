@@ -37,6 +37,7 @@ type Engine struct {
 	clock serverClock
 
 	policyOnce sync.Once
+	policyDone chan struct{} // closed when the check ends; set in policyOnce
 	policy     string
 
 	hubMu  sync.Mutex
@@ -163,6 +164,12 @@ func bounded(ctx context.Context, call func() ([]any, error)) ([]any, error) {
 	case <-ctx.Done():
 		return nil, ctx.Err()
 	}
+}
+
+// boundedErr is bounded for a call that returns only an error.
+func boundedErr(ctx context.Context, call func() error) error {
+	_, err := bounded(ctx, func() ([]any, error) { return nil, call() })
+	return err
 }
 
 // ctxErr is the error of a call that ctx ended: it matches ctx.Err() and the

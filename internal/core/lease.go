@@ -39,6 +39,9 @@ type Lease struct {
 	// renewals, and stopping it costs no context switch.
 	timer    *time.Timer // nil when auto-renew is off (under mu)
 	stopped  bool        // no more watchdog renewals (under mu)
+	// cancelRenewal ends a watchdog renewal in flight (under mu), so that
+	// Release never waits for a renewal stuck on an unresponsive Redis.
+	cancelRenewal context.CancelFunc
 	renewing sync.Mutex  // held while a watchdog renewal runs
 }
 
@@ -170,6 +173,9 @@ func (l *Lease) stopWatchdog() {
 	if l.timer != nil {
 		l.timer.Stop()
 	}
+	if l.cancelRenewal != nil {
+		l.cancelRenewal()
+	}
 	l.mu.Unlock()
 	l.renewing.Lock() // wait for a renewal in progress
 	l.renewing.Unlock()
@@ -232,8 +238,23 @@ func (l *Lease) watchdog() {
 		return
 	}
 	ctx, cancel := context.WithDeadline(context.Background(), deadline)
+	l.mu.Lock()
+	l.cancelRenewal = cancel
+	stopped = l.stopped
+	l.mu.Unlock()
+	if stopped {
+		cancel()
+		return
+	}
 	err := l.Renew(ctx)
 	cancel()
+	l.mu.Lock()
+	l.cancelRenewal = nil
+	stopped = l.stopped
+	l.mu.Unlock()
+	if stopped && err != nil && !errors.Is(err, redsem.ErrLeaseLost) {
+		return // cancelled by stopWatchdog: the release decides
+	}
 	next := ttl / 3
 	switch {
 	case err == nil:

@@ -58,25 +58,36 @@ func EvictingPolicy(policy string) bool {
 
 // checkEvictionPolicy reads maxmemory-policy once per Engine, at first use,
 // and reports an EventEvictionPolicy if it can evict the semaphore's keys.
-// A server that refuses CONFIG (managed Redis) is not an error.
+// A server that refuses CONFIG (managed Redis) is not an error. The check
+// runs on its own goroutine (at most a second), so that it never holds up
+// the call that triggered it beyond that call's context.
 func (e *Engine) checkEvictionPolicy(ctx context.Context) {
 	e.policyOnce.Do(func() {
-		ctx, cancel := context.WithTimeout(ctx, time.Second)
-		defer cancel()
-		v, err := e.cfg.Client.ConfigGet(ctx, "maxmemory-policy").Result()
-		if err != nil {
-			return
-		}
-		e.policy = v["maxmemory-policy"]
-		if EvictingPolicy(e.policy) {
-			e.emit(redsem.Event{Kind: redsem.EventEvictionPolicy, Policy: e.policy})
-		}
+		done := make(chan struct{})
+		e.policyDone = done
+		go func() {
+			defer close(done)
+			cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Second)
+			defer cancel()
+			v, err := e.cfg.Client.ConfigGet(cctx, "maxmemory-policy").Result()
+			if err != nil {
+				return
+			}
+			e.policy = v["maxmemory-policy"]
+			if EvictingPolicy(e.policy) {
+				e.emit(redsem.Event{Kind: redsem.EventEvictionPolicy, Policy: e.policy})
+			}
+		}()
 	})
 }
 
 // MaxMemoryPolicy returns the policy read at first use ("" before that, or
-// when the server does not allow CONFIG GET).
+// when the server does not allow CONFIG GET); it waits for a check in
+// progress (at most a second).
 func (e *Engine) MaxMemoryPolicy() string {
-	e.policyOnce.Do(func() {}) // synchronise with a check in progress
+	e.policyOnce.Do(func() {}) // no check yet: none will run
+	if e.policyDone != nil {
+		<-e.policyDone
+	}
 	return e.policy
 }

@@ -19,13 +19,21 @@ import (
 // too few replicas acknowledge, or the check itself fails, the lease is
 // released and the error returned.
 func (e *Engine) confirmReplicas(ctx context.Context, l *Lease) error {
-	err := e.waitReplicas(ctx, l)
+	// WAIT on a dedicated connection honours no context: bound it.
+	err := boundedErr(ctx, func() error { return e.waitReplicas(ctx, l) })
+	if err != nil && ctx.Err() != nil && errors.Is(err, ctx.Err()) {
+		err = e.ctxErr(ctx, nil)
+	}
 	if err == nil {
 		return nil
 	}
-	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cleanupTimeout)
-	defer cancel()
-	_ = l.Release(cctx)
+	// Hand the slot back without waiting for it (the caller's context may
+	// have ended); an undo that cannot run leaves a grant that expires.
+	go func() {
+		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cleanupTimeout)
+		defer cancel()
+		_ = l.Release(cctx)
+	}()
 	return err
 }
 
