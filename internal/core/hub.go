@@ -344,8 +344,37 @@ func (h *hub) onMessage(m *redis.Message) {
 		h.wakeUnfair(max(n, 1))
 		return
 	}
-	// "g id token deadline_ms slots", "x id limit" or "r id"
-	f := strings.Fields(m.Payload)
+	msg, ok := parseMessage(m.Payload)
+	if !ok {
+		return
+	}
+	switch msg.ev.kind {
+	case evGrant:
+		msg.ev.grant.deadline = h.e.clock.localAtLeast(msg.deadline).Add(-time.Millisecond)
+		h.deliver(msg.id, msg.ev)
+	case evWeight:
+		h.deliver(msg.id, msg.ev)
+	case evRequeue:
+		// An operator removed this waiter from the queue: it queues again.
+		if h.deliver(msg.id, msg.ev) {
+			h.e.emit(redsem.Event{Kind: redsem.EventWaiterEvicted, LeaseID: msg.id})
+		}
+	}
+}
+
+// message is a decoded message of a fair session's channel.
+type message struct {
+	id       string // the waiter it is for
+	ev       event  // evGrant (grant.deadline not set), evWeight or evRequeue
+	deadline int64  // evGrant: the grant's deadline, server ms
+}
+
+// parseMessage decodes the payload of a message on a fair session's
+// channel: "g id token deadline_ms slots" (a grant), "x id limit" (SetLimit
+// made the limit smaller than the waiter's weight) or "r id" (an operator
+// removed the waiter). It reports false for anything else; it never panics.
+func parseMessage(payload string) (message, bool) {
+	f := strings.Fields(payload)
 	switch {
 	case len(f) == 5 && f[0] == "g":
 		r := reader{script: "grant message", v: []any{f[1], f[2], f[3], f[4]}}
@@ -353,18 +382,15 @@ func (h *hub) onMessage(m *redis.Message) {
 		dl := r.int()
 		g.slots = r.slots()
 		if r.err != nil {
-			return
+			return message{}, false
 		}
-		g.deadline = h.e.clock.localAtLeast(dl).Add(-time.Millisecond)
-		h.deliver(g.id, event{kind: evGrant, grant: g})
+		return message{id: g.id, ev: event{kind: evGrant, grant: g}, deadline: dl}, true
 	case len(f) == 3 && f[0] == "x":
-		h.deliver(f[1], event{kind: evWeight, limit: int(toInt(f[2]))})
+		return message{id: f[1], ev: event{kind: evWeight, limit: int(toInt(f[2]))}}, true
 	case len(f) == 2 && f[0] == "r":
-		// An operator removed this waiter from the queue: it queues again.
-		if h.deliver(f[1], event{kind: evRequeue}) {
-			h.e.emit(redsem.Event{Kind: redsem.EventWaiterEvicted, LeaseID: f[1]})
-		}
+		return message{id: f[1], ev: event{kind: evRequeue}}, true
 	}
+	return message{}, false
 }
 
 // heartbeats keeps the fair session alive while the process has waiters,

@@ -1,17 +1,22 @@
 package redistest
 
 import (
+	"bytes"
 	"math/rand/v2"
 	"net"
 	"sync"
 	"testing"
+	"time"
 )
 
 // Proxy is a small TCP proxy between clients and a Redis server that
 // injects network faults at random: it can lose the reply to a request
 // after Redis executed it (the connection is closed instead of forwarding
 // the reply) and reset a connection before a request reaches Redis. Tests
-// use it to make calls whose outcome the client cannot know.
+// use it to make calls whose outcome the client cannot know. It can also
+// black-hole everything (SetBlackhole: a partition, or a server that accepts
+// and never answers) and hold requests before forwarding them (SetDelay: a
+// server that answers slowly).
 type Proxy struct {
 	// Addr is the address clients dial instead of the server's.
 	Addr string
@@ -26,7 +31,13 @@ type Proxy struct {
 	dropNext int     // replies of the next requests to lose, whatever the odds
 	dropped  int     // replies lost so far
 	killed   int     // connections reset so far
+	hole     bool    // black hole: nothing is forwarded either way
+	delay    time.Duration
+	delayOn  []byte // only requests containing it are delayed; nil: all
+	watch    []byte // Watch's marker
+	watched  int    // requests read that contain watch
 	closed   bool
+	quit     chan struct{} // closed by Close: ends delays
 	wg       sync.WaitGroup
 }
 
@@ -39,7 +50,7 @@ func StartProxy(t testing.TB, target string) *Proxy {
 	if err != nil {
 		t.Fatalf("redistest: proxy: %v", err)
 	}
-	p := &Proxy{Addr: ln.Addr().String(), target: target, ln: ln, conns: map[net.Conn]struct{}{}}
+	p := &Proxy{Addr: ln.Addr().String(), target: target, ln: ln, conns: map[net.Conn]struct{}{}, quit: make(chan struct{})}
 	p.wg.Add(1)
 	go p.accept()
 	t.Cleanup(p.Close)
@@ -64,6 +75,95 @@ func (p *Proxy) DropNext(n int) {
 	p.mu.Unlock()
 }
 
+// SetBlackhole turns the black hole on or off. While on, the proxy forwards
+// nothing in either direction: connections are still accepted (a client's
+// dial succeeds), requests are read and thrown away, and replies Redis sends
+// to requests forwarded earlier are thrown away too, so every client waits
+// for an answer that never comes (a partition, or a server that hangs).
+// Turning it off closes every connection open at that moment (their
+// clients see a reset and dial again, as after a partition that a
+// stateful firewall forgot) and serves new connections faithfully.
+func (p *Proxy) SetBlackhole(on bool) {
+	p.mu.Lock()
+	p.hole = on
+	var open []net.Conn
+	if !on {
+		for c := range p.conns {
+			open = append(open, c)
+			delete(p.conns, c)
+		}
+	}
+	p.mu.Unlock()
+	for _, c := range open {
+		if tc, ok := c.(*net.TCPConn); ok {
+			_ = tc.SetLinger(0) // RST rather than FIN
+		}
+		_ = c.Close()
+	}
+}
+
+// SetDelay holds every request read from a client from now on for d before
+// forwarding it (and, on the same connection, the requests behind it), or
+// only requests that contain marker when marker is not nil: a server that
+// answers slowly, or one slow command. Zero d forwards at once again.
+func (p *Proxy) SetDelay(d time.Duration, marker []byte) {
+	p.mu.Lock()
+	p.delay, p.delayOn = d, marker
+	p.mu.Unlock()
+}
+
+// Watch starts counting the requests read from clients that contain
+// marker, from zero, once each was forwarded to Redis (or thrown away by
+// the black hole); Watched returns the count. Tests wait with it until a
+// request has reached the server's socket.
+func (p *Proxy) Watch(marker []byte) {
+	p.mu.Lock()
+	p.watch, p.watched = marker, 0
+	p.mu.Unlock()
+}
+
+// Watched returns how many requests containing Watch's marker were read.
+func (p *Proxy) Watched() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.watched
+}
+
+// saw counts req if it contains Watch's marker.
+func (p *Proxy) saw(req []byte) {
+	p.mu.Lock()
+	if p.watch != nil && bytes.Contains(req, p.watch) {
+		p.watched++
+	}
+	p.mu.Unlock()
+}
+
+// holding reports whether the black hole is on.
+func (p *Proxy) holding() bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.hole
+}
+
+// wait holds a request for the delay set by SetDelay, if it applies to it;
+// it reports false if the proxy was closed meanwhile.
+func (p *Proxy) wait(req []byte) bool {
+	p.mu.Lock()
+	d, marker := p.delay, p.delayOn
+	p.mu.Unlock()
+	if d <= 0 || (marker != nil && !bytes.Contains(req, marker)) {
+		return true
+	}
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return true
+	case <-p.quit:
+		return false
+	}
+}
+
 // Faults returns how many replies were lost and how many connections were
 // reset so far.
 func (p *Proxy) Faults() (dropped, killed int) {
@@ -76,6 +176,9 @@ func (p *Proxy) Faults() (dropped, killed int) {
 // twice.
 func (p *Proxy) Close() {
 	p.mu.Lock()
+	if !p.closed {
+		close(p.quit)
+	}
 	p.closed = true
 	for c := range p.conns {
 		_ = c.Close()
@@ -116,6 +219,25 @@ func (p *Proxy) accept() {
 			return
 		}
 		p.wg.Add(1)
+		if p.holding() {
+			// Accepted, never answered, never forwarded (not even once
+			// the hole closes: healing closes this connection).
+			go func() {
+				defer p.wg.Done()
+				defer p.untrack(c)
+				buf := make([]byte, 64<<10)
+				for {
+					n, err := c.Read(buf)
+					if n > 0 {
+						p.saw(buf[:n])
+					}
+					if err != nil {
+						return
+					}
+				}
+			}()
+			continue
+		}
 		go p.serve(c)
 	}
 }
@@ -158,6 +280,13 @@ func (p *Proxy) serve(c net.Conn) {
 		buf := make([]byte, 64<<10)
 		for {
 			n, err := c.Read(buf)
+			if n > 0 && p.holding() {
+				p.saw(buf[:n])
+				n = 0 // thrown away
+			}
+			if n > 0 && !p.wait(buf[:n]) {
+				return
+			}
 			if n > 0 {
 				drop, kill := p.fate()
 				if kill {
@@ -174,6 +303,7 @@ func (p *Proxy) serve(c net.Conn) {
 				if _, err := s.Write(buf[:n]); err != nil {
 					return
 				}
+				p.saw(buf[:n])
 			}
 			if err != nil {
 				return
@@ -183,6 +313,9 @@ func (p *Proxy) serve(c net.Conn) {
 	buf := make([]byte, 64<<10)
 	for { // Redis -> client
 		n, err := s.Read(buf)
+		if n > 0 && p.holding() {
+			n = 0 // thrown away
+		}
 		if n > 0 {
 			mu.Lock()
 			lose := poisoned
