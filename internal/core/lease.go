@@ -37,12 +37,12 @@ type Lease struct {
 
 	// The watchdog is a timer, not a goroutine: nothing runs between
 	// renewals, and stopping it costs no context switch.
-	timer    *time.Timer // nil when auto-renew is off (under mu)
-	stopped  bool        // no more watchdog renewals (under mu)
+	timer   *time.Timer // nil when auto-renew is off (under mu)
+	stopped bool        // no more watchdog renewals (under mu)
 	// cancelRenewal ends a watchdog renewal in flight (under mu), so that
 	// Release never waits for a renewal stuck on an unresponsive Redis.
 	cancelRenewal context.CancelFunc
-	renewing sync.Mutex  // held while a watchdog renewal runs
+	renewing      sync.Mutex // held while a watchdog renewal runs
 }
 
 var _ redsem.Lease = (*Lease)(nil)
