@@ -13,10 +13,10 @@ import (
 	"github.com/redsem/redsem/lua"
 )
 
-// Calls that, found by these tests, do not return when their context ends:
-// each waits on something outside Engine.runOn. They fail on the current
-// engine, so they skip with "pending engine fix" unless REDSEM_RUN_PENDING=1
-// (docs/reliability.md has the diagnosis).
+// Calls that these tests found not returning when their context ended, each
+// waiting on something outside Engine.runOn; the engine now bounds them. The
+// one still skipped ("pending engine fix", run with REDSEM_RUN_PENDING=1) is
+// a known limit (docs/reliability.md has the diagnosis).
 
 func pending(t *testing.T, why string) {
 	t.Helper()
@@ -30,7 +30,6 @@ func pending(t *testing.T, why string) {
 // whose reads ignore the context, a slow CONFIG GET holds the call past its
 // context, and the call then returns a lease after its deadline.
 func TestFirstAcquireEvictionCheckBounded(t *testing.T) {
-	pending(t, "checkEvictionPolicy is not bounded by ctx")
 	for _, v := range variants {
 		t.Run(v.name, func(t *testing.T) {
 			p := redistest.StartProxy(t, redistest.Shared(t).Addr)
@@ -56,7 +55,6 @@ func TestFirstAcquireEvictionCheckBounded(t *testing.T) {
 // deadline, not by Release's context, so against a Redis that stopped
 // answering Release waits until the lease's deadline (up to LeaseTTL).
 func TestReleaseDuringStuckRenewalBounded(t *testing.T) {
-	pending(t, "Release waits for the watchdog's renewal, bounded by the lease deadline")
 	for _, v := range variants {
 		t.Run(v.name, func(t *testing.T) {
 			p := redistest.StartProxy(t, redistest.Shared(t).Addr)
@@ -71,6 +69,10 @@ func TestReleaseDuringStuckRenewalBounded(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
+			// The first-use eviction check runs detached: let it finish, so
+			// that the renewal below is the one request the hole swallows
+			// (on a pooled connection, not a new one stuck in its handshake).
+			_ = e.MaxMemoryPolicy()
 			p.Watch([]byte(lua.Renew.Hash()))
 			p.SetBlackhole(true)
 			defer p.SetBlackhole(false)
@@ -99,7 +101,6 @@ func TestReleaseDuringStuckRenewalBounded(t *testing.T) {
 // context (confirmReplicas). Here no replica exists, so WAIT blocks its
 // full ReplicaTimeout (1 s).
 func TestMinReplicasBounded(t *testing.T) {
-	pending(t, "waitReplicas and confirmReplicas' release are not bounded by ctx")
 	for _, v := range variants {
 		t.Run(v.name, func(t *testing.T) {
 			c := defaultClient(t, redistest.Shared(t).Addr)
