@@ -453,3 +453,33 @@ func fmtIv(iv interval) string {
 	}
 	return s
 }
+
+// TestCheckIntervalsWeights: the process checker rejects what it must,
+// weights included (no Redis: recorded intervals made up by hand).
+func TestCheckIntervalsWeights(t *testing.T) {
+	iv := func(slots []int, weight int, token, from, to int64) interval {
+		return interval{slots: slots, weight: weight, token: token, start: from, from: from, to: to}
+	}
+	cases := []struct {
+		name string
+		ivs  []interval
+		bad  string // "" if it must pass
+	}{
+		{"fit", []interval{iv([]int{0, 1}, 2, 1, 0, 10), iv([]int{2}, 1, 2, 5, 15)}, ""},
+		{"weights over the limit (so a slot shared)", []interval{iv([]int{0, 1}, 2, 1, 0, 10), iv([]int{1, 2}, 2, 2, 5, 15)}, "held twice"},
+		{"shared slot", []interval{iv([]int{0, 1}, 2, 1, 0, 10), iv([]int{1}, 1, 2, 5, 15)}, "held twice"},
+		{"one slot short", []interval{iv([]int{0}, 2, 1, 0, 10)}, "for weight 2"},
+		{"not ascending", []interval{iv([]int{1, 0}, 2, 1, 0, 10)}, "not ascending"},
+		{"above the limit", []interval{iv([]int{3}, 1, 1, 0, 10)}, "not ascending in [0, 3)"},
+		{"one after another", []interval{iv([]int{0, 1, 2}, 3, 1, 0, 10), iv([]int{0, 1, 2}, 3, 2, 10, 20)}, ""},
+	}
+	for _, c := range cases {
+		err := checkIntervals(c.ivs, 3)
+		switch {
+		case c.bad == "" && err != nil:
+			t.Errorf("%s: %v", c.name, err)
+		case c.bad != "" && (err == nil || !strings.Contains(err.Error(), c.bad)):
+			t.Errorf("%s: got %v, want an error with %q", c.name, err, c.bad)
+		}
+	}
+}
