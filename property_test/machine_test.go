@@ -561,13 +561,16 @@ func (m *machine) tryAcquire(rt *rapid.T, crash bool) {
 	w := window{b: callStart()}
 	l, err := sem.TryAcquireN(ctx, n)
 	w.a = callEnd()
-	m.lastWrite, m.lastPrune = w.b, w.b
+	m.lastPrune = w.b
 	if over {
+		// acquire.lua refuses n above the limit before it admits anyone:
+		// no lastWrite.
 		if !errors.Is(err, redsem.ErrWeight) {
 			fatalf(rt, "TryAcquireN(%d) with limit %d: %v, want ErrWeight", n, m.limit, err)
 		}
 		return
 	}
+	m.lastWrite = w.b
 	certain, possible, queueEmpty := m.counts(w)
 	if err != nil {
 		if !errors.Is(err, redsem.ErrNoSlot) {
@@ -604,7 +607,7 @@ func (m *machine) acquireShort(rt *rapid.T) {
 		defer cancel()
 		b := callStart()
 		_, err := m.norm.AcquireN(ctx, n)
-		m.lastWrite, m.lastPrune = b, b
+		m.lastPrune = b // refused before admit ran: no lastWrite
 		if !errors.Is(err, redsem.ErrWeight) {
 			fatalf(rt, "AcquireN(%d) with limit %d: %v, want ErrWeight", n, m.limit, err)
 		}
