@@ -89,8 +89,13 @@ func TestFairCancel(t *testing.T) {
 	if _, err := s.Acquire(cctx); !errors.Is(err, context.DeadlineExceeded) {
 		t.Fatalf("got %v", err)
 	}
-	st := status(t, ctx, s)
-	if len(st.Waiters) != 0 || len(st.Holders) != 1 {
+	// The engine undoes the abandoned acquire on a goroutine of its own,
+	// after Acquire returned: wait for it to leave the queue.
+	redistest.WaitFor(t, 5*time.Second, "the cancelled waiter to leave the queue", func() (bool, error) {
+		st, err := s.Status(ctx)
+		return err == nil && len(st.Waiters) == 0, err
+	})
+	if st := status(t, ctx, s); len(st.Waiters) != 0 || len(st.Holders) != 1 {
 		t.Fatalf("status %+v", st)
 	}
 	if err := l.Release(ctx); err != nil {
