@@ -65,7 +65,8 @@ type goResult struct {
 	err error
 }
 
-// entity is anything that holds, or may come to hold, a slot.
+// entity is anything that holds, or may come to hold, slots: weight of
+// them, all or nothing.
 type entity struct {
 	kind  kind
 	label string // L3, W2, R1: how logs and failures name it
@@ -74,12 +75,17 @@ type entity struct {
 	lease   redsem.Lease
 	ttl     int64 // lease TTL in ms
 	death   span  // when its slot (or queue place) certainly ends; {0,0} once lost
-	granted bool  // a slot is known to have been granted
-	slot    int
+	weight  int   // slots it asks for (AcquireN's n)
+	granted bool  // its slots are known to have been granted
+	slots   []int // ascending, len == weight
 	token   int64
 	floor   int64 // the highest token seen before it could be granted
 	limitAt int   // the highest limit in force while it could have been granted
-	arrival int   // fair queue order; -1 unknown (re-queued after a restart)
+	// weightOut: the limit fell below its weight while it waited (SetLimit,
+	// or a restart back to the clients' limit), so its AcquireN may end
+	// with ErrWeight.
+	weightOut bool
+	arrival   int // fair queue order; -1 unknown (re-queued after a restart)
 
 	gone      bool // released or cancelled: Redis must never show it again
 	localLost bool // the lease object knows it is lost: Renew/Release answer without Redis
@@ -95,13 +101,15 @@ type entity struct {
 func (e *entity) String() string {
 	s := e.label
 	if e.granted {
-		s += fmt.Sprintf("(slot %d token %d)", e.slot, e.token)
+		s += fmt.Sprintf("(slots %v token %d)", e.slots, e.token)
+	} else if e.weight > 1 {
+		s += fmt.Sprintf("(weight %d)", e.weight)
 	}
 	return s
 }
 
-// holds reports whether e certainly holds a slot throughout w, and whether
-// it may hold one at the start of w.
+// holds reports whether e certainly holds its slots throughout w, and
+// whether it may hold them at the start of w.
 func (e *entity) holds(w window) (certain, possible bool) {
 	if e.gone {
 		return false, false

@@ -26,8 +26,8 @@ import (
 )
 
 // The concurrent property: several OS processes (this test binary run again
-// as TestHelperProcess) with many goroutines each acquire and release one
-// semaphore with random holds, while the parent kills some of them with
+// as TestHelperProcess) with many goroutines each acquire (AcquireN, a
+// random weight in [1, limit]) and release one semaphore with random holds, while the parent kills some of them with
 // SIGKILL. Every lease is recorded by its process as JSON lines on stdout,
 // with time.Now().UnixNano(): the wall clock, which all processes on one
 // machine share (a clock step during a run would make the check unsound).
@@ -55,14 +55,15 @@ type helperParams struct {
 
 // record is one line a child prints.
 //
-//	acq: Acquire was called at Start and returned at T the lease ID with its
-//	     slot, token and early deadline estimate (ns).
+//	acq: AcquireN(Weight) was called at Start and returned at T the lease ID
+//	     with its slots, token and early deadline estimate (ns).
 //	rel: Release was called at T (printed before the call).
 //	lost: Release of ID returned ErrLeaseLost.
 type record struct {
 	Ev       string `json:"ev"`
 	ID       string `json:"id"`
-	Slot     int    `json:"slot,omitempty"`
+	Weight   int    `json:"weight,omitempty"`
+	Slots    []int  `json:"slots,omitempty"`
 	Token    int64  `json:"token,omitempty"`
 	Start    int64  `json:"start,omitempty"`
 	T        int64  `json:"t"`
@@ -106,15 +107,16 @@ func TestHelperProcess(t *testing.T) {
 		rng := rand.New(rand.NewPCG(p.Seed, uint64(w)))
 		wg.Go(func() {
 			for time.Now().Before(end) {
+				n := 1 + rng.IntN(p.Limit)
 				ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
 				start := time.Now().UnixNano()
-				l, err := sem.Acquire(ctx)
+				l, err := sem.AcquireN(ctx, n)
 				cancel()
 				if err != nil {
 					emit(record{Ev: "fail", T: time.Now().UnixNano(), Err: err.Error()})
 					continue
 				}
-				emit(record{Ev: "acq", ID: l.ID(), Slot: l.Slot(), Token: l.Token(), Start: start,
+				emit(record{Ev: "acq", ID: l.ID(), Weight: n, Slots: l.Slots(), Token: l.Token(), Start: start,
 					T: time.Now().UnixNano(), Deadline: l.Deadline().UnixNano()})
 				time.Sleep(time.Duration(rng.IntN(p.HoldMax*1000+1)) * time.Microsecond)
 				emit(record{Ev: "rel", ID: l.ID(), T: time.Now().UnixNano()})
@@ -134,7 +136,8 @@ func TestHelperProcess(t *testing.T) {
 type interval struct {
 	proc       int
 	id         string
-	slot       int
+	weight     int
+	slots      []int
 	token      int64
 	start      int64 // Acquire called
 	from, to   int64 // [Acquire returned, Release called) or, for a killed holder, its deadline
@@ -247,7 +250,7 @@ func runProcesses(t *testing.T, rt *rapid.T, rdb *redis.Client, p helperParams, 
 		for _, r := range c.recs {
 			switch r.Ev {
 			case "acq":
-				iv := &interval{proc: i, id: r.ID, slot: r.Slot, token: r.Token, start: r.Start, from: r.T, to: -1,
+				iv := &interval{proc: i, id: r.ID, weight: r.Weight, slots: r.Slots, token: r.Token, start: r.Start, from: r.T, to: -1,
 					deadline: r.Deadline, killed: c.killed}
 				open[r.ID] = iv
 				lastDeadline = max(lastDeadline, r.Deadline)
@@ -337,11 +340,22 @@ func mustNew(rdb *redis.Client, p helperParams) redsem.Semaphore {
 	return s
 }
 
-// checkIntervals proves, over the recorded intervals, that at no instant more
-// than limit leases overlap, that overlapping leases hold distinct slots, and
-// that a lease released before another's Acquire was called has the smaller
-// token.
+// checkIntervals proves, over the recorded intervals, that every lease holds
+// as many slots as its weight, ascending, in [0, limit), that at no instant
+// the weights of the overlapping leases sum to more than limit, that
+// overlapping leases hold disjoint slots, and that a lease released before
+// another's Acquire was called has the smaller token.
 func checkIntervals(ivs []interval, limit int) error {
+	for _, iv := range ivs {
+		if len(iv.slots) != iv.weight {
+			return fmt.Errorf("%d slots granted for weight %d: %s", len(iv.slots), iv.weight, fmtIv(iv))
+		}
+		for k, s := range iv.slots {
+			if s < 0 || s >= limit || (k > 0 && iv.slots[k-1] >= s) {
+				return fmt.Errorf("slots not ascending in [0, %d): %s", limit, fmtIv(iv))
+			}
+		}
+	}
 	type ev struct {
 		t    int64
 		open bool
@@ -369,26 +383,31 @@ func checkIntervals(ivs []interval, limit int) error {
 		}
 		return 1
 	})
-	live := map[int]int{} // interval index -> slot
+	live := map[int]bool{} // interval indexes
+	sum := 0               // their weights
 	for _, e := range evs {
 		if !e.open {
 			delete(live, e.i)
+			sum -= ivs[e.i].weight
 			continue
 		}
 		iv := ivs[e.i]
 		for j := range live {
-			if ivs[j].slot == iv.slot {
-				return fmt.Errorf("slot %d held twice at once: %s and %s", iv.slot, fmtIv(ivs[j]), fmtIv(iv))
+			for _, s := range iv.slots {
+				if slices.Contains(ivs[j].slots, s) {
+					return fmt.Errorf("slot %d held twice at once: %s and %s", s, fmtIv(ivs[j]), fmtIv(iv))
+				}
 			}
 		}
-		live[e.i] = iv.slot
-		if len(live) > limit {
+		live[e.i] = true
+		sum += iv.weight
+		if sum > limit {
 			var s []string
 			for j := range live {
 				s = append(s, fmtIv(ivs[j]))
 			}
 			slices.Sort(s)
-			return fmt.Errorf("%d leases overlap at %d (limit %d):\n  %s", len(live), e.t, limit, strings.Join(s, "\n  "))
+			return fmt.Errorf("%d leases of %d slots in all overlap at %d (limit %d):\n  %s", len(live), sum, e.t, limit, strings.Join(s, "\n  "))
 		}
 	}
 	// Tokens: if A's Release was called before B's Acquire was called, A's
@@ -428,9 +447,39 @@ func cmpInt(a, b int64) int {
 }
 
 func fmtIv(iv interval) string {
-	s := fmt.Sprintf("proc %d slot %d token %d [%d, %d)", iv.proc, iv.slot, iv.token, iv.from, iv.to)
+	s := fmt.Sprintf("proc %d slots %v token %d [%d, %d)", iv.proc, iv.slots, iv.token, iv.from, iv.to)
 	if iv.killedOpen {
 		s += fmt.Sprintf(" (killed while held: killed at %d, deadline %d)", iv.killed, iv.deadline)
 	}
 	return s
+}
+
+// TestCheckIntervalsWeights: the process checker rejects what it must,
+// weights included (no Redis: recorded intervals made up by hand).
+func TestCheckIntervalsWeights(t *testing.T) {
+	iv := func(slots []int, weight int, token, from, to int64) interval {
+		return interval{slots: slots, weight: weight, token: token, start: from, from: from, to: to}
+	}
+	cases := []struct {
+		name string
+		ivs  []interval
+		bad  string // "" if it must pass
+	}{
+		{"fit", []interval{iv([]int{0, 1}, 2, 1, 0, 10), iv([]int{2}, 1, 2, 5, 15)}, ""},
+		{"weights over the limit (so a slot shared)", []interval{iv([]int{0, 1}, 2, 1, 0, 10), iv([]int{1, 2}, 2, 2, 5, 15)}, "held twice"},
+		{"shared slot", []interval{iv([]int{0, 1}, 2, 1, 0, 10), iv([]int{1}, 1, 2, 5, 15)}, "held twice"},
+		{"one slot short", []interval{iv([]int{0}, 2, 1, 0, 10)}, "for weight 2"},
+		{"not ascending", []interval{iv([]int{1, 0}, 2, 1, 0, 10)}, "not ascending"},
+		{"above the limit", []interval{iv([]int{3}, 1, 1, 0, 10)}, "not ascending in [0, 3)"},
+		{"one after another", []interval{iv([]int{0, 1, 2}, 3, 1, 0, 10), iv([]int{0, 1, 2}, 3, 2, 10, 20)}, ""},
+	}
+	for _, c := range cases {
+		err := checkIntervals(c.ivs, 3)
+		switch {
+		case c.bad == "" && err != nil:
+			t.Errorf("%s: %v", c.name, err)
+		case c.bad != "" && (err == nil || !strings.Contains(err.Error(), c.bad)):
+			t.Errorf("%s: got %v, want an error with %q", c.name, err, c.bad)
+		}
+	}
 }
