@@ -59,12 +59,18 @@ func EvictingPolicy(policy string) bool {
 // checkEvictionPolicy reads maxmemory-policy once per Engine, at first use,
 // and reports an EventEvictionPolicy if it can evict the semaphore's keys.
 // A server that refuses CONFIG (managed Redis) is not an error. The check
-// runs on its own goroutine (at most a second), so that it never holds up
-// the call that triggered it beyond that call's context.
+// runs on its own goroutine (at most a second); the call that triggered it
+// waits for it only while its own context runs.
 func (e *Engine) checkEvictionPolicy(ctx context.Context) {
 	e.policyOnce.Do(func() {
 		done := make(chan struct{})
 		e.policyDone = done
+		defer func() {
+			select {
+			case <-done:
+			case <-ctx.Done():
+			}
+		}()
 		go func() {
 			defer close(done)
 			cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Second)

@@ -27,8 +27,12 @@ func (e *Engine) confirmReplicas(ctx context.Context, l *Lease) error {
 	if err == nil {
 		return nil
 	}
-	// Hand the slot back without waiting for it (the caller's context may
-	// have ended); an undo that cannot run leaves a grant that expires.
+	// Hand the slot back: within the caller's context while it runs, else
+	// (or if that failed) detached, without waiting; a release that cannot
+	// run leaves a grant that expires.
+	if ctx.Err() == nil && l.Release(ctx) == nil {
+		return err
+	}
 	go func() {
 		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cleanupTimeout)
 		defer cancel()
