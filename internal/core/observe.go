@@ -60,6 +60,10 @@ func EvictingPolicy(policy string) bool {
 // and reports an EventEvictionPolicy if it can evict the semaphore's keys.
 // A server that refuses CONFIG (managed Redis) is not an error.
 func (e *Engine) checkEvictionPolicy(ctx context.Context) {
+	if e.fam != nil {
+		e.fam.root.checkEvictionPolicy(ctx) // once per family
+		return
+	}
 	e.policyOnce.Do(func() {
 		ctx, cancel := context.WithTimeout(ctx, time.Second)
 		defer cancel()
@@ -77,6 +81,9 @@ func (e *Engine) checkEvictionPolicy(ctx context.Context) {
 // MaxMemoryPolicy returns the policy read at first use ("" before that, or
 // when the server does not allow CONFIG GET).
 func (e *Engine) MaxMemoryPolicy() string {
+	if e.fam != nil {
+		return e.fam.root.MaxMemoryPolicy()
+	}
 	e.policyOnce.Do(func() {}) // synchronise with a check in progress
 	return e.policy
 }
