@@ -4,7 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
-		"strings"
+	"strings"
 	"testing"
 	"time"
 

@@ -65,10 +65,10 @@ type hub struct {
 	// Per engine with waiters (one, or a family's members): how many
 	// waiters, and when to beat early on its keys, just after its earliest
 	// holder may expire (the beat admits waiters into that holder's slots).
-	count map[*Engine]int
-	due   map[*Engine]time.Time
-	idle    *time.Timer
-	closed  bool
+	count  map[*Engine]int
+	due    map[*Engine]time.Time
+	idle   *time.Timer
+	closed bool
 
 	kick      chan struct{}
 	quit      chan struct{}
@@ -451,17 +451,11 @@ func (h *hub) heartbeats(ps *redis.PubSub) {
 		case <-h.quit:
 			return
 		case <-t.C:
-			h.mu.Lock()
-			if target == nil || h.count[target] == 0 {
+			if target == nil || !h.waiting(target) {
 				// The periodic beat: on some engine with waiters (a
 				// family's members take turns at random).
-				target = nil
-				for e := range h.count {
-					target = e
-					break
-				}
+				target = h.anyWaiting(nil)
 			}
-			h.mu.Unlock()
 			if target != nil {
 				ctx, cancel := context.WithTimeout(context.Background(), every+time.Second)
 				if err := h.beat(ctx, target, "old"); err == errSessionDied {
@@ -523,8 +517,26 @@ func (h *hub) renewSession(ctx context.Context, ps *redis.PubSub) {
 	if err := h.subscribe(ctx, ps, e.keys.Chan+":s:"+sid); err == nil {
 		_ = h.unsubscribe(ctx, ps, e.keys.Chan+":s:"+old)
 	}
-	_ = h.beat(ctx, e, "new")
+	_ = h.beat(ctx, h.anyWaiting(e), "new")
 	h.broadcast(event{kind: evRequeue})
+}
+
+// waiting reports whether e has waiters in the hub.
+func (h *hub) waiting(e *Engine) bool {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.count[e] > 0
+}
+
+// anyWaiting returns an engine with waiters (a random one of a family's
+// members), or def if none has.
+func (h *hub) anyWaiting(def *Engine) *Engine {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	for e := range h.count {
+		return e
+	}
+	return def
 }
 
 func (h *hub) snapshot() []*waiter {
