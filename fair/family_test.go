@@ -350,3 +350,42 @@ func TestFamilyClose(t *testing.T) {
 	}
 	waitWaiters(t, ctx, s, 0)
 }
+
+// The members of a family share the sessions key but not their horizons: a
+// member whose keys expire soon must not shorten the sessions key's TTL
+// below what another member set, and every key of the family has a TTL.
+func TestFamilySessionsTTLNeverShortened(t *testing.T) {
+	ctx := context.Background()
+	c := redistest.Client(t)
+	name := redistest.Name(t)
+	long := newFamily(t, c, name, 1, fair.FamilyOptions{Options: fair.Options{LeaseTTL: time.Minute}})
+	short := newFamily(t, c, name, 1, fair.FamilyOptions{Options: fair.Options{LeaseTTL: time.Second}})
+	la, err := member(t, long, "a").TryAcquire(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = la.Release(ctx) }()
+	sessions := core.KeysForMember(core.DefaultPrefix, name, "a").List[core.KeySessions]
+	before, err := c.PTTL(ctx, sessions).Result()
+	if err != nil || before < time.Minute {
+		t.Fatalf("sessions key TTL %v (%v), want at least the long lease", before, err)
+	}
+	lb, err := member(t, short, "b").TryAcquire(ctx) // a fresh member: a horizon of seconds
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = lb.Release(ctx) }()
+	after, err := c.PTTL(ctx, sessions).Result()
+	if err != nil || after < time.Minute {
+		t.Fatalf("sessions key TTL %v after a short-lived member (%v), was %v", after, err, before)
+	}
+	keys, err := c.Keys(ctx, core.DefaultPrefix+":{"+name+"}:*").Result()
+	if err != nil || len(keys) != 11 {
+		t.Fatalf("family keys %v (%v)", keys, err)
+	}
+	for _, k := range keys {
+		if ttl, err := c.PTTL(ctx, k).Result(); err != nil || ttl < 0 {
+			t.Errorf("key %s: TTL %v (%v)", k, ttl, err)
+		}
+	}
+}
