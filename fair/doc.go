@@ -10,4 +10,8 @@
 // (release, cancel, expiry, SetLimit) and the grantee is told on its
 // session's sharded pub/sub channel, or directly by the releaser's reply
 // when both are in one process; the session heartbeat is the fallback.
+//
+// A Family (NewFamily) makes one semaphore per key on demand (per tenant,
+// per API key) whose members share that one session, heartbeat and
+// subscription per process, and forgets members nobody uses.
 package fair

@@ -86,18 +86,22 @@ var _ redsem.Semaphore = (*Semaphore)(nil)
 // an empty or too long name, a limit outside [1, 2^20], or a negative or
 // sub-millisecond duration.
 func New(client redis.UniversalClient, name string, limit int, opts Options) (*Semaphore, error) {
-	e, err := core.New(core.Config{
+	e, err := core.New(config(client, name, limit, opts))
+	if err != nil {
+		return nil, err
+	}
+	return &Semaphore{e: e}, nil
+}
+
+func config(client redis.UniversalClient, name string, limit int, opts Options) core.Config {
+	return core.Config{
 		Client: client, Name: name, Limit: limit, Fair: true,
 		Prefix: opts.KeyPrefix, LeaseTTL: opts.LeaseTTL, QueueTTL: opts.QueueTTL,
 		DisableAutoRenew: opts.DisableAutoRenew, Fallback: opts.FallbackInterval,
 		Observer: opts.Observer, Logger: opts.Logger,
 		MinReplicas: opts.MinReplicas, ReplicaTimeout: opts.ReplicaTimeout,
 		Owner: opts.Owner, MaxHold: opts.MaxHold, MaxWaiters: opts.MaxWaiters,
-	})
-	if err != nil {
-		return nil, err
 	}
-	return &Semaphore{e: e}, nil
 }
 
 // Acquire joins the queue and blocks until this waiter is granted a slot or

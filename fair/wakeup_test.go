@@ -185,6 +185,10 @@ func TestHeartbeatPerSession(t *testing.T) {
 	if err := holder.Release(ctx); err != nil {
 		t.Fatal(err)
 	}
+	// The abandoned waiters leave by detached undos.
+	waitFor(t, 10*time.Second, "the undos of the abandoned waiters", func() (bool, error) {
+		return raw(t, ctx, admin, name) == rawCounts{}, nil
+	})
 	checkClean(t, ctx, admin, name)
 }
 

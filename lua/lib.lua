@@ -4,7 +4,9 @@
 -- KEYS (the same seven for every script, all in one {hash-tag} slot):
 --   KEYS[1] holders  ZSET  lease id -> deadline (server ms)
 --   KEYS[2] queue    ZSET  waiter id -> arrival number (fair)
---   KEYS[3] sessions ZSET  session id -> deadline (server ms) (fair)
+--   KEYS[3] sessions ZSET  session id -> deadline (server ms) (fair); the
+--                          members of a keyed family share one (its TTL is
+--                          only ever extended, see flush)
 --   KEYS[4] free     ZSET  slot -> slot: the slots below the high-water mark
 --                          "_hw" that no holder entry holds
 --   KEYS[5] ended    ZSET  id -> until (server ms): ids whose record in meta
@@ -81,10 +83,12 @@ local function id_arg(i, name)
 end
 
 -- clock returns the server time in milliseconds and in microseconds.
+local CLOCK_MS = 0 -- the server time of the latest clock() call
 local function clock()
   local t = redis.call('TIME')
   local s, us = tonumber(t[1]), tonumber(t[2])
-  return s * 1000 + math.floor(us / 1000), s * 1000000 + us
+  CLOCK_MS = s * 1000 + math.floor(us / 1000)
+  return CLOCK_MS, s * 1000000 + us
 end
 
 local function fmt(n)
@@ -193,7 +197,17 @@ local function flush()
   if HZ_MOVED then
     local hz = META['_hz']
     for _, k in ipairs(SETS) do
-      redis.call('PEXPIREAT', k, hz)
+      if k ~= S then
+        redis.call('PEXPIREAT', k, hz)
+      else
+        -- The sessions key may be shared by the members of a keyed family,
+        -- whose horizons differ: it is never shortened (a plain
+        -- semaphore's horizon only grows, so this changes nothing there).
+        local ttl = redis.call('PTTL', S)
+        if ttl == -1 or (ttl >= 0 and CLOCK_MS + ttl < tonumber(hz)) then
+          redis.call('PEXPIREAT', S, hz)
+        end
+      end
     end
     redis.call('PEXPIREAT', M, hz)
     HZ_MOVED = false

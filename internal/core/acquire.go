@@ -29,6 +29,8 @@ func (e *Engine) AcquireN(ctx context.Context, n int) (redsem.Lease, error) {
 	if e.isClosed() {
 		return nil, redsem.ErrClosed
 	}
+	e.busy()
+	defer e.idle()
 	start := time.Now()
 	l, err := e.acquire(ctx, uuid.NewString(), n, start)
 	l, err = e.replicated(ctx, l, err)
@@ -128,7 +130,7 @@ func (e *Engine) acquire(ctx context.Context, id string, n int, start time.Time)
 		}
 		var timeout <-chan time.Time
 		if e.cfg.Fair {
-			w.h.queued(a.hint)
+			w.h.queued(e, a.hint)
 		} else {
 			timer.Reset(e.waitFor(a.hint))
 			timeout = timer.C

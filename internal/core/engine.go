@@ -16,6 +16,7 @@ import (
 	"net"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/google/uuid"
@@ -47,6 +48,39 @@ type Engine struct {
 	stopped context.Context // ends on Close: stops undo retries
 	stop    context.CancelFunc
 	undos   sync.WaitGroup
+
+	// A member of a keyed family shares the family's hub (hubMu, hub and
+	// closed above are unused) and is dropped from the family's map once
+	// idle: no call in flight and no live lease (active), for the family's
+	// idle period since used (unix ns).
+	fam    *Family
+	active atomic.Int64
+	used   atomic.Int64
+}
+
+// hubSlot returns where the engine's waiting machinery lives: the mutex,
+// the hub pointer and the closed flag it guards; the engine's own, or its
+// family's.
+func (e *Engine) hubSlot() (*sync.Mutex, **hub, *bool) {
+	if e.fam != nil {
+		return &e.fam.mu, &e.fam.hub, &e.fam.closed
+	}
+	return &e.hubMu, &e.hub, &e.closed
+}
+
+// busy and idle bracket a call or a lease of a family member, so that the
+// family keeps a member while it is in use (no-ops for a plain semaphore).
+func (e *Engine) busy() {
+	if e.fam != nil {
+		e.active.Add(1)
+	}
+}
+
+func (e *Engine) idle() {
+	if e.fam != nil {
+		e.used.Store(time.Now().UnixNano())
+		e.active.Add(-1)
+	}
 }
 
 // New validates cfg and returns an Engine.
@@ -71,7 +105,13 @@ func (e *Engine) Keys() Keys { return e.keys }
 // Close stops the background work of waiting (the wake-up subscription,
 // the fair heartbeat, retries of undos). Leases already granted keep
 // renewing until released.
+//
+// A family member's Close does nothing: its family's Close ends the shared
+// machinery.
 func (e *Engine) Close() error {
+	if e.fam != nil {
+		return nil
+	}
 	e.hubMu.Lock()
 	h := e.hub
 	e.hub = nil
@@ -89,9 +129,10 @@ func (e *Engine) Close() error {
 func (e *Engine) WaitUndos() { e.undos.Wait() }
 
 func (e *Engine) isClosed() bool {
-	e.hubMu.Lock()
-	defer e.hubMu.Unlock()
-	return e.closed
+	mu, _, closed := e.hubSlot()
+	mu.Lock()
+	defer mu.Unlock()
+	return *closed
 }
 
 // run calls a script with the semaphore's keys and the common ARGV prefix
@@ -327,6 +368,8 @@ func (e *Engine) TryAcquireN(ctx context.Context, n int) (redsem.Lease, error) {
 	if e.isClosed() {
 		return nil, redsem.ErrClosed
 	}
+	e.busy()
+	defer e.idle()
 	start := time.Now()
 	id := uuid.NewString()
 	a, err := e.acquireOnce(ctx, id, n, "try", "")
@@ -512,9 +555,10 @@ func (e *Engine) SetLimit(ctx context.Context, limit int) error {
 // deliverGrants wakes local waiters named in a script reply's grant list,
 // without waiting for the pub/sub message.
 func (e *Engine) deliverGrants(script string, v []any, from int, now int64, sent time.Time) {
-	e.hubMu.Lock()
-	h := e.hub
-	e.hubMu.Unlock()
+	mu, slot, _ := e.hubSlot()
+	mu.Lock()
+	h := *slot
+	mu.Unlock()
 	if h == nil || len(v) <= from {
 		return
 	}

@@ -35,6 +35,7 @@ type waiter struct {
 	fair   bool
 	events chan event
 	h      *hub
+	e      *Engine // the semaphore (a family's member) it waits on
 }
 
 // hub is a semaphore's per-process waiting machinery, alive while some
@@ -42,7 +43,15 @@ type waiter struct {
 // wake-ups, and for the fair variant one session whose heartbeat keeps all
 // of this process's waiters alive, so that the cost of liveness grows with
 // processes, not with waiters.
+//
+// The members of a keyed family share one hub: their keys share the
+// family's sessions key and channel base, so the one session, its one
+// subscription and its one heartbeat serve the waiters of every member
+// (waiter ids are unique, so grants find their waiter by id alone).
 type hub struct {
+	// e is the engine whose settings (client, channel base, variant,
+	// intervals) the hub uses: the semaphore, or the family member whose
+	// waiter started the hub (members share those settings).
 	e *Engine
 
 	readyCh  chan struct{} // closed when subscribed (and, fair, the session made), or on failure
@@ -53,9 +62,13 @@ type hub struct {
 	ps      *redis.PubSub
 	waiters map[string]*waiter
 	unfair  []*waiter // unfair waiters, oldest first
-	hint    int64     // ms to the earliest holder deadline at the last reply, -1 none
-	idle    *time.Timer
-	closed  bool
+	// Per engine with waiters (one, or a family's members): how many
+	// waiters, and when to beat early on its keys, just after its earliest
+	// holder may expire (the beat admits waiters into that holder's slots).
+	count  map[*Engine]int
+	due    map[*Engine]time.Time
+	idle   *time.Timer
+	closed bool
 
 	kick      chan struct{}
 	quit      chan struct{}
@@ -74,24 +87,27 @@ func newSessionID() string { return strings.ReplaceAll(uuid.NewString(), "-", ""
 // register adds a waiter for id (n slots) to the hub, starting the hub if
 // needed, and returns once the hub is ready.
 func (e *Engine) register(ctx context.Context, id string, n int) (*waiter, error) {
-	e.hubMu.Lock()
-	if e.closed {
-		e.hubMu.Unlock()
+	mu, slot, closed := e.hubSlot()
+	mu.Lock()
+	if *closed {
+		mu.Unlock()
 		return nil, redsem.ErrClosed
 	}
-	h := e.hub
+	h := *slot
 	if h == nil {
 		h = &hub{
 			e: e, sid: newSessionID(), readyCh: make(chan struct{}), waiters: map[string]*waiter{},
-			hint: -1, kick: make(chan struct{}, 1), quit: make(chan struct{}),
+			count: map[*Engine]int{}, due: map[*Engine]time.Time{},
+			kick: make(chan struct{}, 1), quit: make(chan struct{}),
 		}
-		e.hub = h
+		*slot = h
 		h.wg.Add(1)
 		go h.run()
 	}
-	w := &waiter{id: id, n: n, fair: e.cfg.Fair, events: make(chan event, 8), h: h}
+	w := &waiter{id: id, n: n, fair: e.cfg.Fair, events: make(chan event, 8), h: h, e: e}
 	h.mu.Lock()
 	h.waiters[id] = w
+	h.count[e]++
 	if !w.fair {
 		h.unfair = append(h.unfair, w)
 	}
@@ -100,7 +116,7 @@ func (e *Engine) register(ctx context.Context, id string, n int) (*waiter, error
 		h.idle = nil
 	}
 	h.mu.Unlock()
-	e.hubMu.Unlock()
+	mu.Unlock()
 
 	select {
 	case <-h.readyCh:
@@ -122,6 +138,10 @@ func (h *hub) unregister(w *waiter) {
 		return
 	}
 	delete(h.waiters, w.id)
+	if h.count[w.e]--; h.count[w.e] <= 0 {
+		delete(h.count, w.e)
+		delete(h.due, w.e)
+	}
 	if !w.fair {
 		for i, u := range h.unfair {
 			if u == w {
@@ -142,17 +162,29 @@ func (h *hub) session() string {
 	return h.sid
 }
 
-// queued records the latest expiry hint, and moves the next heartbeat
-// earlier if a holder expires sooner: the heartbeat admits waiters into the
-// slots of expired holders.
-func (h *hub) queued(hint int64) {
-	h.mu.Lock()
-	earlier := hint >= 0 && (h.hint < 0 || hint < h.hint)
-	h.hint = hint
-	h.mu.Unlock()
-	if earlier {
+// queued records the latest expiry hint of e (ms until its earliest
+// holder may expire, -1 none), and moves the next heartbeat earlier if a
+// holder expires sooner: the heartbeat admits waiters into the slots of
+// expired holders.
+func (h *hub) queued(e *Engine, hint int64) {
+	if h.setHint(e, hint) {
 		h.poke()
 	}
+}
+
+// setHint records e's hint (kept only while e has waiters) and reports
+// whether it moved e's early beat earlier.
+func (h *hub) setHint(e *Engine, hint int64) (earlier bool) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if hint < 0 || h.count[e] == 0 {
+		delete(h.due, e)
+		return false
+	}
+	due := time.Now().Add(time.Duration(hint+1) * time.Millisecond)
+	old, ok := h.due[e]
+	h.due[e] = due
+	return !ok || due.Before(old)
 }
 
 func (h *hub) poke() {
@@ -163,14 +195,15 @@ func (h *hub) poke() {
 }
 
 func (h *hub) stopIfIdle() {
-	h.e.hubMu.Lock()
+	mu, slot, _ := h.e.hubSlot()
+	mu.Lock()
 	h.mu.Lock()
 	idle := len(h.waiters) == 0 && !h.closed
-	if idle && h.e.hub == h {
-		h.e.hub = nil
+	if idle && *slot == h {
+		*slot = nil
 	}
 	h.mu.Unlock()
-	h.e.hubMu.Unlock()
+	mu.Unlock()
 	if idle {
 		h.shutdown()
 	}
@@ -195,19 +228,29 @@ func (h *hub) shutdown() {
 }
 
 // deliver hands an event to a local waiter, if it is still waiting, and
-// reports whether it was.
-func (h *hub) deliver(id string, ev event) bool {
+// returns it (nil if it was not).
+func (h *hub) deliver(id string, ev event) *waiter {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	w := h.waiters[id]
 	if w == nil {
-		return false
+		return nil
 	}
 	select {
 	case w.events <- ev:
 	default:
 	}
-	return true
+	return w
+}
+
+// engineOf returns the engine that the local waiter id waits on, or nil.
+func (h *hub) engineOf(id string) *Engine {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if w := h.waiters[id]; w != nil {
+		return w.e
+	}
+	return nil
 }
 
 // broadcast hands ev to every local waiter.
@@ -284,7 +327,7 @@ func (h *hub) run() {
 		}
 	}
 	if err == nil && e.cfg.Fair {
-		err = h.beat(ctx, "new")
+		err = h.beat(ctx, e, "new")
 	}
 	cancel()
 	h.mu.Lock()
@@ -297,11 +340,12 @@ func (h *hub) run() {
 		if err == nil {
 			h.readyErr = redsem.ErrClosed
 		}
-		h.e.hubMu.Lock()
-		if h.e.hub == h {
-			h.e.hub = nil
+		mu, slot, _ := h.e.hubSlot()
+		mu.Lock()
+		if *slot == h {
+			*slot = nil
 		}
-		h.e.hubMu.Unlock()
+		mu.Unlock()
 		close(h.readyCh)
 		return
 	}
@@ -350,14 +394,20 @@ func (h *hub) onMessage(m *redis.Message) {
 	}
 	switch msg.ev.kind {
 	case evGrant:
-		msg.ev.grant.deadline = h.e.clock.localAtLeast(msg.deadline).Add(-time.Millisecond)
+		// The grant's server deadline, in local time by the clock of the
+		// engine its waiter waits on (a family's members each keep one).
+		we := h.engineOf(msg.id)
+		if we == nil {
+			return
+		}
+		msg.ev.grant.deadline = we.clock.localAtLeast(msg.deadline).Add(-time.Millisecond)
 		h.deliver(msg.id, msg.ev)
 	case evWeight:
 		h.deliver(msg.id, msg.ev)
 	case evRequeue:
 		// An operator removed this waiter from the queue: it queues again.
-		if h.deliver(msg.id, msg.ev) {
-			h.e.emit(redsem.Event{Kind: redsem.EventWaiterEvicted, LeaseID: msg.id})
+		if w := h.deliver(msg.id, msg.ev); w != nil {
+			w.e.emit(redsem.Event{Kind: redsem.EventWaiterEvicted, LeaseID: msg.id})
 		}
 	}
 }
@@ -404,13 +454,16 @@ func (h *hub) heartbeats(ps *redis.PubSub) {
 	defer t.Stop()
 	for {
 		// The next beat: the periodic one, or sooner just after the
-		// earliest holder may expire (the hint of the latest reply, which
-		// may have come before this loop started).
+		// earliest holder of an engine with waiters may expire (the hint of
+		// its latest reply, which may have come before this loop started).
+		// An early beat runs on that engine's keys: its expiry and
+		// admission work is per semaphore. Any beat keeps the session alive.
 		h.mu.Lock()
 		at := next
-		if h.hint >= 0 && len(h.waiters) > 0 {
-			if due := time.Now().Add(time.Duration(h.hint+1) * time.Millisecond); due.Before(at) {
-				at = due
+		var target *Engine
+		for e, due := range h.due {
+			if due.Before(at) {
+				at, target = due, e
 			}
 		}
 		h.mu.Unlock()
@@ -426,12 +479,14 @@ func (h *hub) heartbeats(ps *redis.PubSub) {
 		case <-h.quit:
 			return
 		case <-t.C:
-			h.mu.Lock()
-			busy := len(h.waiters) > 0
-			h.mu.Unlock()
-			if busy {
+			if target == nil || !h.waiting(target) {
+				// The periodic beat: on some engine with waiters (a
+				// family's members take turns at random).
+				target = h.anyWaiting(nil)
+			}
+			if target != nil {
 				ctx, cancel := context.WithTimeout(context.Background(), every+time.Second)
-				if err := h.beat(ctx, "old"); err == errSessionDied {
+				if err := h.beat(ctx, target, "old"); err == errSessionDied {
 					h.renewSession(ctx, ps)
 				}
 				cancel()
@@ -448,11 +503,12 @@ func (sessionError) Error() string { return "redsem: fair session died" }
 
 var errSessionDied error = sessionError{}
 
-// beat runs one heartbeat for the session and delivers the grants it made.
-// It returns errSessionDied when the session had expired in Redis (this
-// process paused or was cut off for longer than QueueTTL).
-func (h *hub) beat(ctx context.Context, age string) error {
-	e := h.e
+// beat runs one heartbeat for the session on e's keys (extending the
+// session, shared by a family's members, and admitting e's waiters whose
+// turn came) and delivers the grants it made. It returns errSessionDied
+// when the session had expired in Redis (this process paused or was cut
+// off for longer than QueueTTL).
+func (h *hub) beat(ctx context.Context, e *Engine, age string) error {
 	sid := h.session()
 	v, sent, err := e.run(ctx, lua.Heartbeat, e.cfg.Limit, sid, ms(e.cfg.QueueTTL), age)
 	if err != nil {
@@ -464,9 +520,7 @@ func (h *hub) beat(ctx context.Context, age string) error {
 		return e.wrap(r.err)
 	}
 	e.clock.observe(sent, now)
-	h.mu.Lock()
-	h.hint = hint
-	h.mu.Unlock()
+	h.setHint(e, hint)
 	e.deliverGrants("heartbeat", v, 3, now, sent)
 	if alive != 1 {
 		return errSessionDied
@@ -486,13 +540,31 @@ func (h *hub) renewSession(ctx context.Context, ps *redis.PubSub) {
 	sid := h.sid
 	h.mu.Unlock()
 	for _, w := range h.snapshot() {
-		e.emit(redsem.Event{Kind: redsem.EventWaiterEvicted, LeaseID: w.id})
+		w.e.emit(redsem.Event{Kind: redsem.EventWaiterEvicted, LeaseID: w.id})
 	}
 	if err := h.subscribe(ctx, ps, e.keys.Chan+":s:"+sid); err == nil {
 		_ = h.unsubscribe(ctx, ps, e.keys.Chan+":s:"+old)
 	}
-	_ = h.beat(ctx, "new")
+	_ = h.beat(ctx, h.anyWaiting(e), "new")
 	h.broadcast(event{kind: evRequeue})
+}
+
+// waiting reports whether e has waiters in the hub.
+func (h *hub) waiting(e *Engine) bool {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.count[e] > 0
+}
+
+// anyWaiting returns an engine with waiters (a random one of a family's
+// members), or def if none has.
+func (h *hub) anyWaiting(def *Engine) *Engine {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	for e := range h.count {
+		return e
+	}
+	return def
 }
 
 func (h *hub) snapshot() []*waiter {

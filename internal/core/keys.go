@@ -40,6 +40,28 @@ func KeysFor(prefix, name string) Keys {
 	return k
 }
 
+// KeysForMember returns the keys of the member key of the family called
+// family under prefix. The member's own keys are
+// prefix:{family}:m:<key>:<suffix> (key with '%', '{' and '}'
+// percent-encoded); its sessions key and channel base are the family's,
+// prefix:{family}:f:sessions and prefix:{family}:f:ch, shared by every
+// member, so that one heartbeat keeps a process's session alive for all of
+// them and one subscription receives all of their grants. Every key
+// carries the family's hash tag, so the whole family lives in one cluster
+// slot; none can equal a key of a plain semaphore, whose suffix follows the
+// tag directly.
+func KeysForMember(prefix, family, key string) Keys {
+	tag := prefix + ":{" + EscapeTag(family) + "}:"
+	base := tag + "m:" + EscapeTag(key) + ":"
+	k := Keys{List: make([]string, len(keySuffixes)), Chan: tag + "f:ch"}
+	for i, s := range keySuffixes {
+		k.List[i] = base + s
+	}
+	k.List[KeySessions] = tag + "f:sessions"
+	k.Free = k.Chan + ":free"
+	return k
+}
+
 var tagEscaper = strings.NewReplacer("%", "%25", "{", "%7B", "}", "%7D")
 
 // EscapeTag makes name safe inside a {hash-tag}: braces (and the escape

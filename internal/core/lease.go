@@ -53,6 +53,7 @@ func (e *Engine) newLease(id string, slots []int, token int64, deadline time.Tim
 		done: make(chan struct{}),
 	}
 	l.ctx, l.cancel = context.WithCancelCause(context.Background())
+	e.busy() // a family keeps the member of a live lease; finish undoes it
 	if !e.cfg.DisableAutoRenew {
 		// The first renewal comes after a third of the TTL, or sooner when
 		// the deadline is nearer than a full TTL (a fair grant not yet
@@ -192,6 +193,7 @@ func (l *Lease) finish(st leaseState, at time.Time) {
 	}
 	l.state = st
 	close(l.done)
+	l.e.idle()
 	if st == lost {
 		l.cancel(redsem.ErrLeaseLost)
 	} else {

@@ -62,6 +62,10 @@ func EvictingPolicy(policy string) bool {
 // runs on its own goroutine (at most a second); the call that triggered it
 // waits for it only while its own context runs.
 func (e *Engine) checkEvictionPolicy(ctx context.Context) {
+	if e.fam != nil {
+		e.fam.root.checkEvictionPolicy(ctx) // once per family
+		return
+	}
 	e.policyOnce.Do(func() {
 		done := make(chan struct{})
 		e.policyDone = done
@@ -91,6 +95,9 @@ func (e *Engine) checkEvictionPolicy(ctx context.Context) {
 // when the server does not allow CONFIG GET); it waits for a check in
 // progress (at most a second).
 func (e *Engine) MaxMemoryPolicy() string {
+	if e.fam != nil {
+		return e.fam.root.MaxMemoryPolicy()
+	}
 	e.policyOnce.Do(func() {}) // no check yet: none will run
 	if e.policyDone != nil {
 		<-e.policyDone
