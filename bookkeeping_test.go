@@ -22,26 +22,31 @@ import (
 // came back). Whatever its release keeps may be kept until that deadline,
 // so at a measurement made just after the last release (at time e), only
 // the cycles whose TryAcquire returned after e - LeaseTTL may still have
-// something in Redis. We allow that count, plus the releases of another
-// pruneSlack (an engine may prune lazily or keep a safety margin; a loaded
-// machine delays replies), plus fixedMembers for everything that does not
-// grow with releases (limit, meta, sessions, live holders). The cycles
-// are paced so that a run spans many windows: the 4000 cycles take at
-// least 2.7 s while the window is LeaseTTL + pruneSlack = 0.6 s, so the
-// bound is at most about 900 + 64 members (fewer on a slow machine, whose
-// releases are fewer per window too), and an engine that never prunes keeps one entry
-// per release: 4000 members at the end, far above it (and about four times
-// what it kept after 1000 cycles, which the memory check catches too).
+// something in Redis. We allow two members for each (a record and the
+// entry that indexes it for pruning), for those cycles and the releases of
+// another pruneSlack (an engine may prune lazily or keep a safety margin; a
+// loaded machine delays replies), plus fixedMembers for everything that
+// does not grow with releases (limit, meta, sessions, live holders). The
+// cycles are paced so that a run spans many windows: the 4000 cycles take
+// at least 2.7 s while the window is LeaseTTL + pruneSlack = 0.6 s, so the
+// bound is at most about 1 800 + 64 members (fewer on a slow machine, whose
+// releases are fewer per window too), and an engine that never prunes
+// keeps one or two entries per release: 4000-8000 members at the end, far
+// above it (and about four times what it kept after 1000 cycles, which the
+// memory check catches too).
 func TestReleasedLeaseBookkeepingBounded(t *testing.T) {
 	const (
 		ttl          = 200 * time.Millisecond
 		pruneSlack   = 400 * time.Millisecond
 		fixedMembers = 64
-		firstCycles  = 1000
-		totalCycles  = 4000
-		rate         = 1500 // cycles per second at most, over all workers
-		workers      = 4    // each with its own client and semaphore object
-		limit        = workers
+		// membersPerRelease is what one release may keep until pruned: an
+		// engine may keep a record and an index entry for it.
+		membersPerRelease = 2
+		firstCycles       = 1000
+		totalCycles       = 4000
+		rate              = 1500 // cycles per second at most, over all workers
+		workers           = 4    // each with its own client and semaphore object
+		limit             = workers
 	)
 	for _, variant := range []string{"unfair", "fair"} {
 		t.Run(variant, func(t *testing.T) {
@@ -116,7 +121,9 @@ func TestReleasedLeaseBookkeepingBounded(t *testing.T) {
 						n++
 					}
 				}
-				return n + fixedMembers
+				// A released lease may keep two members (its record and the
+				// entry that indexes it for pruning).
+				return membersPerRelease*n + fixedMembers
 			}
 
 			run(firstCycles)
