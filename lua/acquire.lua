@@ -8,7 +8,13 @@
 --           waiter: on failure it asks releases to publish freed-slot
 --           notices for want_ms), or "queue" (fair: queue when not granted),
 --       [8] session id (queue mode; "-" otherwise), [9] want_ms (wait mode),
---       [10] owner label, [11] max queue entries (queue mode; 0: no bound).
+--       [10] owner label, [11] max queue entries (queue mode; 0: no bound),
+--       [12] optional: refuse_after, server ms after which the caller has
+--           certainly given up (its context's deadline, mapped to server
+--           time, plus a margin); 0 or absent: none. A request that runs
+--           later (held in the network, or behind a paused server) writes
+--           nothing and replies -2, however long ago its undo's
+--           cancellation record was pruned.
 -- Reply: {1, now, token, deadline_ms, slot, ...}  granted (or held already)
 --        {0, now, hint_ms, position}             not granted; hint_ms is the
 --                                                time until the earliest
@@ -17,7 +23,9 @@
 --                                                head) or -1 if not queued
 --        {-1, now, established}                  the client's limit disagrees
 --        {-2, now}                               the id was cancelled (undo
---                                                ran first) or released
+--                                                ran first) or released, or
+--                                                the request came after
+--                                                refuse_after
 --        {-3, now, limit}                        n is above the limit in force
 --        {-4, now, entries}                      the queue is full
 -- Errors: "ERR redsem: ..." for bad arguments, before any write.
@@ -43,8 +51,16 @@ elseif mode == 'wait' then
 end
 local owner = ARGV[10] or ''
 if string.find(owner, '[|\n]') then return fail('bad owner: ' .. owner) end
+local refuse_after = 0
+if ARGV[12] ~= nil then
+  refuse_after, err = int_arg(12, 'refuse_after', 0)
+  if err then return err end
+end
 
 local now, now_us = clock()
+if refuse_after > 0 and now > refuse_after then
+  return {-2, now} -- the caller gave up long ago: nothing is written
+end
 load(id)
 init(now)
 

@@ -127,3 +127,35 @@ func publishes(t *testing.T, ctx context.Context, c *redis.Client) int {
 	}
 	return 0
 }
+
+// An acquire request that runs after its caller's refuse_after (a request
+// held in the network past its deadline) writes nothing, in either mode,
+// even with no cancellation record; one within its bound is granted.
+func TestAcquireAfterRefuseAfterWritesNothing(t *testing.T) {
+	ctx := redistest.Ctx(t, 10*time.Second)
+	c := redistest.Client(t)
+	k := core.KeysFor("redsem", redistest.Name(t))
+	for _, mode := range []string{"try", "queue"} {
+		r, err := run(ctx, t, c, lua.Acquire, k, 1, "late-"+mode, 1, 5000, mode, "sess1", 1000, "test", 0, 1)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if r[0] != int64(-2) {
+			t.Fatalf("%s acquire after refuse_after: %v, want {-2, now}", mode, r)
+		}
+	}
+	if n, err := c.Exists(ctx, k.List...).Result(); err != nil || n != 0 {
+		t.Fatalf("%d keys written by refused requests (err %v)", n, err)
+	}
+	now, err := c.Time(ctx).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, err := run(ctx, t, c, lua.Acquire, k, 1, "on-time", 1, 5000, "try", "-", 1000, "test", 0, now.UnixMilli()+60000)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r[0] != int64(1) {
+		t.Fatalf("acquire within refuse_after: %v, want granted", r)
+	}
+}

@@ -304,8 +304,18 @@ func (e *Engine) acquireOnce(ctx context.Context, id string, n int, mode, sid st
 	if sid == "" {
 		sid = "-"
 	}
+	// A request that reaches Redis after its caller gave up (held in the
+	// network, or behind a paused server) must write nothing, even once
+	// its undo's cancellation record is gone: tell the script when that is,
+	// in server time, with a second's margin for the clocks' drift.
+	var refuseAfter int64
+	if d, ok := ctx.Deadline(); ok {
+		if s, ok := e.clock.serverAt(d); ok {
+			refuseAfter = s + 1000
+		}
+	}
 	v, sent, err := e.run(ctx, lua.Acquire, e.cfg.Limit, id, n, ms(e.cfg.LeaseTTL), mode, sid,
-		ms(3*e.cfg.Fallback), e.cfg.Owner, e.cfg.MaxWaiters)
+		ms(3*e.cfg.Fallback), e.cfg.Owner, e.cfg.MaxWaiters, refuseAfter)
 	if err != nil {
 		return attempt{}, err
 	}
@@ -584,6 +594,19 @@ func (c *serverClock) observe(sent time.Time, serverMs int64) {
 	c.mu.Lock()
 	c.sent, c.ns = sent, serverMs
 	c.mu.Unlock()
+}
+
+// serverAt returns a late estimate (an upper bound, clocks' drift aside) of
+// the server time, in ms, at local time t: the server read ns after local
+// time sent, so at t it reads at most ns + (t - sent). It reports false
+// before the first reply.
+func (c *serverClock) serverAt(t time.Time) (int64, bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.sent.IsZero() {
+		return 0, false
+	}
+	return c.ns + t.Sub(c.sent).Milliseconds() + 1, true
 }
 
 // localAtLeast returns an early local estimate of server time serverMs.

@@ -3,7 +3,6 @@ package faults_test
 import (
 	"context"
 	"errors"
-	"os"
 	"testing"
 	"time"
 
@@ -13,17 +12,10 @@ import (
 	"github.com/redsem/redsem/lua"
 )
 
-// Calls that these tests found not returning when their context ended, each
-// waiting on something outside Engine.runOn; the engine now bounds them. The
-// one still skipped ("pending engine fix", run with REDSEM_RUN_PENDING=1) is
-// a known limit (docs/reliability.md has the diagnosis).
-
-func pending(t *testing.T, why string) {
-	t.Helper()
-	if os.Getenv("REDSEM_RUN_PENDING") == "" {
-		t.Skip("pending engine fix: " + why + " (REDSEM_RUN_PENDING=1 runs it)")
-	}
-}
+// Cases that these tests found escaping the context bound, each fixed in
+// the engine since (docs/reliability.md has the diagnosis): calls that
+// waited on something outside Engine.runOn, and an acquire request that ran
+// after its caller gave up.
 
 // The first acquire of an Engine reads maxmemory-policy (checkEvictionPolicy)
 // with a plain go-redis call, not through runOn: with a default client,
@@ -138,7 +130,6 @@ func TestMinReplicasBounded(t *testing.T) {
 // takes a slot for a full LeaseTTL (or, fair, a queue entry) and that no
 // undo removes.
 func TestAcquireDelayedPastCancellationRecord(t *testing.T) {
-	pending(t, "a cancellation record lives min(LeaseTTL, 15 s); a later acquire request is granted")
 	for _, v := range variants {
 		t.Run(v.name, func(t *testing.T) {
 			srv := redistest.Shared(t)
