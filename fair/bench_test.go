@@ -66,17 +66,17 @@ func benchQueued(b *testing.B, n int) {
 	defer c.Del(ctx, keys.List...)
 	sid := strings.ReplaceAll(uuid.NewString(), "-", "")
 	// The session is live for longMs.
-	if err := lua.Heartbeat.Run(ctx, c, keys.List, keys.Chan, "PUBLISH", 1, sid, longMs, "new").Err(); err != nil {
+	if err := core.Script(lua.Heartbeat).Run(ctx, c, keys.List, keys.Chan, "PUBLISH", 1, sid, longMs, "new").Err(); err != nil {
 		b.Fatal(err)
 	}
 	acquire := func(id, mode string) ([]any, error) {
-		return lua.Acquire.Run(ctx, c, keys.List, keys.Chan, "PUBLISH", 1, id, 1, longMs, mode, sid, 1000, "bench", 0).Slice()
+		return core.Script(lua.Acquire).Run(ctx, c, keys.List, keys.Chan, "PUBLISH", 1, id, 1, longMs, mode, sid, 1000, "bench", 0).Slice()
 	}
 	holder := uuid.NewString()
 	if v, err := acquire(holder, "try"); err != nil || v[0].(int64) != 1 {
 		b.Fatalf("first acquire: %v %v", v, err)
 	}
-	if err := lua.Acquire.Load(ctx, c).Err(); err != nil {
+	if err := core.Script(lua.Acquire).Load(ctx, c).Err(); err != nil {
 		b.Fatal(err)
 	}
 	for done := 0; done < n; {
@@ -106,7 +106,7 @@ func benchQueued(b *testing.B, n int) {
 			}
 			b.StartTimer()
 		}
-		v, err := lua.Release.Run(ctx, c, keys.List, keys.Chan, "PUBLISH", 1, holder, "owner", 10000).Slice()
+		v, err := core.Script(lua.Release).Run(ctx, c, keys.List, keys.Chan, "PUBLISH", 1, holder, "owner", 10000).Slice()
 		if err != nil || len(v) < 6 || v[0].(int64) != 1 {
 			b.Fatalf("release: %v %v", v, err)
 		}

@@ -11,6 +11,7 @@ import (
 	"github.com/redis/go-redis/v9"
 	"github.com/redsem/redsem"
 	"github.com/redsem/redsem/fair"
+	"github.com/redsem/redsem/internal/core"
 	"github.com/redsem/redsem/internal/redistest"
 	"github.com/redsem/redsem/lua"
 )
@@ -28,7 +29,7 @@ func releaseLosingMessages(t *testing.T, ctx context.Context, c redis.UniversalC
 	_, err := c.TxPipelined(ctx, func(p redis.Pipeliner) error {
 		p.ClientKillByFilter(ctx, "TYPE", "pubsub")
 		for _, id := range ids {
-			lua.Release.Eval(ctx, p, k.List, k.Chan, "PUBLISH", limit, id, "force")
+			core.Script(lua.Release).Eval(ctx, p, k.List, k.Chan, "PUBLISH", limit, id, "force")
 		}
 		return nil
 	})

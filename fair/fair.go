@@ -139,8 +139,8 @@ func (s *Semaphore) SetLimit(ctx context.Context, limit int) error {
 // Name is the semaphore's name as given to New.
 func (s *Semaphore) Name() string { return s.e.Name() }
 
-// Close stops the background wake-up subscription (and, fair, the session
-// heartbeat), which otherwise end by themselves shortly after the last
+// Close stops the background wake-up subscription and the session
+// heartbeat, which otherwise end by themselves shortly after the last
 // waiter leaves. Acquire calls blocked at the time leave the queue and
 // return redsem.ErrClosed, as do later Acquire and TryAcquire calls.
 // Leases already granted keep working (renew, release) after Close.

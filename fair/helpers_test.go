@@ -227,10 +227,10 @@ func checkIntervals(t *testing.T, limit int, hs []interval) {
 
 // script runs one of the lua scripts for name directly, with the common
 // ARGV prefix (channel base, client limit) before args.
-func script(ctx context.Context, c redis.UniversalClient, s *redis.Script, name string, limit int, args ...any) ([]any, error) {
+func script(ctx context.Context, c redis.UniversalClient, s lua.Script, name string, limit int, args ...any) ([]any, error) {
 	k := keysOf(name)
 	argv := append([]any{k.Chan, "PUBLISH", limit}, args...)
-	return s.Run(ctx, c, k.List, argv...).Slice()
+	return core.Script(s).Run(ctx, c, k.List, argv...).Slice()
 }
 
 // queueRaw queues waiter id for session sid straight through the scripts,

@@ -174,7 +174,7 @@ func TestScriptsRejectBadArgs(t *testing.T) {
 		{1, "id", "two", 1000, "queue", "s", 1000, "o", 0},  // weight not a number
 	} {
 		k := keysOf(name)
-		err := lua.Acquire.Run(ctx, c, k.List, append([]any{k.Chan, "PUBLISH"}, args...)...).Err()
+		err := core.Script(lua.Acquire).Run(ctx, c, k.List, append([]any{k.Chan, "PUBLISH"}, args...)...).Err()
 		if err == nil {
 			t.Errorf("acquire %v: no error", args)
 		}

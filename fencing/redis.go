@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+	"github.com/redsem/redsem/internal/core"
 	"github.com/redsem/redsem/lua"
 )
 
@@ -87,7 +88,7 @@ func (g *RedisGuard) Check(ctx context.Context, f Fence) error {
 	if err := f.validate(g.maxSlots); err != nil {
 		return err
 	}
-	v, err := lua.Fence.Run(ctx, g.client, []string{g.FenceKey(f.Resource)},
+	v, err := core.Script(lua.Fence).Run(ctx, g.client, []string{g.FenceKey(f.Resource)},
 		f.slotList(), strconv.FormatInt(f.Token, 10)).Slice()
 	return g.reply(f, v, err)
 }
@@ -105,7 +106,7 @@ func (g *RedisGuard) Set(ctx context.Context, f Fence, key, value string, ttl ti
 	if ttl < 0 || (ttl > 0 && ttl < time.Millisecond) {
 		return &InvalidFenceError{Field: "ttl", Value: ttl.String(), Reason: "negative or below 1ms"}
 	}
-	v, err := lua.FenceSet.Run(ctx, g.client, []string{g.FenceKey(f.Resource), key},
+	v, err := core.Script(lua.FenceSet).Run(ctx, g.client, []string{g.FenceKey(f.Resource), key},
 		f.slotList(), strconv.FormatInt(f.Token, 10), value, ttl.Milliseconds()).Slice()
 	return g.reply(f, v, err)
 }

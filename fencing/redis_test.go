@@ -12,6 +12,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 	"github.com/redsem/redsem/fencing"
+	"github.com/redsem/redsem/internal/core"
 	"github.com/redsem/redsem/internal/redistest"
 	"github.com/redsem/redsem/lua"
 )
@@ -112,12 +113,12 @@ func TestRedisGuardBadInput(t *testing.T) {
 	}
 	// The scripts validate too, before any write.
 	for _, args := range [][]any{{"-1", "5"}, {"01", "5"}, {"0", "0"}, {"0", "abc"}, {"0", "12345678901234567890"}, {"0"}} {
-		err := lua.Fence.Run(ctx, c, []string{g.FenceKey(r)}, args...).Err()
+		err := core.Script(lua.Fence).Run(ctx, c, []string{g.FenceKey(r)}, args...).Err()
 		if err == nil || !strings.Contains(err.Error(), "fencing: bad") {
 			t.Fatalf("fence.lua %v: %v, want a fencing: bad ... error", args, err)
 		}
 	}
-	err := lua.FenceSet.Run(ctx, c, []string{g.FenceKey(r), g.DataKey(r, "x")}, "0", "5", "v", "-3").Err()
+	err := core.Script(lua.FenceSet).Run(ctx, c, []string{g.FenceKey(r), g.DataKey(r, "x")}, "0", "5", "v", "-3").Err()
 	if err == nil || !strings.Contains(err.Error(), "fencing: bad ttl_ms") {
 		t.Fatalf("fence_set.lua bad ttl: %v", err)
 	}

@@ -295,7 +295,7 @@ func TestCounterNotAheadOfClock(t *testing.T) {
 	var reply *redis.Cmd
 	var now *redis.TimeCmd
 	if _, err := c.Pipelined(ctx, func(p redis.Pipeliner) error {
-		reply = lua.SetLimit.Eval(ctx, p, keys.List, keys.Chan, "PUBLISH", waiters+1, "call-1")
+		reply = core.Script(lua.SetLimit).Eval(ctx, p, keys.List, keys.Chan, "PUBLISH", waiters+1, "call-1")
 		now = p.Time(ctx)
 		return nil
 	}); err != nil {

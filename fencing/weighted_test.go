@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/redsem/redsem/fencing"
+	"github.com/redsem/redsem/internal/core"
 	"github.com/redsem/redsem/internal/redistest"
 	"github.com/redsem/redsem/lua"
 	"github.com/redsem/redsem/unfair"
@@ -233,7 +234,7 @@ func TestRedisGuardWeightedSet(t *testing.T) {
 	}
 	// The script validates the list itself, before any write.
 	for _, list := range []string{"0,0", "3,1", "1,", ",1", "0, 1", "2147483648", "1,,2", ""} {
-		err := lua.Fence.Run(ctx, c, []string{g.FenceKey(r + "-args")}, list, "5").Err()
+		err := core.Script(lua.Fence).Run(ctx, c, []string{g.FenceKey(r + "-args")}, list, "5").Err()
 		if err == nil || !strings.Contains(err.Error(), "fencing: bad slot") {
 			t.Fatalf("fence.lua slots %q: %v, want a fencing: bad slot... error", list, err)
 		}

@@ -1,19 +1,23 @@
 // Package lua holds redsem's Redis scripts. Each script is a .lua file in
 // this directory whose header states its KEYS, ARGV and reply; lib.lua holds
-// the functions they share and is prepended to each one. All scripts take
-// time from the Redis server (TIME), never from the client, and touch only
-// the keys of one semaphore, which share a {hash-tag} so that Redis Cluster
-// keeps them in one slot.
+// the functions the semaphore scripts share and is prepended to each one
+// (fence_lib.lua to the fencing scripts). All scripts take time from the
+// Redis server (TIME), never from the client, and touch only the keys of one
+// semaphore, which share a {hash-tag} so that Redis Cluster keeps them in one
+// slot.
 //
-// The scripts are exposed as *redis.Script values; call them with Run, which
-// sends EVALSHA and falls back to EVAL when the server's script cache was
-// emptied (restart, failover, SCRIPT FLUSH).
+// Nothing here can be changed from outside: a Script is a constant naming
+// one script, and offers its exact text and SHA1 for review, for ACL rules or
+// for loading the scripts ahead of time (SCRIPT LOAD). The library calls the
+// scripts itself; their arguments are an internal protocol that may change
+// between releases, so calling them from other code is not supported.
 package lua
 
 import (
+	"crypto/sha1"
 	_ "embed"
-
-	"github.com/redis/go-redis/v9"
+	"encoding/hex"
+	"fmt"
 )
 
 var (
@@ -39,29 +43,76 @@ var (
 	fenceSetSrc string
 )
 
-var (
+// Script names one of redsem's scripts.
+type Script uint8
+
+const (
 	// Acquire takes n slots, or (queue mode) joins the fair queue.
-	Acquire = redis.NewScript(lib + acquireSrc)
+	Acquire Script = iota + 1
 	// Renew extends a live lease and never re-creates a lost one.
-	Renew = redis.NewScript(lib + renewSrc)
+	Renew
 	// Release gives a slot back or removes a queue entry, then admits waiters.
-	Release = redis.NewScript(lib + releaseSrc)
+	Release
 	// Heartbeat keeps a process's fair waiters alive, at a cost that does
 	// not grow with their number.
-	Heartbeat = redis.NewScript(lib + heartbeatSrc)
-	// Status reads the live state without writing (run it with RunRO).
-	Status = redis.NewScript(lib + statusSrc)
+	Heartbeat
+	// Status reads the live state without writing (it runs as EVALSHA_RO).
+	Status
 	// SetLimit sets the limit for every client of a name.
-	SetLimit = redis.NewScript(lib + setLimitSrc)
-
+	SetLimit
 	// Fence checks a fencing token for the slots of a resource and records
 	// it (package fencing). It runs in the store-side Redis, on a fence key
-	// rather than the semaphore keys; fence_lib.lua is prepended.
-	Fence = redis.NewScript(fenceLib + fenceSrc)
+	// rather than the semaphore keys.
+	Fence
 	// FenceSet is Fence plus a SET of one data key, only when not stale.
-	FenceSet = redis.NewScript(fenceLib + fenceSetSrc)
+	FenceSet
 )
 
-// KeyCount is the number of KEYS every semaphore script takes (see lib.lua);
-// the fence scripts take their own.
-const KeyCount = 7
+// Scripts lists every script, in the order of their constants.
+func Scripts() []Script {
+	return []Script{Acquire, Renew, Release, Heartbeat, Status, SetLimit, Fence, FenceSet}
+}
+
+type script struct {
+	file, src, sha string
+}
+
+var table = func() [FenceSet + 1]script {
+	var t [FenceSet + 1]script
+	add := func(s Script, file, src string) {
+		sum := sha1.Sum([]byte(src))
+		t[s] = script{file: file, src: src, sha: hex.EncodeToString(sum[:])}
+	}
+	add(Acquire, "acquire.lua", lib+acquireSrc)
+	add(Renew, "renew.lua", lib+renewSrc)
+	add(Release, "release.lua", lib+releaseSrc)
+	add(Heartbeat, "heartbeat.lua", lib+heartbeatSrc)
+	add(Status, "status.lua", lib+statusSrc)
+	add(SetLimit, "setlimit.lua", lib+setLimitSrc)
+	add(Fence, "fence.lua", fenceLib+fenceSrc)
+	add(FenceSet, "fence_set.lua", fenceLib+fenceSetSrc)
+	return t
+}()
+
+// String returns the name of the script's file, e.g. "acquire.lua".
+func (s Script) String() string {
+	if e := s.entry(); e.file != "" {
+		return e.file
+	}
+	return fmt.Sprintf("Script(%d)", uint8(s))
+}
+
+// Source returns the exact text sent to Redis: the shared library followed
+// by the script's file ("" for a value that names no script).
+func (s Script) Source() string { return s.entry().src }
+
+// Hash returns the SHA1 of Source, in hex, as EVALSHA and SCRIPT EXISTS
+// name the script ("" for a value that names no script).
+func (s Script) Hash() string { return s.entry().sha }
+
+func (s Script) entry() script {
+	if s < Acquire || s > FenceSet {
+		return script{}
+	}
+	return table[s]
+}

@@ -12,9 +12,9 @@ import (
 	"github.com/redsem/redsem/lua"
 )
 
-func run(ctx context.Context, t *testing.T, c *redis.Client, s *redis.Script, k core.Keys, args ...any) ([]any, error) {
+func run(ctx context.Context, t *testing.T, c *redis.Client, s lua.Script, k core.Keys, args ...any) ([]any, error) {
 	t.Helper()
-	return s.Run(ctx, c, k.List, append([]any{k.Chan, "PUBLISH"}, args...)...).Slice()
+	return core.Script(s).Run(ctx, c, k.List, append([]any{k.Chan, "PUBLISH"}, args...)...).Slice()
 }
 
 // A retried acquire (same id: the reply was lost and go-redis sent it
@@ -83,7 +83,7 @@ func TestBadArgumentsWriteNothing(t *testing.T) {
 			t.Errorf("%s: got %v, want a redsem error", desc, err)
 		}
 	}
-	for name, s := range map[string]*redis.Script{"renew": lua.Renew, "release": lua.Release} {
+	for name, s := range map[string]lua.Script{"renew": lua.Renew, "release": lua.Release} {
 		if _, err := run(ctx, t, c, s, k, 1, ""); err == nil {
 			t.Errorf("%s with empty id: no error", name)
 		}
@@ -165,5 +165,27 @@ func TestOneHashTagPerSemaphore(t *testing.T) {
 			t.Errorf("names %q and %q share tag %q", n, other, want)
 		}
 		seen[want] = n
+	}
+}
+
+// Every script loads into a real Redis under the name Hash gives it (the
+// name EVALSHA and SCRIPT EXISTS use), and the engine runs that same text.
+func TestScriptsLoadUnderTheirHash(t *testing.T) {
+	ctx := redistest.Ctx(t, 10*time.Second)
+	c := redistest.Client(t)
+	for _, s := range lua.Scripts() {
+		sha, err := c.ScriptLoad(ctx, s.Source()).Result()
+		if err != nil {
+			t.Fatalf("%s: %v", s, err)
+		}
+		if sha != s.Hash() || core.Script(s).Hash() != sha {
+			t.Errorf("%s: Redis names it %s, Hash %s, engine %s", s, sha, s.Hash(), core.Script(s).Hash())
+		}
+		if !strings.HasSuffix(s.String(), ".lua") {
+			t.Errorf("script %d: String %q", s, s.String())
+		}
+	}
+	if bad := lua.Script(0); bad.Source() != "" || bad.Hash() != "" || bad.String() != "Script(0)" {
+		t.Errorf("Script(0): %q %q %q, want empty and a plain name", bad.Source(), bad.Hash(), bad.String())
 	}
 }

@@ -898,8 +898,8 @@ func (m *machine) enqueueDead(rt *rapid.T) {
 	var hb, acq *redis.Cmd
 	w := window{b: callStart()}
 	_, err := m.rdb.TxPipelined(ctx, func(p redis.Pipeliner) error {
-		hb = lua.Heartbeat.Eval(ctx, p, m.keys.List, m.keys.Chan, "PUBLISH", m.base, sid, rawQueueMs, "new")
-		acq = lua.Acquire.Eval(ctx, p, m.keys.List, m.keys.Chan, "PUBLISH", m.base, e.id, wn, rawLeaseMs, "queue", sid, 0, "raw", 0)
+		hb = core.Script(lua.Heartbeat).Eval(ctx, p, m.keys.List, m.keys.Chan, "PUBLISH", m.base, sid, rawQueueMs, "new")
+		acq = core.Script(lua.Acquire).Eval(ctx, p, m.keys.List, m.keys.Chan, "PUBLISH", m.base, e.id, wn, rawLeaseMs, "queue", sid, 0, "raw", 0)
 		return nil
 	})
 	w.a = callEnd()

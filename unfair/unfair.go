@@ -115,11 +115,11 @@ func (s *Semaphore) SetLimit(ctx context.Context, limit int) error {
 // Name is the semaphore's name as given to New.
 func (s *Semaphore) Name() string { return s.e.Name() }
 
-// Close stops the background wake-up subscription (and, fair, the session
-// heartbeat), which otherwise end by themselves shortly after the last
-// waiter leaves. Acquire calls blocked at the time leave the queue and
-// return redsem.ErrClosed, as do later Acquire and TryAcquire calls.
-// Leases already granted keep working (renew, release) after Close.
+// Close stops the background wake-up subscription, which otherwise ends by
+// itself shortly after the last waiter leaves. Acquire calls blocked at the
+// time return redsem.ErrClosed, holding nothing, as do later Acquire and
+// TryAcquire calls. Leases already granted keep working (renew, release)
+// after Close.
 func (s *Semaphore) Close() error { return s.e.Close() }
 
 // AcquireN blocks until n slots are granted at once, or ctx ends: all or

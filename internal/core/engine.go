@@ -137,7 +137,7 @@ func (e *Engine) isClosed() bool {
 
 // run calls a script with the semaphore's keys and the common ARGV prefix
 // (channel base, publish command, limit).
-func (e *Engine) run(ctx context.Context, s *redis.Script, limit int, args ...any) ([]any, time.Time, error) {
+func (e *Engine) run(ctx context.Context, s lua.Script, limit int, args ...any) ([]any, time.Time, error) {
 	return e.runOn(ctx, e.cfg.Client, s, limit, args...)
 }
 
@@ -151,22 +151,23 @@ func (e *Engine) run(ctx context.Context, s *redis.Script, limit int, args ...an
 // its own and is abandoned (its reply ignored) when ctx ends first. What an
 // abandoned request may still do in Redis is made harmless by the scripts:
 // see undo.
-func (e *Engine) runOn(ctx context.Context, c redis.Scripter, s *redis.Script, limit int, args ...any) ([]any, time.Time, error) {
+func (e *Engine) runOn(ctx context.Context, c redis.Scripter, s lua.Script, limit int, args ...any) ([]any, time.Time, error) {
 	argv := make([]any, 0, 3+len(args))
 	argv = append(argv, e.keys.Chan, e.pub, limit)
 	argv = append(argv, args...)
 	sent := time.Now()
 	call := func() ([]any, error) {
 		var cmd *redis.Cmd
+		script := Script(s)
 		if s == lua.Status {
-			cmd = s.RunRO(ctx, c, e.keys.List, argv...)
+			cmd = script.RunRO(ctx, c, e.keys.List, argv...)
 			if err := cmd.Err(); err != nil && strings.Contains(err.Error(), "not allowed in read-only scripts") {
 				// miniredis counts TIME as a write in a read-only script;
 				// status.lua writes nothing, so run it as a plain script.
-				cmd = s.Run(ctx, c, e.keys.List, argv...)
+				cmd = script.Run(ctx, c, e.keys.List, argv...)
 			}
 		} else {
-			cmd = s.Run(ctx, c, e.keys.List, argv...)
+			cmd = script.Run(ctx, c, e.keys.List, argv...)
 		}
 		return cmd.Slice()
 	}
