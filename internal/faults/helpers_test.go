@@ -13,6 +13,7 @@ import (
 	"github.com/redsem/redsem"
 	"github.com/redsem/redsem/fair"
 	"github.com/redsem/redsem/internal/core"
+	"github.com/redsem/redsem/internal/redistest"
 	"github.com/redsem/redsem/unfair"
 	"go.uber.org/goleak"
 )
@@ -267,3 +268,22 @@ func await(t *testing.T, ch <-chan result, within time.Duration, what string) re
 var errNotYet = errors.New("not yet")
 
 func errorf(format string, args ...any) error { return fmt.Errorf(format, args...) }
+
+// proxied starts a redis-server with a fault-injecting proxy in front of it,
+// and returns the proxy, a client that goes through it and one that does not.
+func proxied(t *testing.T) (p *redistest.Proxy, viaProxy, direct *redis.Client) {
+	t.Helper()
+	srv := redistest.Start(t)
+	p = redistest.StartProxy(t, srv.Addr)
+	opt := srv.Options()
+	opt.Addr = p.Addr
+	viaProxy = redis.NewClient(opt)
+	t.Cleanup(func() { _ = viaProxy.Close() })
+	return p, viaProxy, srv.Client(t)
+}
+
+// droppedReplies returns how many replies p has lost so far.
+func droppedReplies(p *redistest.Proxy) int {
+	dropped, _ := p.Faults()
+	return dropped
+}

@@ -44,13 +44,13 @@ func TestReplyLost(t *testing.T) {
 			}
 
 			marker := []byte(lua.Acquire.Hash())
-			p.dropReplies(marker, 1)
+			p.DropMatching(marker, 1)
 			l, err := s.Acquire(ctx)
 			if err != nil {
 				t.Fatalf("acquire with one lost reply: %v", err)
 			}
-			if p.droppedReplies() != 1 {
-				t.Fatalf("%d replies dropped, want 1", p.droppedReplies())
+			if droppedReplies(p) != 1 {
+				t.Fatalf("%d replies dropped, want 1", droppedReplies(p))
 			}
 			expectHolders(t, ctx, check, l.ID())
 
@@ -58,7 +58,7 @@ func TestReplyLost(t *testing.T) {
 			// time, then retried: a lost reply is a transient error that
 			// Acquire rides out) gives up when its context ends and is
 			// undone, in the background.
-			p.dropReplies(marker, -1)
+			p.DropMatching(marker, -1)
 			lost := func() {
 				t.Helper()
 				actx, cancel := context.WithTimeout(ctx, 4*time.Second)
@@ -68,8 +68,8 @@ func TestReplyLost(t *testing.T) {
 				}
 			}
 			lost()
-			if p.droppedReplies() < 2 {
-				t.Fatalf("only %d replies dropped", p.droppedReplies())
+			if droppedReplies(p) < 2 {
+				t.Fatalf("only %d replies dropped", droppedReplies(p))
 			}
 			eventually(t, 5*time.Second, "the abandoned grant to be undone", func() error {
 				st, err := check.Status(ctx)
@@ -95,7 +95,7 @@ func TestReplyLost(t *testing.T) {
 			})
 			expectHolders(t, ctx, check, l.ID(), other.ID())
 
-			p.dropReplies(nil, 0)
+			p.DropMatching(nil, 0)
 			for _, x := range []redsem.Lease{l, other} {
 				if err := x.Release(ctx); err != nil {
 					t.Fatal(err)
@@ -145,12 +145,12 @@ func TestReleaseReplyLost(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			p.dropReplies([]byte(lua.Release.Hash()), 1)
+			p.DropMatching([]byte(lua.Release.Hash()), 1)
 			if err := l.Release(ctx); err != nil {
 				t.Fatalf("Release with its first reply lost: %v, want nil", err)
 			}
-			if p.droppedReplies() != 1 {
-				t.Fatalf("%d replies dropped, want 1", p.droppedReplies())
+			if droppedReplies(p) != 1 {
+				t.Fatalf("%d replies dropped, want 1", droppedReplies(p))
 			}
 			if l.Err() != nil {
 				t.Fatalf("Err after a successful Release: %v", l.Err())
@@ -201,8 +201,8 @@ func TestRedisUnreachable(t *testing.T) {
 				checkLeaks(t)
 				addr := refused
 				if mode == "blackhole" {
-					p := newProxy(t, refused)
-					p.setBlackhole()
+					p := redistest.StartProxy(t, refused)
+					p.SetBlackhole(true)
 					addr = p.Addr
 				}
 				c := redis.NewClient(&redis.Options{Addr: addr, ContextTimeoutEnabled: true, DialTimeout: time.Second})
@@ -267,7 +267,7 @@ func TestJitterAndResets(t *testing.T) {
 			name := redistest.Name(t)
 			const limit = 2
 			s := v.new(t, viaProxy, name, limit, opts{LeaseTTL: time.Second, QueueTTL: time.Second, Fallback: 100 * time.Millisecond})
-			p.setJitter(3 * time.Millisecond)
+			p.SetJitter(3 * time.Millisecond)
 
 			var (
 				mu        sync.Mutex
@@ -322,7 +322,7 @@ func TestJitterAndResets(t *testing.T) {
 			resets := 0
 			for i := 0; i < 10; i++ {
 				time.Sleep(150 * time.Millisecond)
-				resets += p.resetAll()
+				resets += p.ResetAll()
 			}
 			mu.Lock()
 			before := ok

@@ -15,8 +15,10 @@ import (
 // the reply) and reset a connection before a request reaches Redis. Tests
 // use it to make calls whose outcome the client cannot know. It can also
 // black-hole everything (SetBlackhole: a partition, or a server that accepts
-// and never answers) and hold requests before forwarding them (SetDelay: a
-// server that answers slowly).
+// and never answers), hold requests before forwarding them (SetDelay: a
+// server that answers slowly), lose the replies of chosen requests
+// (DropMatching), add jitter (SetJitter) and reset every connection
+// (ResetAll).
 type Proxy struct {
 	// Addr is the address clients dial instead of the server's.
 	Addr string
@@ -29,9 +31,12 @@ type Proxy struct {
 	dropProb float64 // chance that a request's reply is lost
 	killProb float64 // chance that a request's connection is reset before it is forwarded
 	dropNext int     // replies of the next requests to lose, whatever the odds
-	dropped  int     // replies lost so far
-	killed   int     // connections reset so far
-	hole     bool    // black hole: nothing is forwarded either way
+	dropOn   []byte  // DropMatching's marker
+	dropOnN  int     // replies of requests containing dropOn still to lose; < 0: all
+	jitter   time.Duration
+	dropped  int  // replies lost so far
+	killed   int  // connections reset so far
+	hole     bool // black hole: nothing is forwarded either way
 	delay    time.Duration
 	delayOn  []byte // only requests containing it are delayed; nil: all
 	watch    []byte // Watch's marker
@@ -75,6 +80,43 @@ func (p *Proxy) DropNext(n int) {
 	p.mu.Unlock()
 }
 
+// DropMatching makes the proxy lose the replies to the next n requests that
+// contain marker, after Redis ran them (n < 0: every one of them; n == 0 or
+// a nil marker: none again). It replaces an earlier DropMatching.
+func (p *Proxy) DropMatching(marker []byte, n int) {
+	p.mu.Lock()
+	p.dropOn, p.dropOnN = marker, n
+	p.mu.Unlock()
+}
+
+// SetJitter delays every chunk forwarded, in either direction, by a random
+// time in [0, d): a network whose latency varies. Zero: no jitter.
+func (p *Proxy) SetJitter(d time.Duration) {
+	p.mu.Lock()
+	p.jitter = d
+	p.mu.Unlock()
+}
+
+// ResetAll resets every connection open now (clients see a reset or EOF
+// and dial again; new connections are served as before) and returns how
+// many it closed, client and server sides counted apart.
+func (p *Proxy) ResetAll() int {
+	p.mu.Lock()
+	open := make([]net.Conn, 0, len(p.conns))
+	for c := range p.conns {
+		open = append(open, c)
+		delete(p.conns, c)
+	}
+	p.mu.Unlock()
+	for _, c := range open {
+		if tc, ok := c.(*net.TCPConn); ok {
+			_ = tc.SetLinger(0) // RST rather than FIN
+		}
+		_ = c.Close()
+	}
+	return len(open)
+}
+
 // SetBlackhole turns the black hole on or off. While on, the proxy forwards
 // nothing in either direction: connections are still accepted (a client's
 // dial succeeds), requests are read and thrown away, and replies Redis sends
@@ -86,19 +128,9 @@ func (p *Proxy) DropNext(n int) {
 func (p *Proxy) SetBlackhole(on bool) {
 	p.mu.Lock()
 	p.hole = on
-	var open []net.Conn
-	if !on {
-		for c := range p.conns {
-			open = append(open, c)
-			delete(p.conns, c)
-		}
-	}
 	p.mu.Unlock()
-	for _, c := range open {
-		if tc, ok := c.(*net.TCPConn); ok {
-			_ = tc.SetLinger(0) // RST rather than FIN
-		}
-		_ = c.Close()
+	if !on {
+		p.ResetAll()
 	}
 }
 
@@ -155,6 +187,25 @@ func (p *Proxy) wait(req []byte) bool {
 		return true
 	}
 	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return true
+	case <-p.quit:
+		return false
+	}
+}
+
+// jitterSleep waits a random time below SetJitter's bound; it reports
+// false if the proxy was closed meanwhile.
+func (p *Proxy) jitterSleep() bool {
+	p.mu.Lock()
+	j := p.jitter
+	p.mu.Unlock()
+	if j <= 0 {
+		return true
+	}
+	t := time.NewTimer(rand.N(j))
 	defer t.Stop()
 	select {
 	case <-t.C:
@@ -243,9 +294,16 @@ func (p *Proxy) accept() {
 }
 
 // fate draws what happens to one chunk of requests read from a client.
-func (p *Proxy) fate() (drop, kill bool) {
+func (p *Proxy) fate(req []byte) (drop, kill bool) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
+	if p.dropOnN != 0 && p.dropOn != nil && bytes.Contains(req, p.dropOn) {
+		if p.dropOnN > 0 {
+			p.dropOnN--
+		}
+		p.dropped++
+		return true, false
+	}
 	if p.dropNext > 0 {
 		p.dropNext--
 		p.dropped++
@@ -288,7 +346,7 @@ func (p *Proxy) serve(c net.Conn) {
 				return
 			}
 			if n > 0 {
-				drop, kill := p.fate()
+				drop, kill := p.fate(buf[:n])
 				if kill {
 					if tc, ok := c.(*net.TCPConn); ok {
 						_ = tc.SetLinger(0) // RST rather than FIN
@@ -299,6 +357,9 @@ func (p *Proxy) serve(c net.Conn) {
 					mu.Lock()
 					poisoned = true
 					mu.Unlock()
+				}
+				if !p.jitterSleep() {
+					return
 				}
 				if _, err := s.Write(buf[:n]); err != nil {
 					return
@@ -322,6 +383,9 @@ func (p *Proxy) serve(c net.Conn) {
 			mu.Unlock()
 			if lose {
 				return // the request ran; its reply is lost with the connection
+			}
+			if !p.jitterSleep() {
+				return
 			}
 			if _, err := c.Write(buf[:n]); err != nil {
 				return
