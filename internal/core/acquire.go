@@ -16,6 +16,19 @@ func (e *Engine) Acquire(ctx context.Context) (redsem.Lease, error) {
 	return e.AcquireN(ctx, 1)
 }
 
+// enter starts an acquire of n slots: it checks n and that e is open, and
+// marks e busy (the caller runs e.idle when done) unless it returns an error.
+func (e *Engine) enter(n int) error {
+	if err := e.checkWeight(n); err != nil {
+		return err
+	}
+	if e.isClosed() {
+		return redsem.ErrClosed
+	}
+	e.busy()
+	return nil
+}
+
 // AcquireN blocks until n slots are granted at once or ctx ends.
 //
 // The waiting loop lives here, and only here: each turn runs acquire.lua
@@ -23,13 +36,9 @@ func (e *Engine) Acquire(ctx context.Context) (redsem.Lease, error) {
 // notices), then waits for an event from the hub (a grant, a wake-up, a
 // request to ask again), a timer, Close or the end of ctx.
 func (e *Engine) AcquireN(ctx context.Context, n int) (redsem.Lease, error) {
-	if err := e.checkWeight(n); err != nil {
+	if err := e.enter(n); err != nil {
 		return nil, err
 	}
-	if e.isClosed() {
-		return nil, redsem.ErrClosed
-	}
-	e.busy()
 	defer e.idle()
 	start := time.Now()
 	l, err := e.acquire(ctx, uuid.NewString(), n, start)

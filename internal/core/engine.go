@@ -373,13 +373,9 @@ func (e *Engine) TryAcquire(ctx context.Context) (redsem.Lease, error) {
 
 // TryAcquireN makes one attempt to take n slots and never waits.
 func (e *Engine) TryAcquireN(ctx context.Context, n int) (redsem.Lease, error) {
-	if err := e.checkWeight(n); err != nil {
+	if err := e.enter(n); err != nil {
 		return nil, err
 	}
-	if e.isClosed() {
-		return nil, redsem.ErrClosed
-	}
-	e.busy()
 	defer e.idle()
 	start := time.Now()
 	id := uuid.NewString()
