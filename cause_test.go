@@ -49,9 +49,8 @@ func TestAcquireErrorCarriesContextCause(t *testing.T) {
 				assertNotQueued(ctx, t, holder)
 			})
 			t.Run("WithCancelCause", func(t *testing.T) {
-				// Unfair passes when the cancel lands during an attempt (the
-				// attempt's error wraps ctx.Err()), fails when it lands in
-				// the wait between attempts: skipped, lest it flake.
+				// The cancel lands while the call waits (fair: queued;
+				// unfair: between attempts); the error must carry the cause.
 				cctx, cancel := context.WithCancelCause(ctx)
 				done := make(chan error, 1)
 				seen := sent.arm()
@@ -94,8 +93,6 @@ func TestAcquireInDoAfterLeaseLost(t *testing.T) {
 			name := redistest.Name(t)
 			c := redistest.Client(t)
 			o := prefixed{Prefix: uniquePrefix(), LeaseTTL: 300 * time.Millisecond}
-			if variant == "fair" {
-			}
 			outer := newPrefixed(t, variant, redistest.Client(t), name, 2, o)
 			inner := newPrefixed(t, variant, redistest.Client(t), name+"-inner", 2, o)
 			var fnErr, acqErr error

@@ -7,10 +7,11 @@
 // AcquireN: several slots) and a token that is strictly greater than every
 // token issued before it for the same semaphore name. A holder presents a
 // Fence (resource, slots, token) with each write; the store keeps the
-// highest token per (resource, slot) and rejects a lower one with ErrStale. Fencing is per slot because the holders of a semaphore
-// are not totally ordered: with limit 3, three live holders have three
-// tokens, and "reject anything below the highest token seen" would reject
-// the legitimate holders with the lower ones. Only holders of the same slot
+// highest token per (resource, slot) and rejects a lower one with
+// ErrStale. Fencing is per slot because the holders of a semaphore are not
+// totally ordered: with limit 3, three live holders have three tokens,
+// and "reject anything below the highest token seen" would reject the
+// legitimate holders with the lower ones. Only holders of the same slot
 // follow one another in time, so a zombie of slot 2 is rejected as soon as
 // the new holder of slot 2 has reached the store, and holders of other slots
 // are never disturbed. An equal token is accepted: a holder may write many

@@ -22,7 +22,7 @@ func runSetLimit(args []string, stdout, stderr io.Writer) int {
 	c := newCommand("set-limit", "NAME N [flags]",
 		"Sets the limit of NAME to N for every client at once, overriding the limit\n"+
 			"each was built with. It never expires. Raising it admits fair waiters at\n"+
-			"once; lowering it revokes no lease: new grants wait until fewer than N are held.", stdout, stderr)
+			"once; lowering it revokes no lease: new grants wait until fewer than N slots are held.", stdout, stderr)
 	pos, code, stop := c.Parse(args, 2, "NAME N")
 	if stop {
 		return code
@@ -45,8 +45,8 @@ func runSetLimit(args []string, stdout, stderr io.Writer) int {
 		was = strconv.Itoa(*before.Limit)
 	}
 	fmt.Fprintf(stdout, "limit of %q: %s -> %d (for every client, now; run 'redsem status %s' to see it)\n", e.Name(), was, n, e.Name())
-	if len(before.Holders) > n {
-		fmt.Fprintf(stdout, "note: %d leases are held; none is revoked, new grants wait until fewer than %d are held\n", len(before.Holders), n)
+	if held := before.slotsHeld(); held > n {
+		fmt.Fprintf(stdout, "note: %d slots are held; no lease is revoked, new grants wait until fewer than %d are held\n", held, n)
 	}
 	return exitOK
 }

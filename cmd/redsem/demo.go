@@ -49,6 +49,7 @@ func runDemo(args []string, stdout, stderr io.Writer) int {
 			"rejected by per-slot fencing. It uses --redis or REDIS_URL if given, else\n"+
 			"starts a throw-away redis-server from PATH (stopped at the end), else runs\n"+
 			"on an in-process miniredis (and says so). It removes its keys when done.", stdout, stderr)
+	c.OwnServerByDefault("a throw-away redis-server from PATH, else an in-process miniredis")
 	var cfg demoConfig
 	c.FS.DurationVar(&cfg.duration, "duration", 12*time.Second, "how long the simulated load runs (the fencing part adds ~2s)")
 	c.FS.IntVar(&cfg.instances, "instances", 3, "simulated service instances per variant")

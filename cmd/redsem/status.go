@@ -163,7 +163,7 @@ func runWatch(args []string, stdout, stderr io.Writer) int {
 		}
 		failed = false
 		// What one reading cannot tell.
-		if s.Limit != nil && len(s.Holders) >= *s.Limit {
+		if s.Limit != nil && s.slotsHeld() >= *s.Limit {
 			if fullSince.IsZero() {
 				fullSince = s.ServerTime
 			}

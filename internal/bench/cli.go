@@ -68,6 +68,7 @@ writes the charts.`
 // worker process of a --procs run and prints its Trace as JSON on stdout.
 func Main(args []string, stdout, stderr io.Writer) int {
 	c := cli.New("bench", "[flags]", about, stdout, stderr)
+	c.OwnServerByDefault("a throw-away redis-server from PATH")
 	var f flags
 	fs := c.FS
 	fs.StringVar(&f.variants, "variant", "fair", "fair | unfair | local | naive-counter | naive-zset, or a comma list")

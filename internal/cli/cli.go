@@ -132,6 +132,15 @@ func (c *Command) Fail(err error) int {
 	return ExitError
 }
 
+// OwnServerByDefault is for commands that start a throw-away server of
+// their own when no Redis is named (demo, bench): their help then shows no
+// default address for --redis, and says what happens instead.
+func (c *Command) OwnServerByDefault(instead string) {
+	f := c.FS.Lookup("redis")
+	f.DefValue = ""
+	f.Usage = "Redis: a redis:// or rediss:// URL, or host:port[,host:port...] cluster seeds; the default is $REDIS_URL if set, else " + instead
+}
+
 // RedisGiven reports whether the user chose a Redis, and how: "--redis"
 // when the flag was set, "REDIS_URL" when only the environment names one.
 // Call it after Parse. Commands that can run on a throw-away server of

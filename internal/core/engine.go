@@ -161,9 +161,11 @@ func (e *Engine) runOn(ctx context.Context, c redis.Scripter, s lua.Script, limi
 		script := Script(s)
 		if s == lua.Status {
 			cmd = script.RunRO(ctx, c, e.keys.List, argv...)
-			if err := cmd.Err(); err != nil && strings.Contains(err.Error(), "not allowed in read-only scripts") {
-				// miniredis counts TIME as a write in a read-only script;
-				// status.lua writes nothing, so run it as a plain script.
+			if err := cmd.Err(); err != nil && (strings.Contains(err.Error(), "not allowed in read-only scripts") ||
+				strings.Contains(err.Error(), "unknown command")) {
+				// Redis before 7.0 has no EVALSHA_RO, and miniredis counts
+				// TIME as a write in a read-only script; status.lua writes
+				// nothing, so run it as a plain script.
 				cmd = script.Run(ctx, c, e.keys.List, argv...)
 			}
 		} else {
@@ -311,6 +313,15 @@ func (e *Engine) acquireOnce(ctx context.Context, id string, n int, mode, sid st
 	// in server time, with a second's margin for the clocks' drift.
 	var refuseAfter int64
 	if d, ok := ctx.Deadline(); ok {
+		if !e.clock.known() {
+			// Once per Engine: the first call has no reply to go by. A
+			// failure to reach Redis is the acquire's (nothing was sent
+			// that writes); a refusal (an ACL without TIME, say) leaves
+			// this one request bounded by its cancellation record only.
+			if err := e.readClock(ctx); err != nil && (ctx.Err() != nil || Transient(err)) {
+				return attempt{}, err
+			}
+		}
 		if s, ok := e.clock.serverAt(d); ok {
 			refuseAfter = s + 1000
 		}
@@ -578,6 +589,28 @@ func (e *Engine) deliverGrants(script string, v []any, from int, now int64, sent
 	}
 }
 
+// readClock reads the server's clock (TIME) within ctx, so that the first
+// acquire of an Engine can bound its request in server time too. Its errors
+// are those of runOn.
+func (e *Engine) readClock(ctx context.Context) error {
+	sent := time.Now()
+	v, err := bounded(ctx, func() ([]any, error) {
+		t, err := e.cfg.Client.Time(ctx).Result()
+		if err != nil {
+			return nil, err
+		}
+		return []any{t.UnixMilli()}, nil
+	})
+	if err != nil {
+		if ctx.Err() != nil {
+			return e.ctxErr(ctx, err)
+		}
+		return e.wrap(err)
+	}
+	e.clock.observe(sent, v[0].(int64))
+	return nil
+}
+
 // serverClock relates the Redis server's clock to the local monotonic clock,
 // from the latest reply: server time ns happened after local time sent, so
 // the local time of any later server instant x is at least sent + (x - ns).
@@ -591,6 +624,13 @@ func (c *serverClock) observe(sent time.Time, serverMs int64) {
 	c.mu.Lock()
 	c.sent, c.ns = sent, serverMs
 	c.mu.Unlock()
+}
+
+// known reports whether a reply has been observed yet.
+func (c *serverClock) known() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return !c.sent.IsZero()
 }
 
 // serverAt returns a late estimate (an upper bound, clocks' drift aside) of

@@ -129,76 +129,89 @@ func TestMinReplicasBounded(t *testing.T) {
 // paused Redis while the undo ran elsewhere) is granted a fresh lease that
 // takes a slot for a full LeaseTTL (or, fair, a queue entry) and that no
 // undo removes.
+//
+// "first": the delayed request is the Engine's first script call (another
+// engine loaded the scripts), so no earlier reply told it the server's time.
 func TestAcquireDelayedPastCancellationRecord(t *testing.T) {
 	for _, v := range variants {
-		t.Run(v.name, func(t *testing.T) {
-			srv := redistest.Shared(t)
-			p := redistest.StartProxy(t, srv.Addr)
-			direct := srv.Client(t)
-			name := redistest.Name(t)
-			cfg := core.Config{Client: defaultClient(t, p.Addr), Name: name, Limit: 1, Fair: v.fair, LeaseTTL: time.Second}
-			e, err := core.New(cfg)
-			if err != nil {
-				t.Fatal(err)
+		for _, first := range []bool{false, true} {
+			sub := v.name
+			if first {
+				sub += "/first"
 			}
-			t.Cleanup(func() { _ = e.Close() })
-			cfg.Client = direct
-			check, err := core.New(cfg)
-			if err != nil {
-				t.Fatal(err)
-			}
-			t.Cleanup(func() { _ = check.Close() })
-			ctx := redistest.Ctx(t, 30*time.Second)
-			warm, err := e.TryAcquire(ctx) // scripts loaded, eviction policy read
-			if err != nil {
-				t.Fatal(err)
-			}
-			if err := warm.Release(ctx); err != nil {
-				t.Fatal(err)
-			}
-
-			const held = 2500 * time.Millisecond
-			marker := []byte(lua.Acquire.Hash())
-			p.SetDelay(held, marker)
-			p.Watch(marker)
-			actx, cancel := context.WithTimeout(ctx, boundCtx)
-			defer cancel()
-			if _, err := e.Acquire(actx); !errors.Is(err, context.DeadlineExceeded) {
-				t.Fatalf("Acquire: %v, want the deadline", err)
-			}
-			e.WaitUndos() // the undo's release is not held: it ran, and left "C"
-			// Other clients' scripts prune the record once it is due.
-			redistest.WaitFor(t, 5*time.Second, "the cancellation record pruned", func() (bool, error) {
-				l, err := check.TryAcquire(ctx)
-				if err != nil {
-					return false, err
-				}
-				if err := l.Release(ctx); err != nil {
-					return false, err
-				}
-				m, err := direct.HGetAll(ctx, e.Keys().List[core.KeyMeta]).Result()
-				for _, rec := range m {
-					if rec == "C" {
-						return false, err
-					}
-				}
-				return true, err
-			})
-			redistest.WaitFor(t, 5*time.Second, "the held acquire request forwarded", func() (bool, error) {
-				return p.Watched() >= 1, nil
-			})
-			// Within a second (its lease) the phantom grant would show.
-			deadline := time.Now().Add(time.Second)
-			for time.Now().Before(deadline) {
-				raw, err := core.Inspect(ctx, direct, e.Keys())
+			t.Run(sub, func(t *testing.T) {
+				srv := redistest.Shared(t)
+				p := redistest.StartProxy(t, srv.Addr)
+				direct := srv.Client(t)
+				name := redistest.Name(t)
+				cfg := core.Config{Client: defaultClient(t, p.Addr), Name: name, Limit: 1, Fair: v.fair, LeaseTTL: time.Second}
+				e, err := core.New(cfg)
 				if err != nil {
 					t.Fatal(err)
 				}
-				if raw.Live() {
-					t.Fatalf("the abandoned acquire, run %v late, left %+v: a lease nobody holds", held, raw)
+				t.Cleanup(func() { _ = e.Close() })
+				cfg.Client = direct
+				check, err := core.New(cfg)
+				if err != nil {
+					t.Fatal(err)
 				}
-				time.Sleep(5 * time.Millisecond)
-			}
-		})
+				t.Cleanup(func() { _ = check.Close() })
+				ctx := redistest.Ctx(t, 30*time.Second)
+				warmer := e // scripts loaded, eviction policy read
+				if first {
+					warmer = check // scripts loaded; e has seen no reply yet
+				}
+				warm, err := warmer.TryAcquire(ctx)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if err := warm.Release(ctx); err != nil {
+					t.Fatal(err)
+				}
+
+				const held = 2500 * time.Millisecond
+				marker := []byte(lua.Acquire.Hash())
+				p.SetDelay(held, marker)
+				p.Watch(marker)
+				actx, cancel := context.WithTimeout(ctx, boundCtx)
+				defer cancel()
+				if _, err := e.Acquire(actx); !errors.Is(err, context.DeadlineExceeded) {
+					t.Fatalf("Acquire: %v, want the deadline", err)
+				}
+				e.WaitUndos() // the undo's release is not held: it ran, and left "C"
+				// Other clients' scripts prune the record once it is due.
+				redistest.WaitFor(t, 5*time.Second, "the cancellation record pruned", func() (bool, error) {
+					l, err := check.TryAcquire(ctx)
+					if err != nil {
+						return false, err
+					}
+					if err := l.Release(ctx); err != nil {
+						return false, err
+					}
+					m, err := direct.HGetAll(ctx, e.Keys().List[core.KeyMeta]).Result()
+					for _, rec := range m {
+						if rec == "C" {
+							return false, err
+						}
+					}
+					return true, err
+				})
+				redistest.WaitFor(t, 5*time.Second, "the held acquire request forwarded", func() (bool, error) {
+					return p.Watched() >= 1, nil
+				})
+				// Within a second (its lease) the phantom grant would show.
+				deadline := time.Now().Add(time.Second)
+				for time.Now().Before(deadline) {
+					raw, err := core.Inspect(ctx, direct, e.Keys())
+					if err != nil {
+						t.Fatal(err)
+					}
+					if raw.Live() {
+						t.Fatalf("the abandoned acquire, run %v late, left %+v: a lease nobody holds", held, raw)
+					}
+					time.Sleep(5 * time.Millisecond)
+				}
+			})
+		}
 	}
 }

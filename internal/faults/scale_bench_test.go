@@ -211,7 +211,8 @@ func BenchmarkScaleHotQueue(b *testing.B) {
 }
 
 // Holders of one semaphore: Redis memory per holder, and how grant latency
-// grows with the number of holders (the slot search reads the leases hash).
+// grows with the number of holders (slots come from the free set, and
+// high-water slots once it is empty).
 func BenchmarkScaleManyHolders(b *testing.B) {
 	srv := redistest.Start(b)
 	c := srv.Client(b)
