@@ -7,4 +7,4 @@ import (
 	"github.com/redsem/redsem/internal/redistest"
 )
 
-func TestMain(m *testing.M) { os.Exit(redistest.Main(m)) }
+func TestMain(m *testing.M) { os.Exit(redistest.MainNoLeaks(m)) }

@@ -31,7 +31,7 @@ func TestMain(m *testing.M) {
 	if os.Getenv(childEnv) != "" {
 		os.Exit(childMain())
 	}
-	os.Exit(redistest.Main(m))
+	os.Exit(redistest.MainNoLeaks(m))
 }
 
 // newFair returns a fair semaphore (its Status lists the waiters, which the

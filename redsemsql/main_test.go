@@ -19,7 +19,7 @@ import (
 	"github.com/redsem/redsem/internal/redistest"
 )
 
-func TestMain(m *testing.M) { os.Exit(redistest.Main(m)) }
+func TestMain(m *testing.M) { os.Exit(redistest.MainNoLeaks(m)) }
 
 // defaultPGURL is the PostgreSQL that this machine kind and CI run.
 const defaultPGURL = "postgres://postgres@127.0.0.1:5432/test?sslmode=disable"

@@ -186,6 +186,11 @@ func (p *Proxy) wait(req []byte) bool {
 	if d <= 0 || (marker != nil && !bytes.Contains(req, marker)) {
 		return true
 	}
+	return p.sleep(d)
+}
+
+// sleep waits d; it reports false if the proxy was closed meanwhile.
+func (p *Proxy) sleep(d time.Duration) bool {
 	t := time.NewTimer(d)
 	defer t.Stop()
 	select {
@@ -205,14 +210,7 @@ func (p *Proxy) jitterSleep() bool {
 	if j <= 0 {
 		return true
 	}
-	t := time.NewTimer(rand.N(j))
-	defer t.Stop()
-	select {
-	case <-t.C:
-		return true
-	case <-p.quit:
-		return false
-	}
+	return p.sleep(rand.N(j))
 }
 
 // Faults returns how many replies were lost and how many connections were
