@@ -51,6 +51,9 @@ type Command struct {
 	synopsis, about string
 }
 
+// redisUsage is the help of --redis.
+const redisUsage = "Redis: a redis:// or rediss:// URL, or host:port[,host:port...] cluster seeds; the default is $REDIS_URL if set"
+
 // New makes the flag set of a subcommand. synopsis is the usage line after
 // "redsem NAME", about a sentence or two on what it does.
 func New(name, synopsis, about string, stdout, stderr io.Writer) *Command {
@@ -60,7 +63,7 @@ func New(name, synopsis, about string, stdout, stderr io.Writer) *Command {
 	if def == "" {
 		def = DefaultRedis
 	}
-	c.FS.StringVar(&c.Redis, "redis", def, "Redis: a redis:// or rediss:// URL, or host:port[,host:port...] cluster seeds; the default is $REDIS_URL if set")
+	c.FS.StringVar(&c.Redis, "redis", def, redisUsage)
 	c.FS.StringVar(&c.Prefix, "prefix", DefaultPrefix, "key prefix of the semaphores")
 	c.FS.Usage = func() {} // Parse prints the help for -h; errors take one line
 	c.synopsis, c.about = synopsis, about
@@ -138,7 +141,7 @@ func (c *Command) Fail(err error) int {
 func (c *Command) OwnServerByDefault(instead string) {
 	f := c.FS.Lookup("redis")
 	f.DefValue = ""
-	f.Usage = "Redis: a redis:// or rediss:// URL, or host:port[,host:port...] cluster seeds; the default is $REDIS_URL if set, else " + instead
+	f.Usage = redisUsage + ", else " + instead
 }
 
 // RedisGiven reports whether the user chose a Redis, and how: "--redis"

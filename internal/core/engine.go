@@ -175,12 +175,18 @@ func (e *Engine) runOn(ctx context.Context, c redis.Scripter, s lua.Script, limi
 	}
 	v, err := bounded(ctx, call)
 	if err != nil {
-		if ctx.Err() != nil {
-			return nil, sent, e.ctxErr(ctx, err)
-		}
-		return nil, sent, e.wrap(err)
+		return nil, sent, e.callErr(ctx, err)
 	}
 	return v, sent, nil
+}
+
+// callErr is the error of a call to Redis that failed: the context's when
+// it ended, else err wrapped with the semaphore's name.
+func (e *Engine) callErr(ctx context.Context, err error) error {
+	if ctx.Err() != nil {
+		return e.ctxErr(ctx, err)
+	}
+	return e.wrap(err)
 }
 
 // bounded runs call and returns its result, or ctx's error as soon as ctx
@@ -313,16 +319,18 @@ func (e *Engine) acquireOnce(ctx context.Context, id string, n int, mode, sid st
 	// in server time, with a second's margin for the clocks' drift.
 	var refuseAfter int64
 	if d, ok := ctx.Deadline(); ok {
-		if !e.clock.known() {
+		s, known := e.clock.serverAt(d)
+		if !known {
 			// Once per Engine: the first call has no reply to go by. A
 			// failure to reach Redis is the acquire's (nothing was sent
-			// that writes); a refusal (an ACL without TIME, say) leaves
-			// this one request bounded by its cancellation record only.
+			// that writes); any other error leaves this one request
+			// bounded by its cancellation record only.
 			if err := e.readClock(ctx); err != nil && (ctx.Err() != nil || Transient(err)) {
 				return attempt{}, err
 			}
+			s, known = e.clock.serverAt(d)
 		}
-		if s, ok := e.clock.serverAt(d); ok {
+		if known {
 			refuseAfter = s + 1000
 		}
 	}
@@ -602,10 +610,7 @@ func (e *Engine) readClock(ctx context.Context) error {
 		return []any{t.UnixMilli()}, nil
 	})
 	if err != nil {
-		if ctx.Err() != nil {
-			return e.ctxErr(ctx, err)
-		}
-		return e.wrap(err)
+		return e.callErr(ctx, err)
 	}
 	e.clock.observe(sent, v[0].(int64))
 	return nil
@@ -624,13 +629,6 @@ func (c *serverClock) observe(sent time.Time, serverMs int64) {
 	c.mu.Lock()
 	c.sent, c.ns = sent, serverMs
 	c.mu.Unlock()
-}
-
-// known reports whether a reply has been observed yet.
-func (c *serverClock) known() bool {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return !c.sent.IsZero()
 }
 
 // serverAt returns a late estimate (an upper bound, clocks' drift aside) of
