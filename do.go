@@ -4,10 +4,12 @@ import (
 	"context"
 	"errors"
 	"time"
+
+	"github.com/redsem/redsem/internal/detach"
 )
 
-// releaseTimeout bounds the release that Do makes after fn returns; it runs
-// even when ctx has already ended.
+// releaseTimeout bounds the release that Do makes after fn returns: within
+// ctx while it runs, detached from it once it ended (internal/detach).
 const releaseTimeout = 5 * time.Second
 
 // Do acquires a slot, runs fn with a context that is cancelled if the lease
@@ -34,9 +36,7 @@ func Do(ctx context.Context, s Semaphore, fn func(ctx context.Context, l Lease) 
 	defer func() {
 		stop()
 		cancel(context.Canceled)
-		rctx, rcancel := context.WithTimeout(context.WithoutCancel(ctx), releaseTimeout)
-		relErr := l.Release(rctx)
-		rcancel()
+		relErr := detach.Release(ctx, l, releaseTimeout)
 		if r := recover(); r != nil {
 			panic(r)
 		}

@@ -194,6 +194,10 @@ func TestFamilySharedHub(t *testing.T) {
 		t.Fatal("second process's waiter granted")
 	}
 	waitWaiters(t, ctx, member(t, f, "k0"), 1) // its detached undo ran
+	// Its hub beats until it stops for want of waiters: close it.
+	if err := g.Close(); err != nil {
+		t.Fatal(err)
+	}
 	// The first process's waiters stayed queued; their holders live a
 	// minute, so the only scripts now are heartbeats.
 	if err := admin.ConfigResetStat(ctx).Err(); err != nil {

@@ -28,12 +28,19 @@
 --                                                refuse_after
 --        {-3, now, limit}                        n is above the limit in force
 --        {-4, now, entries}                      the queue is full
--- Errors: "ERR redsem: ..." for bad arguments, before any write.
-local client_limit, err = int_arg(3, 'limit', 1)
+--        {-5, now}                               queue mode: the session is
+--                                                not live (it expired while
+--                                                its process was busy or
+--                                                paused); nothing written:
+--                                                make a new session, then
+--                                                ask again
+-- Errors: "ERR redsem: ..." for bad arguments, a wrong number of keys, or a
+-- stored limit that is not an integer in [1, 2^20], before any write.
+local client_limit, err = int_arg(3, 'limit', 1, MAX_LIMIT)
 if err then return err end
 local id; id, err = id_arg(4, 'id')
 if err then return err end
-local n; n, err = int_arg(5, 'n', 1)
+local n; n, err = int_arg(5, 'n', 1, MAX_LIMIT)
 if err then return err end
 local lease_ms; lease_ms, err = int_arg(6, 'lease_ms', 1)
 if err then return err end
@@ -62,6 +69,8 @@ if refuse_after > 0 and now > refuse_after then
   return {-2, now} -- the caller gave up long ago: nothing is written
 end
 load(id)
+err = check_limits()
+if err then return err end
 init(now)
 
 local function granted(token, deadline, slots)
@@ -81,12 +90,20 @@ if rec then
       local token, slots = parse_lease(rec)
       return granted(token, held, slots)
     end
-    -- expired meanwhile: expire() below removes it, and the attempt goes on
+    -- Expired meanwhile (a request re-sent or delayed past its lease):
+    -- remove it here, whatever its place among the expired (expire() below
+    -- handles only the earliest BATCH), so that its slots go back before
+    -- the attempt goes on and overwrites the record.
+    drop_holders({id})
   elseif kind == 'W' then
     local qsid = parse_waiter(rec)
     local pos = redis.call('ZRANK', Q, id)
     if mode == 'queue' and qsid == sid and pos then
-      return finish({0, now, hint(now), pos})
+      if session_deadline(sid, now) then
+        return finish({0, now, hint(now), pos})
+      end
+      drop_waiter(id) -- its session died: the entry would be evicted unseen
+      return finish({-5, now})
     end
     -- queued under another session (the process's session died and it
     -- queues again under a new one), or asked without queueing: leave
@@ -125,12 +142,18 @@ elseif mode == 'wait' then
   end
   return finish({0, now, hint(now), -1})
 end
+-- Queueing under a dead session would leave an entry that admit and prune
+-- evict without telling its process: refuse, and let the process make a
+-- new session first.
+if not session_deadline(sid, now) then
+  return finish({-5, now})
+end
 if max_q > 0 and num('_q') >= max_q then
   return finish({-4, now, num('_q')})
 end
 local seq = num('_seq') + 1
 set('_seq', seq)
 redis.call('ZADD', Q, seq, id)
-set(id, 'W|' .. sid .. '|' .. n .. '|' .. lease_ms .. '|' .. owner)
+set(id, 'W|' .. sid .. '|' .. fmt(n) .. '|' .. fmt(lease_ms) .. '|' .. owner)
 set('_q', num('_q') + 1)
 return finish({0, now, hint(now), num('_q') - 1})

@@ -11,7 +11,7 @@
 --        queue its waiters again under a new session. hint_ms is the time
 --        until the earliest holder may expire (-1: none); grants as in
 --        release.lua.
-local client_limit, err = int_arg(3, 'limit', 1)
+local client_limit, err = int_arg(3, 'limit', 1, MAX_LIMIT)
 if err then return err end
 local sid; sid, err = id_arg(4, 'session')
 if err then return err end

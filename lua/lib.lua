@@ -55,22 +55,51 @@ local MARGIN_MS = 1000
 local TOMB_MS = 15000
 -- How many entries one expiry or prune step handles at most.
 local BATCH = 64
+-- How many arguments one variadic command of a script gets at most. Lua's
+-- unpack fails past about 8 000 values (LUAI_MAXCSTACK), and Redis keeps
+-- every write a script made before such an error: a script that writes
+-- thousands of fields (one release admitting thousands of waiters) writes
+-- them in chunks of this many arguments.
+local CHUNK = 1000
+-- The largest limit and weight (core.MaxLimit).
+local MAX_LIMIT = 1048576
 
 local function fail(msg)
   return redis.error_reply('ERR redsem: ' .. msg)
 end
 
+if #KEYS ~= 7 then
+  return fail('want 7 keys, got ' .. #KEYS)
+end
 if PUB ~= 'PUBLISH' and PUB ~= 'SPUBLISH' then
   return fail('bad publish command: ' .. tostring(PUB))
 end
 
--- int_arg returns ARGV[i] as an integer >= min, or nil and an error reply.
-local function int_arg(i, name, min)
-  local v = tonumber(ARGV[i])
-  if v == nil or v ~= math.floor(v) or v < min or v > 9007199254740991 then
-    return nil, fail('bad ' .. name .. ': ' .. tostring(ARGV[i]))
+-- int_arg returns ARGV[i] as an integer in [min, max] (max: 2^53 - 1 when
+-- not given), or nil and an error reply. Only plain decimal digits count:
+-- "1e3", "0x10", "inf" and "nan" are refused, not converted.
+local function int_arg(i, name, min, max)
+  local s = ARGV[i]
+  local v = type(s) == 'string' and string.find(s, '^%d+$') and #s <= 16 and tonumber(s)
+  if not v or v < min or v > (max or 9007199254740991) then
+    return nil, fail('bad ' .. name .. ': ' .. tostring(s))
   end
   return v
+end
+
+-- stored_limit returns a limit read from Redis (the SetLimit override, or
+-- a meta counter) as a number: nil when absent, false when it is not an
+-- integer in [1, MAX_LIMIT] (an outside write: "inf", "1e9", "2.5" must not
+-- make the semaphore unlimited, shut or rounded).
+local function stored_limit(v)
+  if v == nil or v == false then
+    return nil
+  end
+  local n = type(v) == 'string' and string.find(v, '^%d+$') and #v <= 8 and tonumber(v)
+  if not n or n < 1 or n > MAX_LIMIT then
+    return false
+  end
+  return n
 end
 
 -- id_arg returns ARGV[i] as a lease, waiter or session id.
@@ -115,6 +144,27 @@ local function load(...)
   end
 end
 
+-- check_limits returns an error reply when a stored limit (meta's _fixed
+-- or _limit, or the SetLimit key of a semaphore whose other keys expired)
+-- is not an integer in [1, MAX_LIMIT]; scripts call it after load and
+-- before their first write, and SetLimit, which overwrites them, does not.
+local function check_limits()
+  local fixed = META['_fixed']
+  if not META['_hz'] then
+    fixed = redis.call('GET', O)
+    META['_o'] = fixed or false -- init reads it from here
+  end
+  if stored_limit(fixed) == false then
+    return fail('the stored limit ' .. O .. ' is ' .. string.format('%q', fixed) ..
+      ', not an integer in [1, ' .. MAX_LIMIT .. ']: set it again with SetLimit')
+  end
+  if META['_hz'] and stored_limit(META['_limit']) == false then
+    return fail('the stored counter _limit of ' .. M .. ' is ' .. string.format('%q', META['_limit']) ..
+      ', not an integer in [1, ' .. MAX_LIMIT .. ']')
+  end
+  return nil
+end
+
 -- get returns a meta field as loaded or since set; records not loaded are
 -- read on demand (one HMGET for many with records()).
 local function get(f)
@@ -135,6 +185,9 @@ local function next_expiry()
 end
 
 local function set(f, v)
+  if type(v) == 'number' then
+    v = fmt(v) -- Lua's own conversion prints 1e+14 for large numbers
+  end
   META[f] = v
   DIRTY[f] = true
   GONE[f] = nil
@@ -154,8 +207,8 @@ local function records(ids)
       want[#want + 1] = id
     end
   end
-  for i = 1, #want, 1000 do
-    local part = {unpack(want, i, math.min(i + 999, #want))}
+  for i = 1, #want, CHUNK do
+    local part = {unpack(want, i, math.min(i + CHUNK - 1, #want))}
     local v = redis.call('HMGET', M, unpack(part))
     for k, id in ipairs(part) do
       META[id] = v[k]
@@ -187,11 +240,11 @@ local function flush()
   for f in pairs(GONE) do
     hdel[#hdel + 1] = f
   end
-  if #hset > 0 then
-    redis.call('HSET', M, unpack(hset))
+  for i = 1, #hset, CHUNK do
+    redis.call('HSET', M, unpack(hset, i, math.min(i + CHUNK - 1, #hset)))
   end
-  if #hdel > 0 then
-    redis.call('HDEL', M, unpack(hdel))
+  for i = 1, #hdel, CHUNK do
+    redis.call('HDEL', M, unpack(hdel, i, math.min(i + CHUNK - 1, #hdel)))
   end
   DIRTY, GONE = {}, {}
   if HZ_MOVED then
@@ -230,8 +283,11 @@ local function init(now)
   for _, k in ipairs(SETS) do
     redis.call('ZADD', k, 'inf', SENTINEL)
   end
-  local o = redis.call('GET', O)
-  if o then
+  local o = META['_o']
+  if o == nil then
+    o = redis.call('GET', O)
+  end
+  if stored_limit(o) then
     set('_fixed', o)
   end
   set('_hz', '0')
@@ -257,9 +313,9 @@ end
 
 -- give_back returns slots to the free set.
 local function give_back(slots)
-  for i = 1, #slots, 500 do
+  for i = 1, #slots, CHUNK / 2 do
     local args = {}
-    for k = i, math.min(i + 499, #slots) do
+    for k = i, math.min(i + CHUNK / 2 - 1, #slots) do
       args[#args + 1] = slots[k]
       args[#args + 1] = slots[k]
     end
@@ -275,7 +331,10 @@ local function drop_holders(ids)
     return 0
   end
   records(ids)
-  local removed = redis.call('ZREM', H, unpack(ids))
+  local removed = 0
+  for i = 1, #ids, CHUNK do
+    removed = removed + redis.call('ZREM', H, unpack(ids, i, math.min(i + CHUNK - 1, #ids)))
+  end
   local slots = {}
   for _, id in ipairs(ids) do
     local rec = get(id)
@@ -321,8 +380,15 @@ local function prune(now)
   local due = redis.call('ZRANGE', E, '-inf', now, 'BYSCORE', 'LIMIT', 0, BATCH)
   if #due > 0 then
     redis.call('ZREM', E, unpack(due))
+    records(due)
     for _, id in ipairs(due) do
-      del(id) -- an id never gets a record again once tombstoned
+      -- Only a tombstone goes: an id is never granted or queued again once
+      -- tombstoned by this library, but one written from outside (or a
+      -- SetLimit call id reused as a lease id) keeps its live record.
+      local rec = get(id)
+      if rec == 'R' or rec == 'C' or rec == 'S' then
+        del(id)
+      end
     end
   end
   local dead = redis.call('ZRANGE', S, '-inf', now, 'BYSCORE', 'LIMIT', 0, BATCH)
@@ -344,8 +410,8 @@ local function prune(now)
           del(id)
         end
       end
-      for i = 1, #evict, 1000 do
-        redis.call('ZREM', Q, unpack(evict, i, math.min(i + 999, #evict)))
+      for i = 1, #evict, CHUNK do
+        redis.call('ZREM', Q, unpack(evict, i, math.min(i + CHUNK - 1, #evict)))
       end
       set('_q', num('_q') - #evict)
     end
@@ -368,7 +434,7 @@ end
 -- limit_in_force is SetLimit's limit, else the one live clients established,
 -- else the caller's.
 local function limit_in_force(client_limit)
-  return tonumber(get('_fixed')) or tonumber(get('_limit')) or client_limit
+  return stored_limit(get('_fixed')) or stored_limit(get('_limit')) or client_limit
 end
 
 -- establish returns the limit for an acquiring client, or nil and the limit
@@ -376,11 +442,11 @@ end
 -- semaphore with nothing held and nothing queued is idle: a client with
 -- another limit establishes its own.
 local function establish(client_limit)
-  local fixed = tonumber(get('_fixed'))
+  local fixed = stored_limit(get('_fixed'))
   if fixed then
     return fixed
   end
-  local e = tonumber(get('_limit'))
+  local e = stored_limit(get('_limit'))
   if e ~= client_limit then
     if e and (num('_used') > 0 or num('_q') > 0) then
       return nil, e

@@ -20,7 +20,7 @@
 --        entry was removed), 0 (nothing live had that id: the lease was
 --        lost), and grants is a flat list (id, token, deadline_ms, "slots")
 --        for each waiter admitted by this call.
-local client_limit, err = int_arg(3, 'limit', 1)
+local client_limit, err = int_arg(3, 'limit', 1, MAX_LIMIT)
 if err then return err end
 local id; id, err = id_arg(4, 'id')
 if err then return err end
@@ -43,8 +43,7 @@ if not get('_hz') then
   end
   return finish({0, now})
 end
--- Holders past their deadline go first, so a lease still in holders after
--- this is live (this one, if its deadline passed, is now gone).
+-- Holders past their deadline go first (at most BATCH of them per call).
 expire(now)
 prune(now)
 
@@ -52,7 +51,11 @@ local kind = 0
 local rec = get(id)
 local rk = rec and string.sub(rec, 1, 1)
 if rk == 'L' then
-  if drop_holders({id}) > 0 then
+  -- expire() handles only the earliest BATCH: this lease may be past its
+  -- deadline and still listed. Its slots go back either way; only a live
+  -- one counts as released.
+  local dl = tonumber(redis.call('ZSCORE', H, id))
+  if drop_holders({id}) > 0 and dl and dl > now then
     kind = 1
   end
 elseif rk == 'W' then

@@ -4,7 +4,7 @@
 -- ARGV: [1] channel base, [2] publish command, [3] client limit,
 --       [4] lease id, [5] lease_ms (>= 1).
 -- Reply: {1, now, deadline_ms} renewed; {0, now} the lease is gone (lost).
-local client_limit, err = int_arg(3, 'limit', 1)
+local client_limit, err = int_arg(3, 'limit', 1, MAX_LIMIT)
 if err then return err end
 local id; id, err = id_arg(4, 'id')
 if err then return err end
@@ -16,7 +16,13 @@ local held = tonumber(redis.call('ZSCORE', H, id))
 if not held or held <= now then
   -- Lost. Clean up and hand any freed slot on.
   load()
-  if get('_hz') and expire(now) > 0 then
+  if not get('_hz') then
+    return {0, now}
+  end
+  -- Its own entry, if still listed past its deadline, goes now (expire()
+  -- takes only the earliest BATCH).
+  local freed = held and drop_holders({id}) or 0
+  if expire(now) + freed > 0 then
     local limit = limit_in_force(client_limit)
     if num('_q') > 0 then
       admit(now, now_us, limit)

@@ -9,7 +9,7 @@
 --           its record and changes nothing, so it cannot undo a later
 --           SetLimit of another client.
 -- Reply: {now, grants...}: grants as in release.lua.
-local limit, err = int_arg(3, 'limit', 1)
+local limit, err = int_arg(3, 'limit', 1, MAX_LIMIT)
 if err then return err end
 local call; call, err = id_arg(4, 'call id')
 if err then return err end
@@ -19,12 +19,11 @@ init(now)
 if get(call) then
   return finish({now}) -- this call ran already
 end
--- The record does not extend the keys' lifetime: should they expire first
--- (an idle semaphore with short TTLs), nothing of what SetLimit changed
--- remains to be undone but the override, which a re-sent copy sets again
--- to its own value.
-set(call, 'S')
-redis.call('ZADD', E, now + TOMB_MS, call)
+-- The record keeps every key alive as long as itself (tombstone extends the
+-- horizon): a copy re-sent within TOMB_MS always finds it, even on an idle
+-- semaphore whose keys would otherwise have expired, and so never undoes a
+-- later SetLimit of another call.
+tombstone(call, 'S', now, now + TOMB_MS)
 redis.call('SET', O, limit)
 set('_fixed', limit)
 expire(now)

@@ -4,10 +4,12 @@
 -- Reply: {limit, now, n_holders, (id, "slots", token, deadline_ms, owner) x
 --         n_holders, n_waiters, (id, weight, deadline_ms, owner) x n_waiters}
 --        holders ordered by deadline, live waiters in admission order.
-local client_limit, err = int_arg(3, 'limit', 1)
+local client_limit, err = int_arg(3, 'limit', 1, MAX_LIMIT)
 if err then return err end
 local now = clock()
 load()
+err = check_limits()
+if err then return err end
 local out = {limit_in_force(client_limit), now}
 
 local hs = redis.call('ZRANGE', H, '(' .. now, '(inf', 'BYSCORE', 'WITHSCORES')

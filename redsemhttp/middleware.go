@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/redsem/redsem"
+	"github.com/redsem/redsem/internal/detach"
 )
 
 // defaultReleaseTimeout bounds a release when no ReleaseTimeout is set.
@@ -152,9 +153,7 @@ func Middleware(opts Options) func(http.Handler) http.Handler {
 			}
 			defer func() {
 				// Runs on return and on panic: the panic continues after it.
-				rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), releaseTimeout)
-				_ = lease.Release(rctx) // on failure the slot comes back after its TTL
-				cancel()
+				_ = detach.Release(ctx, lease, releaseTimeout) // on failure the slot comes back after its TTL
 			}()
 			next.ServeHTTP(w, r.WithContext(context.WithValue(ctx, leaseKey{}, lease)))
 		})

@@ -1,7 +1,6 @@
 package redsemhttp
 
 import (
-	"context"
 	"errors"
 	"fmt"
 	"io"
@@ -10,6 +9,7 @@ import (
 	"time"
 
 	"github.com/redsem/redsem"
+	"github.com/redsem/redsem/internal/detach"
 )
 
 // Transport is an http.RoundTripper that holds a lease for each outbound
@@ -77,13 +77,11 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 	if timeout <= 0 {
 		timeout = defaultReleaseTimeout
 	}
-	ctx := context.WithoutCancel(req.Context())
+	ctx := req.Context()
 	var once sync.Once
 	release := func() {
 		once.Do(func() {
-			rctx, cancel := context.WithTimeout(ctx, timeout)
-			_ = lease.Release(rctx) // on failure the slot comes back after its TTL
-			cancel()
+			_ = detach.Release(ctx, lease, timeout) // on failure the slot comes back after its TTL
 		})
 	}
 	base := t.Base

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/redsem/redsem"
+	"github.com/redsem/redsem/internal/detach"
 )
 
 // releaseTimeout bounds the Release made when a connection closes.
@@ -87,9 +88,7 @@ func open(ctx context.Context, sem redsem.Semaphore, connect func() (driver.Conn
 }
 
 func release(ctx context.Context, l redsem.Lease) {
-	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), releaseTimeout)
-	defer cancel()
-	_ = l.Release(rctx) // on failure the slot comes back after the lease TTL
+	_ = detach.Release(ctx, l, releaseTimeout) // on failure the slot comes back after the lease TTL
 }
 
 // conn is a connection that holds a lease. It implements every optional

@@ -5,145 +5,297 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"strings"
 	"time"
 
 	"github.com/google/uuid"
 	"github.com/redsem/redsem"
+	"github.com/redsem/redsem/lua"
 )
+
+// The acquire path, in one place and one shape:
+//
+//	AcquireN / TryAcquireN
+//	  e.begin      a call: the caller's context, ended also by Close (cause ErrClosed)
+//	  waitFair     the fair strategy: register with the hub, queue, wait for a grant
+//	  waitUnfair   the unfair strategy: try, subscribe, wait for freed-slot notices
+//	  c.attempt    one run of acquire.lua; records that a request may have been sent
+//	  c.retry      rides a transient error out with backoff, within c.ctx
+//	  c.exit       undoes what a failed call may have left, classifies the error once
+//
+// The steps return raw errors; only exit turns them into what the caller
+// sees (the context's error with its cause, ErrClosed, ErrUnavailable), and
+// only exit undoes, so no step has to know how the call will end.
 
 // Acquire blocks until a slot is granted or ctx ends.
 func (e *Engine) Acquire(ctx context.Context) (redsem.Lease, error) {
 	return e.AcquireN(ctx, 1)
 }
 
-// enter starts an acquire of n slots: it checks n and that e is open, and
-// marks e busy (the caller runs e.idle when done) unless it returns an error.
-func (e *Engine) enter(n int) error {
-	if err := e.checkWeight(n); err != nil {
-		return err
+// AcquireN blocks until n slots are granted at once, ctx ends or the
+// semaphore is closed.
+func (e *Engine) AcquireN(ctx context.Context, n int) (redsem.Lease, error) {
+	c, err := e.begin(ctx, n)
+	if err != nil {
+		return nil, err
+	}
+	var l *Lease
+	if e.cfg.Fair {
+		l, err = e.waitFair(c)
+	} else {
+		l, err = e.waitUnfair(c)
+	}
+	return c.exit(l, err)
+}
+
+// TryAcquire makes one attempt and never waits.
+func (e *Engine) TryAcquire(ctx context.Context) (redsem.Lease, error) {
+	return e.TryAcquireN(ctx, 1)
+}
+
+// TryAcquireN makes one attempt to take n slots and never waits.
+func (e *Engine) TryAcquireN(ctx context.Context, n int) (redsem.Lease, error) {
+	c, err := e.begin(ctx, n)
+	if err != nil {
+		return nil, err
+	}
+	c.try = true
+	a, err := c.attempt("try", "")
+	var l *Lease
+	switch {
+	case err != nil:
+	case a.code == codeGranted:
+		l = c.lease(a.slots, a.token, a.deadline)
+	default:
+		err = redsem.ErrNoSlot
+	}
+	return c.exit(l, err)
+}
+
+// call is one AcquireN or TryAcquireN call.
+type call struct {
+	e      *Engine
+	parent context.Context // the caller's
+	// ctx is parent, ended also by Close (with cause redsem.ErrClosed):
+	// every wait and every request of the call runs within it.
+	ctx    context.Context
+	cancel context.CancelCauseFunc
+	unbind func() bool // detaches Close from ctx
+
+	id    string // the lease or waiter id, reused by every attempt
+	n     int
+	start time.Time
+	try   bool // TryAcquireN: one attempt, no waiting
+
+	sent    bool  // a request that writes (acquire.lua) may have reached Redis
+	replied bool  // Redis answered at least once
+	lastErr error // the last transient error ridden out, while no answer came since
+
+	backoff time.Duration
+	timer   *time.Timer // the call's one timer (retry pauses, unfair waits)
+}
+
+// begin checks n and that e is open, marks e busy (a family keeps the
+// member) and binds Close into the call's context.
+func (e *Engine) begin(ctx context.Context, n int) (*call, error) {
+	if n < 1 || n > MaxLimit {
+		return nil, fmt.Errorf("redsem: %q: %d slots wanted: %w", e.cfg.Name, n, redsem.ErrWeight)
 	}
 	if e.isClosed() {
-		return redsem.ErrClosed
+		return nil, redsem.ErrClosed
 	}
 	e.busy()
+	c := &call{e: e, parent: ctx, id: uuid.NewString(), n: n, start: time.Now()}
+	c.ctx, c.cancel = context.WithCancelCause(ctx)
+	c.unbind = context.AfterFunc(e.stopped, func() { c.cancel(redsem.ErrClosed) })
+	c.timer = time.NewTimer(time.Hour)
+	c.timer.Stop()
+	return c, nil
+}
+
+// attempt runs acquire.lua once in mode ("try", "wait" or "queue") with
+// session sid (queue mode). A reply with a code that is an error (limit
+// mismatch, weight, queue full, cancelled) comes back as that error.
+func (c *call) attempt(mode, sid string) (attempt, error) {
+	if err := c.ctx.Err(); err != nil {
+		return attempt{}, err // nothing sent
+	}
+	refuseAfter, err := c.e.refuseAfter(c.ctx)
+	if err != nil {
+		return attempt{}, err // nothing sent that writes
+	}
+	c.sent = true
+	a, err := c.e.acquireOnce(c.ctx, c.id, c.n, mode, sid, refuseAfter)
+	if err == nil || !Transient(err) {
+		if err == nil || !errors.Is(err, c.ctx.Err()) {
+			c.replied, c.lastErr, c.backoff = true, nil, 0
+		}
+	}
+	return a, err
+}
+
+// retry waits out a transient error with jittered backoff and returns nil
+// to go on; any other error (or the end of c.ctx) is returned as is.
+func (c *call) retry(err error) error {
+	if c.ctx.Err() != nil || !Transient(err) {
+		return err
+	}
+	c.lastErr = err
+	c.backoff = min(max(2*c.backoff, 20*time.Millisecond), time.Second)
+	if !c.sleep(jitter(c.backoff)) {
+		return c.ctx.Err()
+	}
 	return nil
 }
 
-// AcquireN blocks until n slots are granted at once or ctx ends.
-//
-// The waiting loop lives here, and only here: each turn runs acquire.lua
-// once (which grants, or reports the queue place, or asks for freed-slot
-// notices), then waits for an event from the hub (a grant, a wake-up, a
-// request to ask again), a timer, Close or the end of ctx.
-func (e *Engine) AcquireN(ctx context.Context, n int) (redsem.Lease, error) {
-	if err := e.enter(n); err != nil {
-		return nil, err
+// sleep waits d within c.ctx; false when c.ctx ended first.
+func (c *call) sleep(d time.Duration) bool {
+	c.timer.Reset(d)
+	defer c.timer.Stop()
+	select {
+	case <-c.timer.C:
+		return true
+	case <-c.ctx.Done():
+		return false
 	}
-	defer e.idle()
-	start := time.Now()
-	l, err := e.acquire(ctx, uuid.NewString(), n, start)
-	l, err = e.replicated(ctx, l, err)
-	if err != nil {
-		if ctx.Err() != nil {
-			e.emit(redsem.Event{Kind: redsem.EventAcquireTimedOut, Wait: time.Since(start), Err: err})
-		} else {
-			e.failed(err)
-		}
-		return nil, err
-	}
-	return l, nil
 }
 
-func (e *Engine) acquire(ctx context.Context, id string, n int, start time.Time) (redsem.Lease, error) {
-	var w *waiter
-	var backoff time.Duration
-	timer := time.NewTimer(time.Hour)
-	timer.Stop()
+// lease makes the lease of a grant.
+func (c *call) lease(slots []int, token int64, deadline time.Time) *Lease {
+	return c.e.newLease(c.id, slots, token, deadline)
+}
+
+// exit ends the call: a grant is confirmed on replicas (if configured) and
+// reported; a failure is undone (if a request may have left something in
+// Redis), classified once and reported.
+func (c *call) exit(l *Lease, err error) (redsem.Lease, error) {
+	e := c.e
 	defer func() {
-		timer.Stop()
+		c.unbind()
+		c.cancel(nil)
+		c.timer.Stop()
+		e.idle()
+	}()
+	if err == nil {
+		if err = e.confirmReplicas(c.ctx, l); err == nil {
+			e.emit(redsem.Event{Kind: redsem.EventAcquired, LeaseID: c.id, Slot: l.slots[0], Token: l.token, Wait: time.Since(c.start)})
+			return l, nil
+		}
+		// confirmReplicas handed the slots back (or the lease was lost).
+	} else if c.sent && needsUndo(err) {
+		c.undo()
+	}
+	err = c.classify(err)
+	switch {
+	case errors.Is(err, redsem.ErrNoSlot) && c.try:
+	case c.parent.Err() != nil:
+		e.emit(redsem.Event{Kind: redsem.EventAcquireTimedOut, Wait: time.Since(c.start), Err: err})
+	case errors.Is(err, redsem.ErrLimitMismatch):
+		e.emit(redsem.Event{Kind: redsem.EventLimitMismatch, Err: err})
+	default:
+		e.emit(redsem.Event{Kind: redsem.EventAcquireFailed, Err: err})
+	}
+	return nil, err
+}
+
+// classify turns the raw error a step returned into the call's error:
+//   - the caller's context ended: an error matching ctx.Err() and its
+//     cause, and ErrUnavailable if Redis was not answering meanwhile;
+//   - Close ended it: redsem.ErrClosed;
+//   - else the error itself, with the semaphore's name.
+func (c *call) classify(err error) error {
+	e := c.e
+	if errors.Is(err, redsem.ErrNoSlot) || errors.Is(err, redsem.ErrLimitMismatch) || errors.Is(err, redsem.ErrClosed) {
+		return err
+	}
+	if c.parent.Err() != nil {
+		if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
+			err = nil // the context's own error, said once below
+		}
+		out := e.ctxErr(c.parent, err)
+		switch {
+		case c.lastErr != nil && (err == nil || !errors.Is(err, c.lastErr)):
+			out = errors.Join(out, fmt.Errorf("%w: %w", redsem.ErrUnavailable, c.lastErr))
+		case c.lastErr == nil && !c.replied:
+			out = errors.Join(out, fmt.Errorf("%w: no answer before the context ended", redsem.ErrUnavailable))
+		}
+		return out
+	}
+	if context.Cause(c.ctx) == redsem.ErrClosed {
+		return redsem.ErrClosed
+	}
+	if strings.HasPrefix(err.Error(), "redsem: ") {
+		return err // the library's own: it says what it is about already
+	}
+	return e.wrap(err)
+}
+
+// needsUndo reports whether a call that failed with err may have left a
+// grant or a queue entry in Redis: not when acquire.lua refused before
+// writing, nor when the call got a definite "no" without writing.
+func needsUndo(err error) bool {
+	return !(errors.Is(err, redsem.ErrLimitMismatch) || errors.Is(err, redsem.ErrWeight) ||
+		errors.Is(err, redsem.ErrQueueFull) || errors.Is(err, redsem.ErrNoSlot) || errors.Is(err, errCancelled))
+}
+
+// undo removes what the call's requests may have left: a fair waiter that
+// Close ended leaves the queue at once, within the caller's context (Close
+// stops detached undos, and its entry would hold up the queue until its
+// session expired); anything else, or if that failed, on a detached
+// goroutine (Engine.undo), so that no caller waits for it.
+func (c *call) undo() {
+	if c.e.cfg.Fair && c.parent.Err() == nil && context.Cause(c.ctx) == redsem.ErrClosed {
+		ctx, cancel := context.WithTimeout(c.parent, cleanupTimeout)
+		_, _, err := c.e.release(ctx, c.id, "undo")
+		cancel()
+		if err == nil {
+			return
+		}
+	}
+	c.e.undo(c.parent, c.id)
+}
+
+// waitFair is the fair strategy: the call registers with the hub (whose
+// session keeps its queue entry alive), queues, and waits for its grant,
+// delivered by the hub from a release reply or a session message.
+func (e *Engine) waitFair(c *call) (*Lease, error) {
+	var w *waiter
+	defer func() {
 		if w != nil {
 			w.h.unregister(w)
 		}
 	}()
-	// pause waits out a transient error with jittered backoff; it returns
-	// the error to give up with once ctx ends, or nil to go on. The last
-	// transient error is kept for that final error.
-	// replied records that Redis answered this acquire at least once: a
-	// context that ends before any answer (every try refused, black-holed
-	// or still dialing) means Redis was unavailable, not busy.
-	var lastErr error
-	replied := false
-	pause := func(err error) error {
-		if ctx.Err() != nil || !Transient(err) {
-			switch {
-			case lastErr != nil && !errors.Is(err, lastErr):
-				err = errors.Join(err, fmt.Errorf("%w: %w", redsem.ErrUnavailable, lastErr))
-			case lastErr == nil && !replied && ctx.Err() != nil && errors.Is(err, ctx.Err()):
-				err = errors.Join(err, fmt.Errorf("%w: no answer before the context ended", redsem.ErrUnavailable))
-			}
-			return err
-		}
-		lastErr = err
-		backoff = min(max(2*backoff, 20*time.Millisecond), time.Second)
-		timer.Reset(jitter(backoff))
-		select {
-		case <-timer.C:
-			return nil
-		case <-ctx.Done():
-			return e.ctxErr(ctx, fmt.Errorf("%w: %w", redsem.ErrUnavailable, err))
-		}
-	}
 	for {
-		// The fair queue needs the session (and its channel) first; an
-		// unfair waiter subscribes after its first attempt failed.
-		if w == nil && e.cfg.Fair {
+		if w == nil {
 			var err error
-			if w, err = e.register(ctx, id, n); err != nil {
-				if err = pause(err); err != nil {
+			if w, err = e.register(c.ctx, c.id, c.n); err != nil {
+				if err = c.retry(err); err != nil {
 					return nil, err
 				}
 				continue
 			}
 		}
-		mode, sid := "try", ""
+		sid := w.h.session()
+		a, err := c.attempt("queue", sid)
 		switch {
-		case e.cfg.Fair:
-			mode, sid = "queue", w.h.session()
-		case w != nil:
-			mode = "wait"
-		}
-		a, err := e.acquireOnce(ctx, id, n, mode, sid)
-		if err != nil {
-			// Ride a transient error out: the same id again after a pause
-			// (the script is idempotent per id, so a try that did reach
-			// Redis is found).
-			if err = pause(err); err != nil {
-				return nil, e.fail(ctx, id, err)
-			}
-			continue
-		}
-		backoff, lastErr, replied = 0, nil, true
-		if a.code == codeGranted {
-			return e.granted(start, id, a.slots, a.token, a.deadline), nil
-		}
-		if w == nil {
-			// Unfair: subscribe, then try again at once, so that a slot
-			// freed between the first attempt and the subscription is
-			// not missed.
-			if w, err = e.register(ctx, id, n); err != nil {
-				if err = pause(err); err != nil {
-					return nil, e.fail(ctx, id, err)
+		case err == nil && a.code == codeGranted:
+			return c.lease(a.slots, a.token, a.deadline), nil
+		case errors.Is(err, errSessionDied):
+			// Its session expired (the process was paused, or cut off):
+			// a new one, and every waiter of the process queues again.
+			if err = w.h.renewSession(c.ctx, sid); err != nil {
+				if err = c.retry(err); err != nil {
+					return nil, err
 				}
 			}
 			continue
+		case err != nil:
+			if err = c.retry(err); err != nil {
+				return nil, err
+			}
+			continue
 		}
-		var timeout <-chan time.Time
-		if e.cfg.Fair {
-			w.h.queued(e, a.hint)
-		} else {
-			timer.Reset(e.waitFor(a.hint))
-			timeout = timer.C
-		}
+		w.h.queued(e, a.hint)
 	wait:
 		select {
 		case ev := <-w.events:
@@ -152,46 +304,72 @@ func (e *Engine) acquire(ctx context.Context, id string, n int, start time.Time)
 				if !time.Now().Before(ev.grant.deadline) {
 					continue // granted, but this process learned too late: ask again
 				}
-				return e.granted(start, id, ev.grant.slots, ev.grant.token, ev.grant.deadline), nil
+				return c.lease(ev.grant.slots, ev.grant.token, ev.grant.deadline), nil
 			case evWeight:
-				return nil, fmt.Errorf("redsem: %q: %d slots wanted, the limit was set to %d: %w", e.cfg.Name, n, ev.limit, redsem.ErrWeight)
-			case evFree, evRequeue:
-				timer.Stop()
+				return nil, fmt.Errorf("redsem: %q: %d slots wanted, the limit was set to %d: %w", e.cfg.Name, c.n, ev.limit, redsem.ErrWeight)
+			case evRequeue:
+				if ev.evicted {
+					e.emit(redsem.Event{Kind: redsem.EventWaiterEvicted, LeaseID: c.id})
+				}
 				continue
 			}
 			goto wait
-		case <-timeout:
-			continue
-		case <-w.h.quit:
-			e.leave(ctx, w, id)
-			return nil, redsem.ErrClosed
-		case <-ctx.Done():
-			e.leave(ctx, w, id)
-			return nil, e.ctxErr(ctx, nil)
+		case <-c.ctx.Done():
+			return nil, c.ctx.Err()
 		}
 	}
 }
 
-// leave ends a wait without a grant. A fair waiter leaves the queue (or
-// hands back a slot granted in the race); an unfair waiter passes on a
-// wake-up it received but will not use.
-func (e *Engine) leave(ctx context.Context, w *waiter, id string) {
-	if e.cfg.Fair {
-		if ctx.Err() == nil {
-			// Close: the caller's context still runs, so leave now, within it.
-			if _, _, err := e.release(ctx, id, "undo"); err == nil {
-				return
+// waitUnfair is the unfair strategy: the call tries; once refused it
+// subscribes to freed-slot notices (and tries again at once, so that a slot
+// freed meanwhile is not missed), then tries on each notice, or when the
+// earliest holder may have expired, or after the fallback interval.
+func (e *Engine) waitUnfair(c *call) (*Lease, error) {
+	var w *waiter
+	defer func() {
+		if w != nil {
+			w.h.unregister(w)
+		}
+	}()
+	for {
+		mode := "try"
+		if w != nil {
+			mode = "wait"
+		}
+		a, err := c.attempt(mode, "")
+		if err != nil {
+			if err = c.retry(err); err != nil {
+				return nil, err
 			}
+			continue
 		}
-		e.undo(ctx, id, nil)
-		return
-	}
-	select {
-	case ev := <-w.events:
-		if ev.kind == evFree {
-			w.h.wakeUnfair(1)
+		if a.code == codeGranted {
+			return c.lease(a.slots, a.token, a.deadline), nil
 		}
-	default:
+		if w == nil {
+			if w, err = e.register(c.ctx, c.id, c.n); err != nil {
+				if err = c.retry(err); err != nil {
+					return nil, err
+				}
+			}
+			continue
+		}
+		c.timer.Reset(e.waitFor(a.hint))
+		select {
+		case <-w.events: // evFree
+		case <-c.timer.C:
+		case <-c.ctx.Done():
+			// A wake-up received but not used goes to the next waiter.
+			select {
+			case ev := <-w.events:
+				if ev.kind == evFree {
+					w.h.wakeUnfair(1)
+				}
+			default:
+			}
+			return nil, c.ctx.Err()
+		}
+		c.timer.Stop()
 	}
 }
 
@@ -207,12 +385,111 @@ func (e *Engine) waitFor(hint int64) time.Duration {
 	return time.Duration(float64(d) * (0.8 + 0.4*rand.Float64()))
 }
 
-// fail turns an error met while acquiring into the error Acquire returns,
-// after undoing whatever the attempt may have left in Redis.
-func (e *Engine) fail(ctx context.Context, id string, err error) error {
-	e.undo(ctx, id, err)
-	if ctx.Err() != nil && !errors.Is(err, ctx.Err()) {
-		return e.ctxErr(ctx, err)
+// undo cancels id after a failed or abandoned acquire: a reply lost on the
+// wire may have granted or queued it, or the request may still be in
+// flight (an abandoned call, a paused Redis). release.lua removes whatever
+// id holds or where it waits, and leaves a cancellation record that
+// acquire.lua honours should the acquire run after it: the two may run in
+// either order (and acquire.lua refuses a request that runs after its
+// caller's deadline plus a second, however long ago that record was
+// pruned).
+//
+// undo does not wait: the release runs on a goroutine of its own, detached
+// from ctx, and is tried again with backoff while Redis cannot be reached,
+// for at most LeaseTTL (a grant it could not undo expires by then; a queue
+// entry of this process's session is evicted when it reaches the head and
+// nobody claims it). Close stops those retries.
+func (e *Engine) undo(ctx context.Context, id string) {
+	e.undos.Add(1)
+	go func() {
+		defer e.undos.Done()
+		uctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), e.cfg.LeaseTTL)
+		defer cancel()
+		stop := context.AfterFunc(e.stopped, cancel)
+		defer stop()
+		for wait := 20 * time.Millisecond; ; wait = min(2*wait, time.Second) {
+			if _, _, err := e.release(uctx, id, "undo"); err == nil || !Transient(err) {
+				return
+			}
+			t := time.NewTimer(jitter(wait))
+			select {
+			case <-t.C:
+			case <-uctx.Done():
+				t.Stop()
+				return
+			}
+		}
+	}()
+}
+
+// errCancelled is acquire.lua's "this id was cancelled by its own undo, or
+// the request came after its caller's deadline": nothing was written.
+var errCancelled = errors.New("redsem: acquire cancelled by its own undo")
+
+// refuseAfter is the server time (ms) after which an acquire request of a
+// call with ctx must write nothing, 0 for none. A request that reaches
+// Redis after its caller gave up (held in the network, or behind a paused
+// server) must write nothing, even once its undo's cancellation record is
+// gone: the script is told when that is, the context's deadline in server
+// time, with a second's margin for the clocks' drift. A context without a
+// deadline (or cancelled long before it) relies on the cancellation record
+// alone.
+func (e *Engine) refuseAfter(ctx context.Context) (int64, error) {
+	d, ok := ctx.Deadline()
+	if !ok {
+		return 0, nil
 	}
-	return err
+	s, known := e.clock.serverAt(d)
+	if !known {
+		// Once per Engine: the first call has no reply to go by. A failure
+		// to reach Redis is the acquire's; any other error leaves this one
+		// request bounded by its cancellation record only.
+		if err := e.readClock(ctx); err != nil && (ctx.Err() != nil || Transient(err)) {
+			return 0, err
+		}
+		if s, known = e.clock.serverAt(d); !known {
+			return 0, nil
+		}
+	}
+	return s + 1000, nil
+}
+
+// acquireOnce runs acquire.lua once for id. mode is "try", "wait" or
+// "queue"; sid is the fair session (queue mode). Its errors are raw: the
+// call classifies them.
+func (e *Engine) acquireOnce(ctx context.Context, id string, n int, mode, sid string, refuseAfter int64) (attempt, error) {
+	if sid == "" {
+		sid = "-"
+	}
+	v, sent, err := e.script(ctx, e.cfg.Client, lua.Acquire, e.cfg.Limit, id, n, ms(e.cfg.LeaseTTL), mode, sid,
+		ms(3*e.cfg.Fallback), e.cfg.Owner, e.cfg.MaxWaiters, refuseAfter)
+	if err != nil {
+		return attempt{}, err
+	}
+	a, err := decodeAttempt(v, sent)
+	if err != nil {
+		return a, err
+	}
+	e.clock.observe(sent, a.now)
+	e.checkEvictionPolicy(ctx)
+	switch a.code {
+	case codeMismatch:
+		return a, &redsem.LimitMismatchError{Name: e.cfg.Name, Client: e.cfg.Limit, Established: int(a.other)}
+	case codeWeight:
+		return a, fmt.Errorf("redsem: %q: %d slots wanted, limit in force is %d: %w", e.cfg.Name, n, a.other, redsem.ErrWeight)
+	case codeQueueFull:
+		return a, fmt.Errorf("redsem: %q: %d waiters queued: %w", e.cfg.Name, a.other, redsem.ErrQueueFull)
+	case codeCancelled:
+		return a, errCancelled
+	case codeSessionDied:
+		return a, errSessionDied
+	}
+	return a, nil
+}
+
+// releaseBound bounds a release that ends a lease the client gave up
+// (MaxHold, or its deadline passed without renewal): Done waits for it
+// that long at most.
+func (e *Engine) releaseBound() time.Duration {
+	return min(100*time.Millisecond, max(e.cfg.LeaseTTL/10, time.Millisecond))
 }

@@ -13,7 +13,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -152,6 +151,16 @@ func (e *Engine) run(ctx context.Context, s lua.Script, limit int, args ...any) 
 // abandoned request may still do in Redis is made harmless by the scripts:
 // see undo.
 func (e *Engine) runOn(ctx context.Context, c redis.Scripter, s lua.Script, limit int, args ...any) ([]any, time.Time, error) {
+	v, sent, err := e.script(ctx, c, s, limit, args...)
+	if err != nil {
+		return nil, sent, e.callErr(ctx, err)
+	}
+	return v, sent, nil
+}
+
+// script is runOn with the error as the client (or ctx) reported it, for
+// the acquire path, which classifies its errors once at its end.
+func (e *Engine) script(ctx context.Context, c redis.Scripter, s lua.Script, limit int, args ...any) ([]any, time.Time, error) {
 	argv := make([]any, 0, 3+len(args))
 	argv = append(argv, e.keys.Chan, e.pub, limit)
 	argv = append(argv, args...)
@@ -174,10 +183,7 @@ func (e *Engine) runOn(ctx context.Context, c redis.Scripter, s lua.Script, limi
 		return cmd.Slice()
 	}
 	v, err := bounded(ctx, call)
-	if err != nil {
-		return nil, sent, e.callErr(ctx, err)
-	}
-	return v, sent, nil
+	return v, sent, err
 }
 
 // callErr is the error of a call to Redis that failed: the context's when
@@ -257,12 +263,13 @@ func (e *ReplyError) Error() string {
 
 // Reply codes of acquire.lua.
 const (
-	codeGranted   = 1
-	codeQueued    = 0 // not granted (queued or not)
-	codeMismatch  = -1
-	codeCancelled = -2
-	codeWeight    = -3
-	codeQueueFull = -4
+	codeGranted     = 1
+	codeQueued      = 0 // not granted (queued or not)
+	codeMismatch    = -1
+	codeCancelled   = -2
+	codeWeight      = -3
+	codeQueueFull   = -4
+	codeSessionDied = -5 // queue mode: the session is not live
 )
 
 // attempt is one run of acquire.lua, decoded.
@@ -297,65 +304,11 @@ func decodeAttempt(v []any, sent time.Time) (attempt, error) {
 		a.hint, a.position = r.int(), r.int()
 	case codeMismatch, codeWeight, codeQueueFull:
 		a.other = r.int()
-	case codeCancelled:
+	case codeCancelled, codeSessionDied:
 	default:
 		r.fail("unknown code")
 	}
 	return a, r.err
-}
-
-// acquireOnce runs acquire.lua once for id. mode is "try", "wait" or
-// "queue"; sid is the fair session (queue mode).
-func (e *Engine) acquireOnce(ctx context.Context, id string, n int, mode, sid string) (attempt, error) {
-	if ctx.Err() != nil {
-		return attempt{}, e.ctxErr(ctx, nil) // nothing sent
-	}
-	if sid == "" {
-		sid = "-"
-	}
-	// A request that reaches Redis after its caller gave up (held in the
-	// network, or behind a paused server) must write nothing, even once
-	// its undo's cancellation record is gone: tell the script when that is,
-	// in server time, with a second's margin for the clocks' drift.
-	var refuseAfter int64
-	if d, ok := ctx.Deadline(); ok {
-		s, known := e.clock.serverAt(d)
-		if !known {
-			// Once per Engine: the first call has no reply to go by. A
-			// failure to reach Redis is the acquire's (nothing was sent
-			// that writes); any other error leaves this one request
-			// bounded by its cancellation record only.
-			if err := e.readClock(ctx); err != nil && (ctx.Err() != nil || Transient(err)) {
-				return attempt{}, err
-			}
-			s, known = e.clock.serverAt(d)
-		}
-		if known {
-			refuseAfter = s + 1000
-		}
-	}
-	v, sent, err := e.run(ctx, lua.Acquire, e.cfg.Limit, id, n, ms(e.cfg.LeaseTTL), mode, sid,
-		ms(3*e.cfg.Fallback), e.cfg.Owner, e.cfg.MaxWaiters, refuseAfter)
-	if err != nil {
-		return attempt{}, err
-	}
-	a, err := decodeAttempt(v, sent)
-	if err != nil {
-		return a, e.wrap(err)
-	}
-	e.clock.observe(sent, a.now)
-	e.checkEvictionPolicy(ctx)
-	switch a.code {
-	case codeMismatch:
-		return a, &redsem.LimitMismatchError{Name: e.cfg.Name, Client: e.cfg.Limit, Established: int(a.other)}
-	case codeWeight:
-		return a, fmt.Errorf("redsem: %q: %d slots wanted, limit in force is %d: %w", e.cfg.Name, n, a.other, redsem.ErrWeight)
-	case codeQueueFull:
-		return a, fmt.Errorf("redsem: %q: %d waiters queued: %w", e.cfg.Name, a.other, redsem.ErrQueueFull)
-	case codeCancelled:
-		return a, e.wrap(errors.New("acquire cancelled by its own undo"))
-	}
-	return a, nil
 }
 
 // grant is a grant as scripts report it in a grant list, decoded.
@@ -383,102 +336,6 @@ func decodeGrants(script string, v []any, from int, now int64, sent time.Time) (
 		out = append(out, g)
 	}
 	return out, nil
-}
-
-// TryAcquire makes one attempt and never waits.
-func (e *Engine) TryAcquire(ctx context.Context) (redsem.Lease, error) {
-	return e.TryAcquireN(ctx, 1)
-}
-
-// TryAcquireN makes one attempt to take n slots and never waits.
-func (e *Engine) TryAcquireN(ctx context.Context, n int) (redsem.Lease, error) {
-	if err := e.enter(n); err != nil {
-		return nil, err
-	}
-	defer e.idle()
-	start := time.Now()
-	id := uuid.NewString()
-	a, err := e.acquireOnce(ctx, id, n, "try", "")
-	if err != nil {
-		e.undo(ctx, id, err)
-		e.failed(err)
-		return nil, err
-	}
-	if a.code != codeGranted {
-		return nil, redsem.ErrNoSlot
-	}
-	l, err := e.replicated(ctx, e.granted(start, id, a.slots, a.token, a.deadline), nil)
-	if err != nil {
-		e.failed(err)
-	}
-	return l, err
-}
-
-// checkWeight refuses n outside [1, MaxLimit] without asking Redis (the
-// scripts refuse n above the limit in force).
-func (e *Engine) checkWeight(n int) error {
-	if n < 1 || n > MaxLimit {
-		return fmt.Errorf("redsem: %q: %d slots wanted: %w", e.cfg.Name, n, redsem.ErrWeight)
-	}
-	return nil
-}
-
-// granted makes the lease of a grant and reports it.
-func (e *Engine) granted(start time.Time, id string, slots []int, token int64, deadline time.Time) *Lease {
-	l := e.newLease(id, slots, token, deadline)
-	e.emit(redsem.Event{Kind: redsem.EventAcquired, LeaseID: id, Slot: slots[0], Token: token, Wait: time.Since(start)})
-	return l
-}
-
-// failed reports an acquire that failed with err.
-func (e *Engine) failed(err error) {
-	kind := redsem.EventAcquireFailed
-	if errors.Is(err, redsem.ErrLimitMismatch) {
-		kind = redsem.EventLimitMismatch
-	}
-	e.emit(redsem.Event{Kind: kind, Err: err})
-}
-
-// undo cancels id after a failed or abandoned acquire: a reply lost on the
-// wire may have granted or queued it, or the request may still be in
-// flight (an abandoned call, a paused Redis). release.lua removes whatever
-// id holds or where it waits, and leaves a cancellation record that
-// acquire.lua honours should the acquire run after it: the two may run in
-// either order. Errors that acquire.lua returns before writing anything
-// need no undo.
-//
-// undo does not wait: the release runs on a goroutine of its own, detached
-// from ctx, and is tried again with backoff while Redis cannot be reached,
-// for at most LeaseTTL (a grant it could not undo expires by then; a queue
-// entry of this process's session is evicted when it reaches the head and
-// nobody claims it). Close stops those retries.
-func (e *Engine) undo(ctx context.Context, id string, cause error) {
-	if errors.Is(cause, redsem.ErrLimitMismatch) || errors.Is(cause, redsem.ErrWeight) ||
-		errors.Is(cause, redsem.ErrQueueFull) || isDialError(cause) {
-		// Nothing written; or (a failed dial) nothing sent on this try, and
-		// a grant an earlier, retried try made expires after LeaseTTL.
-		return
-	}
-	e.undos.Add(1)
-	go func() {
-		defer e.undos.Done()
-		uctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), e.cfg.LeaseTTL)
-		defer cancel()
-		stop := context.AfterFunc(e.stopped, cancel)
-		defer stop()
-		for wait := 20 * time.Millisecond; ; wait = min(2*wait, time.Second) {
-			if _, _, err := e.release(uctx, id, "undo"); err == nil || !Transient(err) {
-				return
-			}
-			t := time.NewTimer(jitter(wait))
-			select {
-			case <-t.C:
-			case <-uctx.Done():
-				t.Stop()
-				return
-			}
-		}
-	}()
 }
 
 // Kinds of release that release.lua reports.
@@ -516,12 +373,6 @@ func (e *Engine) release(ctx context.Context, id, mode string) (kind, admitted i
 // ReleasedNothing) and how many waiters it admitted into freed slots.
 func (e *Engine) ForceRelease(ctx context.Context, id string) (kind, admitted int, err error) {
 	return e.release(ctx, id, "force")
-}
-
-// isDialError reports whether err is a failure to connect.
-func isDialError(err error) bool {
-	var op *net.OpError
-	return errors.As(err, &op) && op.Op == "dial"
 }
 
 // Status reads the live state.

@@ -22,9 +22,10 @@ const (
 )
 
 type event struct {
-	kind  evKind
-	grant grant // evGrant
-	limit int   // evWeight
+	kind    evKind
+	grant   grant // evGrant
+	limit   int   // evWeight
+	evicted bool  // evRequeue: the waiter lost its place (its session died, or an operator removed it)
 }
 
 // waiter is one goroutine blocked in Acquire; the hub only delivers events
@@ -58,7 +59,8 @@ type hub struct {
 	readyErr error
 
 	mu      sync.Mutex
-	sid     string // fair session id; replaced when the session died
+	sid     string  // fair session id; replaced when the session died
+	last    *Engine // the engine of the latest waiter: idle beats run on its keys
 	ps      *redis.PubSub
 	waiters map[string]*waiter
 	unfair  []*waiter // unfair waiters, oldest first
@@ -69,6 +71,8 @@ type hub struct {
 	due    map[*Engine]time.Time
 	idle   *time.Timer
 	closed bool
+
+	renewing sync.Mutex // one session renewal at a time
 
 	kick      chan struct{}
 	quit      chan struct{}
@@ -85,7 +89,8 @@ func (e *Engine) heartbeatEvery() time.Duration {
 func newSessionID() string { return strings.ReplaceAll(uuid.NewString(), "-", "") }
 
 // register adds a waiter for id (n slots) to the hub, starting the hub if
-// needed, and returns once the hub is ready.
+// needed, and returns once the hub is ready. Its errors are raw (the
+// acquire call classifies them).
 func (e *Engine) register(ctx context.Context, id string, n int) (*waiter, error) {
 	mu, slot, closed := e.hubSlot()
 	mu.Lock()
@@ -108,6 +113,7 @@ func (e *Engine) register(ctx context.Context, id string, n int) (*waiter, error
 	h.mu.Lock()
 	h.waiters[id] = w
 	h.count[e]++
+	h.last = e
 	if !w.fair {
 		h.unfair = append(h.unfair, w)
 	}
@@ -122,12 +128,12 @@ func (e *Engine) register(ctx context.Context, id string, n int) (*waiter, error
 	case <-h.readyCh:
 		if h.readyErr != nil {
 			h.unregister(w)
-			return nil, e.wrap(h.readyErr)
+			return nil, h.readyErr
 		}
 		return w, nil
 	case <-ctx.Done():
 		h.unregister(w)
-		return nil, e.ctxErr(ctx, nil)
+		return nil, ctx.Err()
 	}
 }
 
@@ -327,7 +333,7 @@ func (h *hub) run() {
 		}
 	}
 	if err == nil && e.cfg.Fair {
-		err = h.beat(ctx, e, "new")
+		err = h.beat(ctx, e, h.session(), "new")
 	}
 	cancel()
 	h.mu.Lock()
@@ -405,10 +411,11 @@ func (h *hub) onMessage(m *redis.Message) {
 	case evWeight:
 		h.deliver(msg.id, msg.ev)
 	case evRequeue:
-		// An operator removed this waiter from the queue: it queues again.
-		if w := h.deliver(msg.id, msg.ev); w != nil {
-			w.e.emit(redsem.Event{Kind: redsem.EventWaiterEvicted, LeaseID: msg.id})
-		}
+		// An operator removed this waiter from the queue: it queues again
+		// (and reports the eviction from its own goroutine: an Observer
+		// may call Close, which waits for this one).
+		msg.ev.evicted = true
+		h.deliver(msg.id, msg.ev)
 	}
 }
 
@@ -443,9 +450,13 @@ func parseMessage(payload string) (message, bool) {
 	return message{}, false
 }
 
-// heartbeats keeps the fair session alive while the process has waiters,
-// and beats early when a holder is due to expire (the beat admits waiters
-// into its slots).
+// heartbeats keeps the fair session alive for as long as the hub runs (the
+// hub stops once it had no waiter for a while), whether or not a waiter is
+// registered at the tick: a process whose fair calls are all granted at
+// once registers each for one round trip only, and its session must not
+// die meanwhile (its next waiter would queue under a dead session). It also
+// beats early when a holder is due to expire (the beat admits waiters into
+// its slots).
 func (h *hub) heartbeats(ps *redis.PubSub) {
 	defer h.wg.Done()
 	every := h.e.heartbeatEvery()
@@ -479,19 +490,29 @@ func (h *hub) heartbeats(ps *redis.PubSub) {
 		case <-h.quit:
 			return
 		case <-t.C:
-			if target == nil || !h.waiting(target) {
+			early := target != nil && h.waiting(target)
+			if !early {
 				// The periodic beat: on some engine with waiters (a
-				// family's members take turns at random).
-				target = h.anyWaiting(nil)
+				// family's members take turns at random), else on the
+				// engine of the latest waiter.
+				target = h.anyWaiting(h.lastEngine())
 			}
-			if target != nil {
-				ctx, cancel := context.WithTimeout(context.Background(), every+time.Second)
-				if err := h.beat(ctx, target, "old"); err == errSessionDied {
-					h.renewSession(ctx, ps)
-				}
-				cancel()
+			ctx, cancel := context.WithTimeout(context.Background(), every+time.Second)
+			sid := h.session()
+			switch err := h.beat(ctx, target, sid, "old"); {
+			case err == errSessionDied:
+				_ = h.renewSession(ctx, sid)
+			case err != nil && early:
+				// A failed early beat is not run again at once (a refusing
+				// Redis would have it spin): the periodic one follows.
+				h.mu.Lock()
+				delete(h.due, target)
+				h.mu.Unlock()
 			}
-			next = time.Now().Add(every)
+			cancel()
+			if !early {
+				next = time.Now().Add(every)
+			}
 		case <-h.kick: // a new hint: maybe beat earlier, no beat now
 		}
 	}
@@ -508,8 +529,7 @@ var errSessionDied error = sessionError{}
 // turn came) and delivers the grants it made. It returns errSessionDied
 // when the session had expired in Redis (this process paused or was cut
 // off for longer than QueueTTL).
-func (h *hub) beat(ctx context.Context, e *Engine, age string) error {
-	sid := h.session()
+func (h *hub) beat(ctx context.Context, e *Engine, sid, age string) error {
 	v, sent, err := e.run(ctx, lua.Heartbeat, e.cfg.Limit, sid, ms(e.cfg.QueueTTL), age)
 	if err != nil {
 		return err
@@ -528,25 +548,50 @@ func (h *hub) beat(ctx context.Context, e *Engine, age string) error {
 	return nil
 }
 
-// renewSession replaces a session that died with a new one: it subscribes
-// to the new session's channel, makes the session, and has every waiter
-// queue again under it (their old places are forfeit, as for any process
-// that missed its heartbeats for QueueTTL).
-func (h *hub) renewSession(ctx context.Context, ps *redis.PubSub) {
-	e := h.e
+// renewSession replaces the session dead, which died (its heartbeats did
+// not reach Redis for QueueTTL: the process was paused or cut off), with a
+// new one: it subscribes to the new session's channel, makes the session,
+// and has every waiter queue again under it (their old places are forfeit,
+// as for any process that missed its heartbeats for QueueTTL; each reports
+// its eviction). It does nothing when the session is no longer dead (a
+// waiter and the heartbeat may both find it dead: one renews it).
+func (h *hub) renewSession(ctx context.Context, dead string) error {
+	h.renewing.Lock()
+	defer h.renewing.Unlock()
 	h.mu.Lock()
-	old := h.sid
-	h.sid = newSessionID()
-	sid := h.sid
+	if h.sid != dead {
+		h.mu.Unlock()
+		return nil
+	}
+	sid, ps, target := newSessionID(), h.ps, h.last
 	h.mu.Unlock()
-	for _, w := range h.snapshot() {
-		w.e.emit(redsem.Event{Kind: redsem.EventWaiterEvicted, LeaseID: w.id})
+	e := h.e
+	if ps != nil {
+		if err := h.subscribe(ctx, ps, e.keys.Chan+":s:"+sid); err != nil {
+			return err
+		}
 	}
-	if err := h.subscribe(ctx, ps, e.keys.Chan+":s:"+sid); err == nil {
-		_ = h.unsubscribe(ctx, ps, e.keys.Chan+":s:"+old)
+	if err := h.beat(ctx, h.anyWaiting(target), sid, "new"); err != nil {
+		return err
 	}
-	_ = h.beat(ctx, h.anyWaiting(e), "new")
-	h.broadcast(event{kind: evRequeue})
+	h.mu.Lock()
+	h.sid = sid
+	h.mu.Unlock()
+	if ps != nil {
+		_ = h.unsubscribe(ctx, ps, e.keys.Chan+":s:"+dead)
+	}
+	h.broadcast(event{kind: evRequeue, evicted: true})
+	return nil
+}
+
+// lastEngine is the engine of the latest waiter (the hub's own before any).
+func (h *hub) lastEngine() *Engine {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.last != nil {
+		return h.last
+	}
+	return h.e
 }
 
 // waiting reports whether e has waiters in the hub.

@@ -36,9 +36,13 @@ type Lease struct {
 	done     chan struct{}
 
 	// The watchdog is a timer, not a goroutine: nothing runs between
-	// renewals, and stopping it costs no context switch.
-	timer   *time.Timer // nil when auto-renew is off (under mu)
-	stopped bool        // no more watchdog renewals (under mu)
+	// renewals, and stopping it costs no context switch. It renews the
+	// lease while auto-renewal is on; once renewals stop (DisableAutoRenew,
+	// MaxHold reached, a Release that failed) it fires at the deadline and
+	// gives the lease up (see expire).
+	timer   *time.Timer // (under mu)
+	stopped bool        // a Release runs or the lease ended: the timer does nothing (under mu)
+	noRenew bool        // the timer only waits for the deadline (under mu)
 	// cancelRenewal ends a watchdog renewal in flight (under mu), so that
 	// Release never waits for a renewal stuck on an unresponsive Redis.
 	cancelRenewal context.CancelFunc
@@ -54,16 +58,19 @@ func (e *Engine) newLease(id string, slots []int, token int64, deadline time.Tim
 	}
 	l.ctx, l.cancel = context.WithCancelCause(context.Background())
 	e.busy() // a family keeps the member of a live lease; finish undoes it
-	if !e.cfg.DisableAutoRenew {
-		// The first renewal comes after a third of the TTL, or sooner when
-		// the deadline is nearer than a full TTL (a fair grant not yet
-		// claimed lasts only as long as its session; a retried acquire
-		// returns what is left of its grant).
-		first := min(e.cfg.LeaseTTL/3, max(time.Until(deadline)/2, 0))
-		l.mu.Lock()
-		l.timer = time.AfterFunc(first, l.watchdog)
-		l.mu.Unlock()
+	// The first renewal comes after a third of the TTL, or sooner when the
+	// deadline is nearer than a full TTL (a fair grant not yet claimed
+	// lasts only as long as its session; a retried acquire returns what is
+	// left of its grant). Without auto-renewal the timer waits for the
+	// deadline.
+	first := min(e.cfg.LeaseTTL/3, max(time.Until(deadline)/2, 0))
+	l.mu.Lock()
+	if e.cfg.DisableAutoRenew {
+		l.noRenew = true
+		first = time.Until(deadline)
 	}
+	l.timer = time.AfterFunc(first, l.watchdog)
+	l.mu.Unlock()
 	return l
 }
 
@@ -127,6 +134,9 @@ func (l *Lease) Renew(ctx context.Context) error {
 	l.mu.Lock()
 	if l.state == held {
 		l.deadline = deadline
+		if l.noRenew && !l.stopped {
+			l.timer.Reset(time.Until(deadline)) // the deadline moved
+		}
 	}
 	l.mu.Unlock()
 	return nil
@@ -154,6 +164,14 @@ func (l *Lease) Release(ctx context.Context) error {
 
 	kind, _, err := l.e.release(ctx, l.id, "owner")
 	if err != nil {
+		// Still held, no longer renewed: the lease ends at its deadline
+		// unless Release is called again before.
+		l.mu.Lock()
+		if l.state == held {
+			l.stopped, l.noRenew = false, true
+			l.timer.Reset(time.Until(l.deadline))
+		}
+		l.mu.Unlock()
 		return err
 	}
 	l.mu.Lock()
@@ -171,9 +189,7 @@ func (l *Lease) Release(ctx context.Context) error {
 func (l *Lease) stopWatchdog() {
 	l.mu.Lock()
 	l.stopped = true
-	if l.timer != nil {
-		l.timer.Stop()
-	}
+	l.timer.Stop()
 	if l.cancelRenewal != nil {
 		l.cancelRenewal()
 	}
@@ -200,9 +216,7 @@ func (l *Lease) finish(st leaseState, at time.Time) {
 		l.cancel(context.Canceled)
 	}
 	l.stopped = true
-	if l.timer != nil {
-		l.timer.Stop()
-	}
+	l.timer.Stop()
 	l.mu.Unlock()
 	kind := redsem.EventReleased
 	if st == lost {
@@ -213,12 +227,14 @@ func (l *Lease) finish(st leaseState, at time.Time) {
 
 // watchdog runs every third of the lease TTL and renews the lease. If
 // Redis says the lease is gone, or cannot be reached before the deadline,
-// the lease is lost; after a failed attempt it tries again sooner.
+// the lease is lost; after a failed attempt it tries again sooner. Once
+// renewals stop (noRenew, or MaxHold reached) it runs at the deadline only,
+// and gives the lease up then (expire).
 func (l *Lease) watchdog() {
 	l.renewing.Lock()
 	defer l.renewing.Unlock()
 	l.mu.Lock()
-	stopped := l.stopped
+	stopped, noRenew := l.stopped, l.noRenew
 	l.mu.Unlock()
 	if stopped {
 		return
@@ -226,13 +242,15 @@ func (l *Lease) watchdog() {
 	ttl := l.e.cfg.LeaseTTL
 	deadline := l.Deadline()
 	if !time.Now().Before(deadline) {
-		l.markLost()
+		l.expire()
 		return
 	}
 	if max := l.e.cfg.MaxHold; max > 0 && time.Since(l.granted) >= max {
-		// Held for MaxHold: no more renewals. The lease is lost at its
-		// deadline; check again then.
+		noRenew = true // held for MaxHold: no more renewals
+	}
+	if noRenew {
 		l.mu.Lock()
+		l.noRenew = true
 		if !l.stopped {
 			l.timer.Reset(time.Until(deadline))
 		}
@@ -266,14 +284,24 @@ func (l *Lease) watchdog() {
 	default:
 		// Redis unreachable: try again soon, until the deadline passes.
 		retry := max(min(ttl/10, time.Second), time.Millisecond)
-		if next = min(retry, time.Until(deadline)); next <= 0 {
-			l.markLost()
-			return
-		}
+		next = min(retry, time.Until(deadline))
 	}
 	l.mu.Lock()
 	if !l.stopped {
-		l.timer.Reset(next)
+		l.timer.Reset(max(next, 0))
 	}
 	l.mu.Unlock()
+}
+
+// expire gives up a lease whose deadline passed unrenewed: it releases the
+// slots in Redis at once (best effort, at most releaseBound: the entry may
+// still be listed for a moment past the local deadline, which is early by
+// design), so that waiters are woken and the slots can be taken again, and
+// then marks the lease lost. When Done closes the slots are free, or Redis
+// could not be reached in time (then they expire there on their own).
+func (l *Lease) expire() {
+	ctx, cancel := context.WithTimeout(context.Background(), l.e.releaseBound())
+	_, _, _ = l.e.release(ctx, l.id, "force")
+	cancel()
+	l.markLost()
 }
