@@ -426,6 +426,56 @@ func (e *Engine) undo(ctx context.Context, id string) {
 // the request came after its caller's deadline": nothing was written.
 var errCancelled = errors.New("redsem: acquire cancelled by its own undo")
 
+// Reply codes of acquire.lua.
+const (
+	codeGranted     = 1
+	codeQueued      = 0 // not granted (queued or not)
+	codeMismatch    = -1
+	codeCancelled   = -2
+	codeWeight      = -3
+	codeQueueFull   = -4
+	codeSessionDied = -5 // queue mode: the session is not live
+)
+
+// attempt is one run of acquire.lua, decoded.
+type attempt struct {
+	code     int64
+	now      int64 // server ms
+	token    int64
+	slots    []int
+	deadline time.Time // granted: local estimate, never late
+	hint     int64     // not granted: ms until a holder may expire, -1 none
+	position int64     // not granted: place in the queue, -1 not queued
+	other    int64     // mismatch: established limit; weight: limit; queue full: entries
+}
+
+// decodeAttempt checks and decodes an acquire.lua reply; sent is when the
+// request left.
+func decodeAttempt(v []any, sent time.Time) (attempt, error) {
+	r := reader{script: "acquire", v: v}
+	a := attempt{code: r.int(), now: r.int()}
+	switch a.code {
+	case codeGranted:
+		a.token = r.int()
+		dl := r.int()
+		for r.more() {
+			a.slots = append(a.slots, int(r.int()))
+		}
+		if len(a.slots) == 0 {
+			r.fail("no slots")
+		}
+		a.deadline = expiresBy(sent, dl-a.now)
+	case codeQueued:
+		a.hint, a.position = r.int(), r.int()
+	case codeMismatch, codeWeight, codeQueueFull:
+		a.other = r.int()
+	case codeCancelled, codeSessionDied:
+	default:
+		r.fail("unknown code")
+	}
+	return a, r.err
+}
+
 // refuseAfter is the server time (ms) after which an acquire request of a
 // call with ctx must write nothing, 0 for none. A request that reaches
 // Redis after its caller gave up (held in the network, or behind a paused

@@ -261,56 +261,6 @@ func (e *ReplyError) Error() string {
 	return fmt.Sprintf("redsem: unexpected %s reply (%s): %.200v", e.Script, e.Reason, e.Reply)
 }
 
-// Reply codes of acquire.lua.
-const (
-	codeGranted     = 1
-	codeQueued      = 0 // not granted (queued or not)
-	codeMismatch    = -1
-	codeCancelled   = -2
-	codeWeight      = -3
-	codeQueueFull   = -4
-	codeSessionDied = -5 // queue mode: the session is not live
-)
-
-// attempt is one run of acquire.lua, decoded.
-type attempt struct {
-	code     int64
-	now      int64 // server ms
-	token    int64
-	slots    []int
-	deadline time.Time // granted: local estimate, never late
-	hint     int64     // not granted: ms until a holder may expire, -1 none
-	position int64     // not granted: place in the queue, -1 not queued
-	other    int64     // mismatch: established limit; weight: limit; queue full: entries
-}
-
-// decodeAttempt checks and decodes an acquire.lua reply; sent is when the
-// request left.
-func decodeAttempt(v []any, sent time.Time) (attempt, error) {
-	r := reader{script: "acquire", v: v}
-	a := attempt{code: r.int(), now: r.int()}
-	switch a.code {
-	case codeGranted:
-		a.token = r.int()
-		dl := r.int()
-		for r.more() {
-			a.slots = append(a.slots, int(r.int()))
-		}
-		if len(a.slots) == 0 {
-			r.fail("no slots")
-		}
-		a.deadline = expiresBy(sent, dl-a.now)
-	case codeQueued:
-		a.hint, a.position = r.int(), r.int()
-	case codeMismatch, codeWeight, codeQueueFull:
-		a.other = r.int()
-	case codeCancelled, codeSessionDied:
-	default:
-		r.fail("unknown code")
-	}
-	return a, r.err
-}
-
 // grant is a grant as scripts report it in a grant list, decoded.
 type grant struct {
 	id       string
@@ -450,7 +400,7 @@ func (e *Engine) deliverGrants(script string, v []any, from int, now int64, sent
 
 // readClock reads the server's clock (TIME) within ctx, so that the first
 // acquire of an Engine can bound its request in server time too. Its errors
-// are those of runOn.
+// are raw (the acquire call classifies them).
 func (e *Engine) readClock(ctx context.Context) error {
 	sent := time.Now()
 	v, err := bounded(ctx, func() ([]any, error) {
@@ -461,7 +411,7 @@ func (e *Engine) readClock(ctx context.Context) error {
 		return []any{t.UnixMilli()}, nil
 	})
 	if err != nil {
-		return e.callErr(ctx, err)
+		return err
 	}
 	e.clock.observe(sent, v[0].(int64))
 	return nil
