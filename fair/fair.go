@@ -22,7 +22,10 @@ type Options struct {
 	// grants not yet claimed by a heartbeat or renewal.
 	QueueTTL time.Duration
 	// DisableAutoRenew turns off the background renewal of leases; holders
-	// then call Lease.Renew themselves before Lease.Deadline. A lease handed
+	// then call Lease.Renew themselves before Lease.Deadline. A lease not
+	// renewed in time is given up at its Deadline: released in Redis at
+	// once (waiters are woken), then Done closes and Err is
+	// redsem.ErrLeaseLost. A lease handed
 	// over while its Acquire waited in the queue may report a Deadline
 	// sooner than LeaseTTL (about QueueTTL after the grant) until the first
 	// Renew: until then it lasts only as long as the process's queue
@@ -60,8 +63,8 @@ type Options struct {
 	Owner string
 	// MaxHold, if positive, stops the auto-renewal of a lease once it is
 	// this old, so a stuck holder loses its slots at the following deadline
-	// (at most LeaseTTL later); Done, Err, Context and redsem.Do report the
-	// loss as for any other. Zero: no cap.
+	// (at most LeaseTTL later): released in Redis at once, then Done, Err,
+	// Context and redsem.Do report the loss as for any other. Zero: no cap.
 	MaxHold time.Duration
 	// MaxWaiters, if positive, bounds the queue: AcquireN returns
 	// redsem.ErrQueueFull at once, writing nothing, when this many entries

@@ -51,11 +51,16 @@ local kind = 0
 local rec = get(id)
 local rk = rec and string.sub(rec, 1, 1)
 if rk == 'L' then
-  -- expire() handles only the earliest BATCH: this lease may be past its
-  -- deadline and still listed. Its slots go back either way; only a live
-  -- one counts as released.
-  local dl = tonumber(redis.call('ZSCORE', H, id))
-  if drop_holders({id}) > 0 and dl and dl > now then
+  -- expire() handles only the earliest BATCH: while it has more to do
+  -- (_next not ahead of now), this lease may be past its deadline and
+  -- still listed. Its slots go back either way; only a live one counts as
+  -- released.
+  local live = true
+  if now >= next_expiry() then
+    local dl = tonumber(redis.call('ZSCORE', H, id))
+    live = dl ~= nil and dl > now
+  end
+  if drop_holders({id}) > 0 and live then
     kind = 1
   end
 elseif rk == 'W' then

@@ -16,7 +16,10 @@ type Options struct {
 	// Leases renew themselves every LeaseTTL/3 unless DisableAutoRenew.
 	LeaseTTL time.Duration
 	// DisableAutoRenew turns off the background renewal of leases; holders
-	// then call Lease.Renew themselves before Lease.Deadline.
+	// then call Lease.Renew themselves before Lease.Deadline. A lease not
+	// renewed in time is given up at its Deadline: released in Redis at
+	// once (waiters are woken), then Done closes and Err is
+	// redsem.ErrLeaseLost.
 	DisableAutoRenew bool
 	// KeyPrefix is the first part of every Redis key; zero: "redsem". It may
 	// not contain braces.
@@ -51,8 +54,8 @@ type Options struct {
 	Owner string
 	// MaxHold, if positive, stops the auto-renewal of a lease once it is
 	// this old, so a stuck holder loses its slots at the following deadline
-	// (at most LeaseTTL later); Done, Err, Context and redsem.Do report the
-	// loss as for any other. Zero: no cap.
+	// (at most LeaseTTL later): released in Redis at once, then Done, Err,
+	// Context and redsem.Do report the loss as for any other. Zero: no cap.
 	MaxHold time.Duration
 }
 

@@ -238,6 +238,11 @@ func needsUndo(err error) bool {
 		errors.Is(err, redsem.ErrQueueFull) || errors.Is(err, redsem.ErrNoSlot) || errors.Is(err, errCancelled))
 }
 
+// closeUndoBound bounds the undo that a fair waiter ended by Close runs
+// before its call returns (a Redis that does not answer leaves the entry to
+// be evicted with the session, which the closed hub no longer renews).
+const closeUndoBound = 250 * time.Millisecond
+
 // undo removes what the call's requests may have left: a fair waiter that
 // Close ended leaves the queue at once, within the caller's context (Close
 // stops detached undos, and its entry would hold up the queue until its
@@ -245,7 +250,7 @@ func needsUndo(err error) bool {
 // goroutine (Engine.undo), so that no caller waits for it.
 func (c *call) undo() {
 	if c.e.cfg.Fair && c.parent.Err() == nil && context.Cause(c.ctx) == redsem.ErrClosed {
-		ctx, cancel := context.WithTimeout(c.parent, cleanupTimeout)
+		ctx, cancel := context.WithTimeout(c.parent, closeUndoBound)
 		_, _, err := c.e.release(ctx, c.id, "undo")
 		cancel()
 		if err == nil {
