@@ -40,6 +40,9 @@ func Do(ctx context.Context, s Semaphore, fn func(ctx context.Context, l Lease) 
 		if r := recover(); r != nil {
 			panic(r)
 		}
+		if errors.Is(err, ErrLeaseLost) && errors.Is(relErr, ErrLeaseLost) {
+			relErr = nil // said once
+		}
 		err = errors.Join(err, relErr)
 	}()
 	return fn(fnCtx, l)

@@ -13,6 +13,9 @@ var (
 	// ErrLeaseLost is returned by Renew and Release, and by Lease.Err, once
 	// the lease expired or was removed before it was released.
 	ErrLeaseLost = errors.New("redsem: lease lost")
+	// ErrReleased is returned by Renew on a lease that its holder released
+	// (Release succeeded): nothing was lost, there is nothing to renew.
+	ErrReleased = errors.New("redsem: lease already released")
 	// ErrLimitMismatch is returned by Acquire and TryAcquire when this client
 	// was built with a limit other than the one that live clients of the same
 	// name established in Redis, and no SetLimit settled it. The error is a

@@ -27,11 +27,19 @@ const (
 	// *LimitMismatchError.
 	EventLimitMismatch
 	// EventEvictionPolicy: the Redis server's maxmemory-policy (in Policy)
-	// may evict the semaphore's keys; "noeviction" is recommended.
+	// may evict the semaphore's keys; "noeviction" is recommended. When the
+	// server refused to tell (CONFIG GET not allowed: ACLs, managed Redis),
+	// Policy is empty and Err says why.
 	EventEvictionPolicy
 	// EventAcquireFailed: Acquire or TryAcquire failed with a Redis error (in
 	// Err).
 	EventAcquireFailed
+	// EventUnavailable: Acquire or TryAcquire gave up because Redis could
+	// not be reached (a failed dial, a refused or dropped connection, a
+	// server loading its data): Err matches ErrUnavailable. Wait is how long
+	// the call took. A call whose context ended while Redis was merely slow
+	// reports EventAcquireTimedOut instead.
+	EventUnavailable
 )
 
 var eventNames = map[EventKind]string{
@@ -43,6 +51,7 @@ var eventNames = map[EventKind]string{
 	EventLimitMismatch:   "limit_mismatch",
 	EventEvictionPolicy:  "eviction_policy",
 	EventAcquireFailed:   "acquire_failed",
+	EventUnavailable:     "unavailable",
 }
 
 // String returns the event kind in snake_case, as used in logs and metrics.

@@ -58,7 +58,8 @@ type Lease interface {
 	// its process's queue session.
 	Deadline() time.Time
 	// Renew extends the lease by its TTL. It returns ErrLeaseLost if the
-	// lease is gone; it never re-creates a lost lease.
+	// lease is gone (ErrReleased after its Release); it never re-creates a
+	// lost lease.
 	Renew(ctx context.Context) error
 	// Release frees the slot. A second call returns nil. It returns
 	// ErrLeaseLost if the slot was lost before it.

@@ -201,8 +201,8 @@ func TestLeaseLifecycle(t *testing.T) {
 		if err := l.Release(ctx); err != nil {
 			t.Errorf("second Release: %v", err)
 		}
-		if err := l.Renew(ctx); !errors.Is(err, redsem.ErrLeaseLost) {
-			t.Errorf("Renew after Release: %v", err)
+		if err := l.Renew(ctx); !errors.Is(err, redsem.ErrReleased) || errors.Is(err, redsem.ErrLeaseLost) {
+			t.Errorf("Renew after Release: %v, want ErrReleased (not lost)", err)
 		}
 		if l.Err() != nil {
 			t.Errorf("Err after Release: %v", l.Err())

@@ -35,13 +35,16 @@ type Options struct {
 	// RetryAfter is the value of the Retry-After header of a 503 answer,
 	// rounded up to whole seconds; zero: 1s.
 	RetryAfter time.Duration
-	// FailOpen decides what happens when Acquire fails for a reason other
-	// than waiting too long or a full queue: Redis unreachable, the
-	// semaphore closed, a limit mismatch. False (the default) fails closed:
-	// the request is answered 503 with Retry-After, as if no slot were free.
-	// True fails open: the handler runs without a lease (LeaseFromContext
-	// reports none), so the limit does not hold while Redis is down, but the
-	// service stays up.
+	// FailOpen decides what happens when Acquire fails because Redis cannot
+	// be reached (its error matches redsem.ErrUnavailable: a failed dial, a
+	// refused or dropped connection, a server loading its data). False (the
+	// default) fails closed: the request is answered 503 with Retry-After,
+	// as if no slot were free. True fails open: the handler runs without a
+	// lease (LeaseFromContext reports none), so the limit does not hold
+	// while Redis is down, but the service stays up. It never applies to a
+	// healthy Redis: a reply slower than MaxWait, a request whose context
+	// ended, a full queue, a closed semaphore or a limit mismatch are
+	// answered 503 whatever FailOpen says.
 	FailOpen bool
 	// ErrorHandler answers a request whose Semaphore func returned an error
 	// (err wraps it, with the prefix "redsemhttp: "); nil: a plain-text 500
@@ -81,10 +84,12 @@ func LeaseFromContext(ctx context.Context) (redsem.Lease, bool) {
 //   - Acquire gives up because MaxWait passed or the request's context ended
 //     (the client went away), or fails with an error matching
 //     redsem.ErrQueueFull: 503 Service Unavailable with Retry-After.
-//   - Acquire fails otherwise, or gives up with an error matching
-//     redsem.ErrUnavailable (Redis unreachable: Acquire rides that out until
-//     MaxWait): 503 with Retry-After (fail closed), or with
-//     Options.FailOpen the handler runs without a lease.
+//   - Acquire gives up with an error matching redsem.ErrUnavailable (Redis
+//     could not be reached: Acquire rides that out until MaxWait): 503 with
+//     Retry-After (fail closed), or with Options.FailOpen the handler runs
+//     without a lease.
+//   - Acquire fails otherwise (closed, limit mismatch, a Redis error): 503
+//     with Retry-After.
 //
 // A lease lost while the handler runs (Redis lost it, the process paused
 // past its TTL) does not stop the handler; handlers that must stop watch
@@ -143,9 +148,6 @@ func Middleware(opts Options) func(http.Handler) http.Handler {
 				return
 			case waitCtx.Err() != nil && errors.Is(err, waitCtx.Err()), errors.Is(err, redsem.ErrQueueFull):
 				unavailable(w, "redsemhttp: no slot free, try again later")
-				return
-			case opts.FailOpen:
-				next.ServeHTTP(w, r)
 				return
 			default:
 				unavailable(w, "redsemhttp: limiter unavailable, try again later")

@@ -66,6 +66,7 @@ func ExampleMetrics_Observe() {
 	// redsem_acquire_total{name="db",result="mismatch"} 0
 	// redsem_acquire_total{name="db",result="ok"} 2
 	// redsem_acquire_total{name="db",result="timeout"} 1
+	// redsem_acquire_total{name="db",result="unavailable"} 0
 	// redsem_hold_seconds{name="db"} count 1
 	// redsem_holders{name="db"} 1
 	// redsem_leases_lost_total{name="db"} 0

@@ -13,6 +13,9 @@ const (
 	ResultTimeout  = "timeout"  // Acquire's context ended first
 	ResultError    = "error"    // a Redis error
 	ResultMismatch = "mismatch" // the client's limit disagrees with the established one
+	// ResultUnavailable: Redis could not be reached (redsem.ErrUnavailable),
+	// told apart from a timeout on a healthy but busy semaphore.
+	ResultUnavailable = "unavailable"
 )
 
 // DefaultBuckets returns the default histogram buckets, in seconds: from a
@@ -72,7 +75,7 @@ func New(opts Options) *Metrics {
 		}, name),
 		acquires: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: ns, Name: "acquire_total", ConstLabels: opts.ConstLabels,
-			Help: "Acquire and granted TryAcquire calls by result: ok, timeout, error, mismatch.",
+			Help: "Acquire and granted TryAcquire calls by result: ok, timeout, unavailable, error, mismatch.",
 		}, []string{"name", "result"}),
 		wait: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Namespace: ns, Name: "wait_seconds", ConstLabels: opts.ConstLabels, Buckets: wb,
@@ -119,10 +122,14 @@ func (m *Metrics) Observe(ev redsem.Event) {
 		m.acquires.WithLabelValues(ev.Name, ResultTimeout).Inc()
 	case redsem.EventAcquireFailed:
 		m.acquires.WithLabelValues(ev.Name, ResultError).Inc()
+	case redsem.EventUnavailable:
+		m.acquires.WithLabelValues(ev.Name, ResultUnavailable).Inc()
 	case redsem.EventLimitMismatch:
 		m.acquires.WithLabelValues(ev.Name, ResultMismatch).Inc()
 	case redsem.EventEvictionPolicy:
-		m.policy.WithLabelValues(ev.Name, ev.Policy).Set(1)
+		if ev.Policy != "" { // "": the server would not tell (Err)
+			m.policy.WithLabelValues(ev.Name, ev.Policy).Set(1)
+		}
 	}
 }
 
@@ -135,7 +142,7 @@ func (m *Metrics) ensureSeries(name string) {
 	if _, loaded := m.seen.LoadOrStore(name, struct{}{}); loaded {
 		return
 	}
-	for _, r := range []string{ResultOK, ResultTimeout, ResultError, ResultMismatch} {
+	for _, r := range []string{ResultOK, ResultTimeout, ResultUnavailable, ResultError, ResultMismatch} {
 		m.acquires.WithLabelValues(name, r)
 	}
 	m.holders.WithLabelValues(name)

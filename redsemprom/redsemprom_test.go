@@ -169,25 +169,40 @@ func TestEventsFromRealSemaphores(t *testing.T) {
 			p.get(t, "redsem_holders", "name", name), count(t, p.reg, "redsem_hold_seconds", name))
 	}
 
-	// Redis unreachable: error.
+	// Redis unreachable: unavailable, not a timeout or an error.
 	dead := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1", MaxRetries: -1, DialTimeout: 200 * time.Millisecond})
 	defer dead.Close()
 	broken, err := unfair.New(dead, name, 1, unfair.Options{Observer: p.m.Observe})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := broken.TryAcquire(ctx); err == nil || acq("error") != 1 {
-		t.Fatalf("unreachable Redis: err %v, error count %v", err, acq("error"))
+	if _, err := broken.TryAcquire(ctx); !errors.Is(err, redsem.ErrUnavailable) || acq("unavailable") != 1 {
+		t.Fatalf("unreachable Redis: err %v, unavailable count %v", err, acq("unavailable"))
+	}
+	// A Redis error (a script refused: OOM, a bad stored limit): error.
+	if err := client.Set(ctx, "redsem:{"+name+"-bad}:limit", "inf", 0).Err(); err != nil {
+		t.Fatal(err)
+	}
+	badLimit, err := unfair.New(client, name+"-bad", 1, unfair.Options{Observer: func(ev redsem.Event) {
+		ev.Name = name // count it under this test's series
+		p.m.Observe(ev)
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := badLimit.TryAcquire(ctx); err == nil || errors.Is(err, redsem.ErrUnavailable) || acq("error") != 1 {
+		t.Fatalf("a stored limit of inf: err %v, error count %v", err, acq("error"))
 	}
 
 	// The whole story, as a scrape shows it.
 	want := `
-# HELP redsem_acquire_total Acquire and granted TryAcquire calls by result: ok, timeout, error, mismatch.
+# HELP redsem_acquire_total Acquire and granted TryAcquire calls by result: ok, timeout, unavailable, error, mismatch.
 # TYPE redsem_acquire_total counter
 redsem_acquire_total{name="NAME",result="error"} 1
 redsem_acquire_total{name="NAME",result="mismatch"} 1
 redsem_acquire_total{name="NAME",result="ok"} 2
 redsem_acquire_total{name="NAME",result="timeout"} 1
+redsem_acquire_total{name="NAME",result="unavailable"} 1
 # HELP redsem_holders Leases this process holds now (acquired minus released and lost); sum over processes for the global count.
 # TYPE redsem_holders gauge
 redsem_holders{name="NAME"} 0

@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"io"
+	"log/slog"
 
 	"github.com/redis/go-redis/v9"
 	"github.com/redsem/redsem/internal/cli"
@@ -36,7 +37,9 @@ func (c *command) open(name string) (client redis.UniversalClient, t *cli.Target
 		return nil, nil, nil, c.UsageError("%v", err), true
 	}
 	client = t.Client()
-	e, err = core.New(core.Config{Client: client, Name: name, Limit: 1, Prefix: c.Prefix})
+	// The command reports failures itself, in one line: the engine's own
+	// Warn records (Redis unreachable, ...) would repeat them.
+	e, err = core.New(core.Config{Client: client, Name: name, Limit: 1, Prefix: c.Prefix, Logger: slog.New(slog.DiscardHandler)})
 	if err != nil {
 		_ = client.Close()
 		return nil, nil, nil, c.Fail(err), true

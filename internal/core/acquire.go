@@ -87,9 +87,15 @@ type call struct {
 	start time.Time
 	try   bool // TryAcquireN: one attempt, no waiting
 
+	tried   bool  // a request (the clock read, acquire.lua) was started
 	sent    bool  // a request that writes (acquire.lua) may have reached Redis
 	replied bool  // Redis answered at least once
 	lastErr error // the last transient error ridden out, while no answer came since
+	// noConn: the call ended with its context while the client had no
+	// connection to Redis at all (its request was still dialing: go-redis
+	// retries a failed dial on its own, so a refused dial may never come
+	// back as an error before the context ends).
+	noConn bool
 
 	backoff time.Duration
 	timer   *time.Timer // the call's one timer (retry pauses, unfair waits)
@@ -105,6 +111,7 @@ func (e *Engine) begin(ctx context.Context, n int) (*call, error) {
 		return nil, redsem.ErrClosed
 	}
 	e.busy()
+	e.checkEvictionPolicy() // once, beside the first request
 	c := &call{e: e, parent: ctx, id: uuid.NewString(), n: n, start: time.Now()}
 	c.ctx, c.cancel = context.WithCancelCause(ctx)
 	c.unbind = context.AfterFunc(e.stopped, func() { c.cancel(redsem.ErrClosed) })
@@ -120,6 +127,7 @@ func (c *call) attempt(mode, sid string) (attempt, error) {
 	if err := c.ctx.Err(); err != nil {
 		return attempt{}, err // nothing sent
 	}
+	c.tried = true
 	refuseAfter, err := c.e.refuseAfter(c.ctx)
 	if err != nil {
 		return attempt{}, err // nothing sent that writes
@@ -141,6 +149,9 @@ func (c *call) retry(err error) error {
 		return err
 	}
 	c.lastErr = err
+	if Unreachable(err) {
+		c.e.unreachable(err) // a Warn once a minute, while the call retries
+	}
 	c.backoff = min(max(2*c.backoff, 20*time.Millisecond), time.Second)
 	if !c.sleep(jitter(c.backoff)) {
 		return c.ctx.Err()
@@ -188,6 +199,8 @@ func (c *call) exit(l *Lease, err error) (redsem.Lease, error) {
 	err = c.classify(err)
 	switch {
 	case errors.Is(err, redsem.ErrNoSlot) && c.try:
+	case errors.Is(err, redsem.ErrUnavailable):
+		e.emit(redsem.Event{Kind: redsem.EventUnavailable, Wait: time.Since(c.start), Err: err})
 	case c.parent.Err() != nil:
 		e.emit(redsem.Event{Kind: redsem.EventAcquireTimedOut, Wait: time.Since(c.start), Err: err})
 	case errors.Is(err, redsem.ErrLimitMismatch):
@@ -200,7 +213,8 @@ func (c *call) exit(l *Lease, err error) (redsem.Lease, error) {
 
 // classify turns the raw error a step returned into the call's error:
 //   - the caller's context ended: an error matching ctx.Err() and its
-//     cause, and ErrUnavailable if Redis was not answering meanwhile;
+//     cause, and ErrUnavailable if Redis could not be reached meanwhile
+//     (Unreachable: never for a reply that was merely slow);
 //   - Close ended it: redsem.ErrClosed;
 //   - else the error itself, with the semaphore's name.
 func (c *call) classify(err error) error {
@@ -211,13 +225,22 @@ func (c *call) classify(err error) error {
 	if c.parent.Err() != nil {
 		if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
 			err = nil // the context's own error, said once below
+			c.noConn = c.tried && e.noConnection()
 		}
 		out := e.ctxErr(c.parent, err)
-		switch {
-		case c.lastErr != nil && (err == nil || !errors.Is(err, c.lastErr)):
-			out = errors.Join(out, fmt.Errorf("%w: %w", redsem.ErrUnavailable, c.lastErr))
-		case c.lastErr == nil && !c.replied:
-			out = errors.Join(out, fmt.Errorf("%w: no answer before the context ended", redsem.ErrUnavailable))
+		if c.noConn && (c.lastErr == nil || !Unreachable(c.lastErr)) {
+			e.unreachable(errNoConnection)
+			return errors.Join(out, fmt.Errorf("%w: %w", redsem.ErrUnavailable, errNoConnection))
+		}
+		if c.lastErr != nil && (err == nil || !errors.Is(err, c.lastErr)) {
+			// Redis failed transiently and did not answer since: say how,
+			// and (only if it could not be reached) that it was unavailable.
+			if Unreachable(c.lastErr) {
+				e.unreachable(c.lastErr)
+				out = errors.Join(out, fmt.Errorf("%w: %w", redsem.ErrUnavailable, c.lastErr))
+			} else {
+				out = errors.Join(out, c.lastErr)
+			}
 		}
 		return out
 	}
@@ -228,6 +251,17 @@ func (c *call) classify(err error) error {
 		return err // the library's own: it says what it is about already
 	}
 	return e.wrap(err)
+}
+
+// errNoConnection is why a call abandoned while no connection existed is
+// unavailable.
+var errNoConnection = errors.New("no connection to Redis could be made before the context ended")
+
+// noConnection reports whether the client has no connection to Redis open
+// (none in its pool: every request waits for a dial).
+func (e *Engine) noConnection() bool {
+	st := e.cfg.Client.PoolStats()
+	return st != nil && st.TotalConns == 0
 }
 
 // needsUndo reports whether a call that failed with err may have left a
@@ -526,7 +560,6 @@ func (e *Engine) acquireOnce(ctx context.Context, id string, n int, mode, sid st
 		return a, err
 	}
 	e.clock.observe(sent, a.now)
-	e.checkEvictionPolicy(ctx)
 	switch a.code {
 	case codeMismatch:
 		return a, &redsem.LimitMismatchError{Name: e.cfg.Name, Client: e.cfg.Limit, Established: int(a.other)}

@@ -36,9 +36,14 @@ type Engine struct {
 
 	clock serverClock
 
-	policyOnce sync.Once
-	policyDone chan struct{} // closed when the check ends; set in policyOnce
+	// The maxmemory-policy check (observe.go), once per engine or family.
+	policyMu   sync.Mutex
+	policyDone chan struct{} // nil: not started (or to be tried again); closed when it ended
 	policy     string
+
+	alerts *alerts // conditions logged at Warn (shared by a family's members)
+
+	sent [lua.FenceSet + 1]atomic.Bool // scripts sent whole once (see loaded)
 
 	hubMu  sync.Mutex
 	hub    *hub
@@ -87,7 +92,7 @@ func New(cfg Config) (*Engine, error) {
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
-	e := &Engine{cfg: cfg, keys: KeysFor(cfg.Prefix, cfg.Name), pub: "PUBLISH"}
+	e := &Engine{cfg: cfg, keys: KeysFor(cfg.Prefix, cfg.Name), pub: "PUBLISH", alerts: &alerts{}}
 	e.stopped, e.stop = context.WithCancel(context.Background())
 	if _, ok := cfg.Client.(*redis.ClusterClient); ok {
 		e.pub = "SPUBLISH"
@@ -177,13 +182,34 @@ func (e *Engine) script(ctx context.Context, c redis.Scripter, s lua.Script, lim
 				// nothing, so run it as a plain script.
 				cmd = script.Run(ctx, c, e.keys.List, argv...)
 			}
+		} else if loaded := e.loaded(s); !loaded.Load() {
+			// The engine's first call of this script sends it whole (EVAL
+			// caches it on the server): one round trip, where EVALSHA
+			// would take two on a server that has not seen it (NOSCRIPT,
+			// then EVAL). Later calls send its SHA1.
+			cmd = script.Eval(ctx, c, e.keys.List, argv...)
+			if cmd.Err() == nil {
+				loaded.Store(true)
+			}
 		} else {
 			cmd = script.Run(ctx, c, e.keys.List, argv...)
 		}
 		return cmd.Slice()
 	}
 	v, err := bounded(ctx, call)
+	if err == nil {
+		e.reached()
+	}
 	return v, sent, err
+}
+
+// loaded is the flag that says the engine (its family, for a member) sent
+// script s whole once already.
+func (e *Engine) loaded(s lua.Script) *atomic.Bool {
+	if e.fam != nil {
+		e = e.fam.root
+	}
+	return &e.sent[s]
 }
 
 // callErr is the error of a call to Redis that failed: the context's when
@@ -245,8 +271,31 @@ func (e *Engine) ctxErr(ctx context.Context, err error) error {
 	return out
 }
 
+// wrap names the semaphore in err (once: an error of the library's own
+// names it already); an error that says Redis could not be reached matches
+// redsem.ErrUnavailable too, and one that says the connection lacks
+// authentication says so.
 func (e *Engine) wrap(err error) error {
+	if strings.HasPrefix(err.Error(), "redsem: ") {
+		return err
+	}
+	switch {
+	case Unreachable(err):
+		e.unreachable(err)
+		return fmt.Errorf("redsem: %q: %w: %w", e.cfg.Name, redsem.ErrUnavailable, err)
+	case authError(err):
+		return fmt.Errorf("redsem: %q: Redis refused the request without authentication (set the password, and the user, in the client's options): %w", e.cfg.Name, err)
+	}
 	return fmt.Errorf("redsem: %q: %w", e.cfg.Name, err)
+}
+
+// authError reports whether err is Redis refusing an unauthenticated
+// connection: NOAUTH, WRONGPASS, or the "unauthenticated multibulk length"
+// with which it closes one that sent a long request first.
+func authError(err error) bool {
+	msg := err.Error()
+	return strings.Contains(msg, "NOAUTH") || strings.Contains(msg, "WRONGPASS") ||
+		strings.Contains(msg, "unauthenticated")
 }
 
 // ReplyError reports a script reply that does not have the expected shape

@@ -114,13 +114,17 @@ func (l *Lease) Err() error {
 }
 
 // Renew extends the lease by the lease TTL from now. It returns ErrLeaseLost
-// if the lease is gone (and then the lease is lost for good), or the Redis
-// error if Redis could not be asked; it never re-creates a lost lease.
+// if the lease is gone (and then the lease is lost for good), ErrReleased
+// after a successful Release, or the Redis error if Redis could not be
+// asked; it never re-creates a lost lease.
 func (l *Lease) Renew(ctx context.Context) error {
 	l.mu.Lock()
 	st := l.state
 	l.mu.Unlock()
-	if st != held {
+	switch st {
+	case released:
+		return redsem.ErrReleased
+	case lost:
 		return redsem.ErrLeaseLost
 	}
 	ok, deadline, err := l.e.renew(ctx, l.id)

@@ -4,6 +4,8 @@ import (
 	"context"
 	"log/slog"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/redsem/redsem"
@@ -27,9 +29,10 @@ func (e *Engine) emit(ev redsem.Event) {
 func (e *Engine) log(ev redsem.Event) {
 	level := slog.LevelDebug
 	switch ev.Kind {
-	case redsem.EventLeaseLost, redsem.EventWaiterEvicted, redsem.EventLimitMismatch,
-		redsem.EventEvictionPolicy, redsem.EventAcquireFailed:
+	case redsem.EventLeaseLost, redsem.EventWaiterEvicted, redsem.EventLimitMismatch, redsem.EventAcquireFailed:
 		level = slog.LevelWarn
+		// EventUnavailable and EventEvictionPolicy stay at Debug: the
+		// conditions behind them are logged at Warn once a minute (alerts).
 	}
 	attrs := []slog.Attr{slog.String("semaphore", ev.Name)}
 	if ev.LeaseID != "" {
@@ -50,57 +53,159 @@ func (e *Engine) log(ev redsem.Event) {
 	e.cfg.Logger.LogAttrs(context.Background(), level, "redsem: "+ev.Kind.String(), attrs...)
 }
 
+// A condition is a failure that a user must see without configuring
+// anything: each is logged at Warn through Options.Logger, or
+// slog.Default() when none is set, once when it starts, at most once a
+// minute while it lasts, and once when it clears.
+type condition int
+
+const (
+	condUnreachable   condition = iota // Redis could not be reached
+	condEvicting                       // maxmemory-policy may evict the keys
+	condPolicyUnknown                  // the policy could not be read
+	nConditions
+)
+
+// alertEvery is how often a lasting condition is logged again.
+const alertEvery = time.Minute
+
+// alerts is the state of an engine's conditions (a family's members share
+// their family's).
+type alerts struct {
+	any    atomic.Bool // some condition is on: the fast path of clear
+	mu     sync.Mutex
+	on     [nConditions]bool
+	logged [nConditions]time.Time
+}
+
+// logger is where conditions are logged.
+func (e *Engine) logger() *slog.Logger {
+	if e.cfg.Logger != nil {
+		return e.cfg.Logger
+	}
+	return slog.Default()
+}
+
+// raise records that cond holds, and logs msg at Warn if it just started
+// or was last logged alertEvery ago.
+func (e *Engine) raise(cond condition, msg string, attrs ...slog.Attr) {
+	a := e.alerts
+	now := time.Now()
+	a.mu.Lock()
+	log := !a.on[cond] || now.Sub(a.logged[cond]) >= alertEvery
+	a.on[cond] = true
+	if log {
+		a.logged[cond] = now
+	}
+	a.any.Store(true)
+	a.mu.Unlock()
+	if log {
+		attrs = append([]slog.Attr{slog.String("semaphore", e.cfg.Name)}, attrs...)
+		e.logger().LogAttrs(context.Background(), slog.LevelWarn, msg, attrs...)
+	}
+}
+
+// clear records that cond no longer holds, and logs msg at Warn if it held
+// (Warn, so that whoever saw it start sees it end).
+func (e *Engine) clear(cond condition, msg string) {
+	a := e.alerts
+	if !a.any.Load() {
+		return
+	}
+	a.mu.Lock()
+	was := a.on[cond]
+	a.on[cond] = false
+	any := false
+	for _, on := range a.on {
+		any = any || on
+	}
+	a.any.Store(any)
+	a.mu.Unlock()
+	if was {
+		e.logger().LogAttrs(context.Background(), slog.LevelWarn, msg, slog.String("semaphore", e.cfg.Name))
+	}
+}
+
+// unreachable records that a call could not reach Redis.
+func (e *Engine) unreachable(err error) {
+	e.raise(condUnreachable, "redsem: Redis unreachable", slog.String("error", err.Error()))
+}
+
+// reached records that a call got an answer from Redis.
+func (e *Engine) reached() {
+	e.clear(condUnreachable, "redsem: Redis reachable again")
+}
+
 // EvictingPolicy reports whether a maxmemory-policy may evict keys that have
 // a TTL (all of a semaphore's keys but the SetLimit override have one).
 func EvictingPolicy(policy string) bool {
 	return strings.HasPrefix(policy, "allkeys-") || strings.HasPrefix(policy, "volatile-")
 }
 
-// checkEvictionPolicy reads maxmemory-policy once per Engine, at first use,
-// and reports an EventEvictionPolicy if it can evict the semaphore's keys.
-// A server that refuses CONFIG (managed Redis) is not an error. The check
-// runs on its own goroutine (at most a second); the call that triggered it
-// waits for it only while its own context runs.
-func (e *Engine) checkEvictionPolicy(ctx context.Context) {
+// checkEvictionPolicy reads maxmemory-policy once per Engine (once per
+// family), at the start of its first acquire, on a goroutine of its own
+// (at most a second) that no call waits for: it runs beside the first
+// request instead of before or after it. A policy that can evict the
+// semaphore's keys, and a server that refuses to tell (CONFIG GET not
+// allowed), are reported (EventEvictionPolicy, and a Warn record). A
+// check that could not reach Redis runs again at the next acquire.
+func (e *Engine) checkEvictionPolicy() {
+	root := e
 	if e.fam != nil {
-		e.fam.root.checkEvictionPolicy(ctx) // once per family
-		return
+		root = e.fam.root // once per family
 	}
-	e.policyOnce.Do(func() {
-		done := make(chan struct{})
-		e.policyDone = done
-		defer func() {
-			select {
-			case <-done:
-			case <-ctx.Done():
-			}
-		}()
-		go func() {
-			defer close(done)
-			cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Second)
-			defer cancel()
-			v, err := e.cfg.Client.ConfigGet(cctx, "maxmemory-policy").Result()
-			if err != nil {
-				return
-			}
-			e.policy = v["maxmemory-policy"]
-			if EvictingPolicy(e.policy) {
-				e.emit(redsem.Event{Kind: redsem.EventEvictionPolicy, Policy: e.policy})
-			}
-		}()
-	})
+	root.policyMu.Lock()
+	if root.policyDone != nil {
+		root.policyMu.Unlock()
+		return // running, or done
+	}
+	done := make(chan struct{})
+	root.policyDone = done
+	root.policyMu.Unlock()
+	go func() {
+		defer close(done)
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		defer cancel()
+		v, err := root.cfg.Client.ConfigGet(ctx, "maxmemory-policy").Result()
+		switch {
+		case err != nil && (Unreachable(err) || ctx.Err() != nil):
+			root.policyMu.Lock()
+			root.policyDone = nil // not reached: the acquire reports that; ask again next time
+			root.policyMu.Unlock()
+			return
+		case err != nil:
+			e.raise(condPolicyUnknown, "redsem: cannot read maxmemory-policy; make sure it is noeviction, or the semaphore's keys may be evicted",
+				slog.String("error", err.Error()))
+			e.emit(redsem.Event{Kind: redsem.EventEvictionPolicy, Err: err})
+			return
+		}
+		policy := v["maxmemory-policy"]
+		root.policyMu.Lock()
+		root.policy = policy
+		root.policyMu.Unlock()
+		if EvictingPolicy(policy) {
+			e.raise(condEvicting, "redsem: Redis maxmemory-policy may evict the semaphore's keys; use noeviction",
+				slog.String("maxmemory_policy", policy))
+			e.emit(redsem.Event{Kind: redsem.EventEvictionPolicy, Policy: policy})
+		}
+	}()
 }
 
 // MaxMemoryPolicy returns the policy read at first use ("" before that, or
 // when the server does not allow CONFIG GET); it waits for a check in
 // progress (at most a second).
 func (e *Engine) MaxMemoryPolicy() string {
+	root := e
 	if e.fam != nil {
-		return e.fam.root.MaxMemoryPolicy()
+		root = e.fam.root
 	}
-	e.policyOnce.Do(func() {}) // no check yet: none will run
-	if e.policyDone != nil {
-		<-e.policyDone
+	root.policyMu.Lock()
+	done := root.policyDone
+	root.policyMu.Unlock()
+	if done != nil {
+		<-done
 	}
-	return e.policy
+	root.policyMu.Lock()
+	defer root.policyMu.Unlock()
+	return root.policy
 }
