@@ -36,12 +36,16 @@ var (
 	// the limit in force, at once and writing nothing; and to a queued
 	// AcquireN whose weight a SetLimit made larger than the new limit.
 	ErrWeight = errors.New("redsem: weight outside [1, limit]")
-	// ErrUnavailable is matched, together with the context's error, by the
-	// error of an Acquire that gave up while Redis could not be reached or
-	// answered only with transient errors (refused or reset connections,
-	// timeouts, LOADING, failover), or never answered at all before the
-	// context ended: Acquire rides those out until its context ends. Tell
-	// "Redis is down" from "no slot in time" with it.
+	// ErrUnavailable is matched by the error of a call that failed because
+	// Redis could not be reached: a failed dial, a connection refused, reset
+	// or closed, a server that answered LOADING or MASTERDOWN, or (a call
+	// whose context ended) no connection to Redis at all meanwhile. An
+	// Acquire rides those out until its context ends, and its error then
+	// matches both ErrUnavailable and the context's error. A reply that
+	// merely did not come before the context ended (a slow or paused
+	// Redis) is a timeout, not ErrUnavailable: Redis may have run the
+	// request. Tell "Redis is down" from "no slot in time" with it
+	// (redsemhttp's FailOpen applies to it alone).
 	ErrUnavailable = errors.New("redsem: Redis unavailable")
 	// ErrQueueFull is returned by a fair AcquireN, at once and writing
 	// nothing, when Options.MaxWaiters waiters are queued already.

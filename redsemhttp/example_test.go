@@ -1,6 +1,7 @@
 package redsemhttp_test
 
 import (
+	"errors"
 	"fmt"
 	"io"
 	"log"
@@ -74,45 +75,26 @@ func ExampleTransport() {
 	// at most 5 in flight: true
 }
 
-// tenantLimits hands out one semaphore per tenant, created on first use and
-// kept for the life of the process.
-type tenantLimits struct {
-	client *redis.Client
-	limit  int
-	mu     sync.Mutex
-	sems   map[string]redsem.Semaphore
-}
-
-func (tl *tenantLimits) pick(r *http.Request) (redsem.Semaphore, error) {
-	tenant := r.Header.Get("X-Tenant")
-	if tenant == "" {
-		return nil, fmt.Errorf("no X-Tenant header")
-	}
-	tl.mu.Lock()
-	defer tl.mu.Unlock()
-	if s, ok := tl.sems[tenant]; ok {
-		return s, nil
-	}
-	s, err := fair.New(tl.client, "example:tenant:"+tenant, tl.limit, fair.Options{})
-	if err != nil {
-		return nil, err
-	}
-	tl.sems[tenant] = s
-	return s, nil
-}
-
 // A per-tenant limit: each tenant may have one request running at a time,
 // across every instance of the service; a request that waits longer than
 // 100ms is answered 503 with Retry-After, and other tenants are not held up.
+// A fair.Family makes each tenant's semaphore on first use, shares one
+// subscription and heartbeat among them, and forgets tenants nobody uses.
 func ExampleMiddleware() {
 	client := redis.NewClient(&redis.Options{Addr: redisAddr(), ContextTimeoutEnabled: true})
 	defer client.Close()
-	limits := &tenantLimits{client: client, limit: 1, sems: map[string]redsem.Semaphore{}}
-	defer func() {
-		for _, s := range limits.sems {
-			_ = s.Close()
+	tenants, err := fair.NewFamily(client, "example:reports-per-tenant", 1, fair.FamilyOptions{})
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer tenants.Close()
+	perTenant := func(r *http.Request) (redsem.Semaphore, error) {
+		tenant := r.Header.Get("X-Tenant")
+		if tenant == "" {
+			return nil, errors.New("no X-Tenant header") // answered 500 by ErrorHandler
 		}
-	}()
+		return tenants.Get(tenant)
+	}
 
 	inside := make(chan struct{})
 	finish := make(chan struct{})
@@ -123,7 +105,7 @@ func ExampleMiddleware() {
 		}
 		_, _ = io.WriteString(w, "report for "+r.Header.Get("X-Tenant"))
 	})
-	mw := redsemhttp.Middleware(redsemhttp.Options{Semaphore: limits.pick, MaxWait: 100 * time.Millisecond})
+	mw := redsemhttp.Middleware(redsemhttp.Options{Semaphore: perTenant, MaxWait: 100 * time.Millisecond})
 	srv := httptest.NewServer(mw(report))
 	defer srv.Close()
 

@@ -41,7 +41,7 @@ type Engine struct {
 	policyDone chan struct{} // nil: not started (or to be tried again); closed when it ended
 	policy     string
 
-	alerts *alerts // conditions logged at Warn (shared by a family's members)
+	alerts *alerts // conditions logged at Warn (shared by every engine of the client)
 
 	sent [lua.FenceSet + 1]atomic.Bool // scripts sent whole once (see loaded)
 
@@ -92,7 +92,7 @@ func New(cfg Config) (*Engine, error) {
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
-	e := &Engine{cfg: cfg, keys: KeysFor(cfg.Prefix, cfg.Name), pub: "PUBLISH", alerts: &alerts{}}
+	e := &Engine{cfg: cfg, keys: KeysFor(cfg.Prefix, cfg.Name), pub: "PUBLISH", alerts: alertsFor(cfg.Client)}
 	e.stopped, e.stop = context.WithCancel(context.Background())
 	if _, ok := cfg.Client.(*redis.ClusterClient); ok {
 		e.pub = "SPUBLISH"

@@ -2,6 +2,7 @@ package core
 
 import (
 	"context"
+	"fmt"
 	"log/slog"
 	"strings"
 	"sync"
@@ -69,13 +70,27 @@ const (
 // alertEvery is how often a lasting condition is logged again.
 const alertEvery = time.Minute
 
-// alerts is the state of an engine's conditions (a family's members share
-// their family's).
+// alerts is the state of the conditions of one Redis client: every engine
+// of a process that uses the client shares it, so that an outage is logged
+// once a minute per process and client, not once per semaphore.
 type alerts struct {
 	any    atomic.Bool // some condition is on: the fast path of clear
 	mu     sync.Mutex
 	on     [nConditions]bool
 	logged [nConditions]time.Time
+}
+
+// alertsByClient maps a client's address ("%p", so that no client is kept
+// alive by the map) to its alerts.
+var alertsByClient sync.Map
+
+func alertsFor(c any) *alerts {
+	key := fmt.Sprintf("%p", c)
+	if a, ok := alertsByClient.Load(key); ok {
+		return a.(*alerts)
+	}
+	a, _ := alertsByClient.LoadOrStore(key, &alerts{})
+	return a.(*alerts)
 }
 
 // logger is where conditions are logged.

@@ -1,0 +1,179 @@
+package redsem_test
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/redsem/redsem"
+	"github.com/redsem/redsem/internal/redistest"
+	"github.com/redsem/redsem/unfair"
+)
+
+// recorder is a slog.Handler that keeps every record's message.
+type recorder struct {
+	mu   sync.Mutex
+	msgs []string
+}
+
+func (r *recorder) Enabled(context.Context, slog.Level) bool { return true }
+func (r *recorder) Handle(_ context.Context, rec slog.Record) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.msgs = append(r.msgs, rec.Level.String()+" "+rec.Message)
+	return nil
+}
+func (r *recorder) WithAttrs([]slog.Attr) slog.Handler { return r }
+func (r *recorder) WithGroup(string) slog.Handler      { return r }
+
+// count returns how many records carry msg (level and message).
+func (r *recorder) count(msg string) int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	n := 0
+	for _, m := range r.msgs {
+		if m == msg {
+			n++
+		}
+	}
+	return n
+}
+
+func (r *recorder) all() string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return strings.Join(r.msgs, "; ")
+}
+
+// defaultLogger makes slog.Default() a recorder for the test.
+func defaultLogger(t *testing.T) *recorder {
+	rec := &recorder{}
+	old := slog.Default()
+	slog.SetDefault(slog.New(rec))
+	t.Cleanup(func() { slog.SetDefault(old) })
+	return rec
+}
+
+// With Options{} (no Logger, no Observer), Redis becoming unreachable is
+// logged once at Warn through slog.Default() however many calls fail, and
+// once again when it is reachable again; the Observer tells it apart from
+// a timeout. (Issue 20: a Warn-level logger showed nothing while every
+// request failed.)
+func TestUnreachableSeenWithZeroConfig(t *testing.T) {
+	rec := defaultLogger(t)
+	srv := redistest.Start(t)
+	c := redis.NewClient(&redis.Options{Addr: srv.Addr, MaxRetries: -1})
+	t.Cleanup(func() { _ = c.Close() })
+	var kinds []redsem.EventKind
+	var mu sync.Mutex
+	s, err := unfair.New(c, redistest.Name(t), 1, unfair.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = s.Close() })
+	watched, err := unfair.New(c, redistest.Name(t)+"-o", 1, unfair.Options{Observer: func(ev redsem.Event) {
+		mu.Lock()
+		kinds = append(kinds, ev.Kind)
+		mu.Unlock()
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := redistest.Ctx(t, 20*time.Second)
+	l, err := s.TryAcquire(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_ = l.Release(ctx)
+
+	srv.Kill(t)
+	for range 5 {
+		if _, err := s.TryAcquire(ctx); !errors.Is(err, redsem.ErrUnavailable) {
+			t.Fatalf("TryAcquire with Redis down: %v, want ErrUnavailable", err)
+		}
+	}
+	actx, cancel := context.WithTimeout(ctx, 200*time.Millisecond)
+	_, err = watched.Acquire(actx)
+	cancel()
+	if !errors.Is(err, redsem.ErrUnavailable) || !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("Acquire with Redis down: %v, want ErrUnavailable and the deadline", err)
+	}
+	if n := rec.count("WARN redsem: Redis unreachable"); n != 1 {
+		t.Fatalf("%d Warn records for one outage in a minute, want 1: %s", n, rec.all())
+	}
+	srv.Restart(t)
+	if _, err := s.TryAcquire(ctx); err != nil {
+		t.Fatalf("TryAcquire after the restart: %v", err)
+	}
+	if n := rec.count("WARN redsem: Redis reachable again"); n != 1 {
+		t.Fatalf("%d records of the recovery, want 1: %s", n, rec.all())
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if len(kinds) == 0 || kinds[len(kinds)-1] != redsem.EventUnavailable {
+		t.Fatalf("events %v: want the Acquire to end with EventUnavailable, not a timeout", kinds)
+	}
+}
+
+// A maxmemory-policy that may evict the keys, and a server that refuses to
+// tell it (CONFIG not allowed to the user), each give one Warn record with
+// zero configuration; a Logger, when given, gets them instead.
+func TestPolicyWarningsWithZeroConfig(t *testing.T) {
+	rec := defaultLogger(t)
+	ctx := redistest.Ctx(t, 20*time.Second)
+	evicting := redistest.Start(t, "--maxmemory-policy", "allkeys-lru")
+	s, err := unfair.New(evicting.Client(t), redistest.Name(t), 1, unfair.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = s.Close() })
+	for range 3 {
+		l, err := s.TryAcquire(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		_ = l.Release(ctx)
+	}
+	const evictWarn = "WARN redsem: Redis maxmemory-policy may evict the semaphore's keys; use noeviction"
+	redistest.WaitFor(t, 5*time.Second, "the eviction-policy warning", func() (bool, error) {
+		return rec.count(evictWarn) > 0, nil
+	})
+
+	// A user that may run scripts but not CONFIG.
+	locked := redistest.Start(t)
+	admin := locked.Client(t)
+	if err := admin.Do(ctx, "ACL", "SETUSER", "app", "on", ">secret", "~*", "&*", "+@all", "-config").Err(); err != nil {
+		t.Fatal(err)
+	}
+	app := redis.NewClient(&redis.Options{Addr: locked.Addr, Username: "app", Password: "secret"})
+	t.Cleanup(func() { _ = app.Close() })
+	own := &recorder{}
+	s2, err := unfair.New(app, redistest.Name(t), 1, unfair.Options{Logger: slog.New(own)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = s2.Close() })
+	l, err := s2.TryAcquire(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_ = l.Release(ctx)
+	const refusedWarn = "WARN redsem: cannot read maxmemory-policy; make sure it is noeviction, or the semaphore's keys may be evicted"
+	redistest.WaitFor(t, 5*time.Second, "the refused-check warning", func() (bool, error) {
+		return own.count(refusedWarn) > 0, nil
+	})
+	if n := rec.count(evictWarn); n != 1 {
+		t.Fatalf("%d eviction-policy warnings, want 1: %s", n, rec.all())
+	}
+	if n := rec.count(refusedWarn); n != 0 {
+		t.Fatalf("the refused check went to slog.Default although a Logger was given: %s", rec.all())
+	}
+	if n := own.count(refusedWarn); n != 1 {
+		t.Fatalf("%d refused-check warnings, want 1: %s", n, own.all())
+	}
+}
