@@ -9,7 +9,6 @@ import (
 	"github.com/redsem/redsem"
 	"github.com/redsem/redsem/internal/core"
 	"github.com/redsem/redsem/internal/redistest"
-	"github.com/redsem/redsem/lua"
 )
 
 // Cases that these tests found escaping the context bound, each fixed in
@@ -65,7 +64,7 @@ func TestReleaseDuringStuckRenewalBounded(t *testing.T) {
 			// that the renewal below is the one request the hole swallows
 			// (on a pooled connection, not a new one stuck in its handshake).
 			_ = e.MaxMemoryPolicy()
-			p.Watch([]byte(lua.Renew.Hash()))
+			p.Watch([]byte(l.ID())) // only the watchdog's renewal carries it now
 			p.SetBlackhole(true)
 			defer p.SetBlackhole(false)
 			redistest.WaitFor(t, 5*time.Second, "the watchdog's renewal sent", func() (bool, error) {
@@ -144,13 +143,17 @@ func TestAcquireDelayedPastCancellationRecord(t *testing.T) {
 				p := redistest.StartProxy(t, srv.Addr)
 				direct := srv.Client(t)
 				name := redistest.Name(t)
-				cfg := core.Config{Client: defaultClient(t, p.Addr), Name: name, Limit: 1, Fair: v.fair, LeaseTTL: time.Second}
+				// e's owner label travels only in its acquire requests (EVALSHA
+				// or, for an engine's first call of a script, EVAL with the
+				// source): the proxy holds those by it.
+				cfg := core.Config{Client: defaultClient(t, p.Addr), Name: name, Limit: 1, Fair: v.fair, LeaseTTL: time.Second,
+					Owner: "held-acquire-owner"}
 				e, err := core.New(cfg)
 				if err != nil {
 					t.Fatal(err)
 				}
 				t.Cleanup(func() { _ = e.Close() })
-				cfg.Client = direct
+				cfg.Client, cfg.Owner = direct, ""
 				check, err := core.New(cfg)
 				if err != nil {
 					t.Fatal(err)
@@ -170,7 +173,7 @@ func TestAcquireDelayedPastCancellationRecord(t *testing.T) {
 				}
 
 				const held = 2500 * time.Millisecond
-				marker := []byte(lua.Acquire.Hash())
+				marker := []byte("held-acquire-owner")
 				p.SetDelay(held, marker)
 				p.Watch(marker)
 				actx, cancel := context.WithTimeout(ctx, boundCtx)
