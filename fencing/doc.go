@@ -35,6 +35,36 @@
 //     Middleware checks them with any Guard and answers 409 Conflict when
 //     stale, 400 Bad Request when malformed.
 //
+// Tokens from the future. A token is the semaphore's Redis server time in
+// microseconds when the lease was granted: max(last+1, now_us), and the
+// clock passes last+1 within the script that issues it, so a legitimate
+// token is normally at or below the semaphore's Redis clock by the time any
+// store sees it. A token far ahead of every clock was never issued: a bug
+// or a hostile client made it up, and once recorded it would make every
+// real holder of its slots stale until the clocks caught up with it (the
+// year 2255 for 2^53-1). So every guard refuses a token more than a bound,
+// MaxSkew, ahead of its store's own clock, with an *InvalidFenceError
+// (Field "token"; HTTP 400) and records nothing: RedisGuard against the
+// store-side Redis's TIME, read in its script; SQLGuard against
+// PostgreSQL's clock_timestamp(), read in its statement; Middleware against
+// its server's clock. MaxSkew is an option of each (RedisOptions.MaxSkew,
+// SQLOptions.MaxSkew, MiddlewareOptions.MaxSkew); zero means
+// DefaultMaxSkew, one minute, and a negative value turns the check off.
+// This assumes that the semaphore's Redis and each store agree on the time
+// within MaxSkew (NTP keeps servers within milliseconds); a store whose
+// clock is behind by more refuses the real tokens, loudly, until the clocks
+// are fixed or MaxSkew raised. A forged token within the bound can still be
+// recorded and stall its slots for up to MaxSkew.
+//
+// Signed fences. Where a store is reached across a trust boundary, sign
+// the HTTP fence: with Transport.SigningKey the client adds
+// Redsem-Fence-Signature, an HMAC-SHA256 over the resource, the slots and
+// the token, and NewMiddleware with the same MiddlewareOptions.SigningKey
+// refuses (400, nothing recorded) a fence whose signature is missing or
+// does not match, so a client without the key cannot present a token that
+// no semaphore gave it. SetSignedHeaders and ParseSignedHeaders do the same
+// by hand.
+//
 // A typical guarded write:
 //
 //	lease, err := sem.AcquireN(ctx, 2) // or Acquire
@@ -44,6 +74,6 @@
 //		// our lease was lost and a newer holder of one of our slots has written
 //	}
 //
-// See docs/fencing.md for the token's exact monotonicity assumption and a
-// timeline of the zombie.
+// See docs/fencing.md for the token's exact monotonicity assumption, the
+// clock bound and a timeline of the zombie.
 package fencing

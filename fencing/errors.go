@@ -16,8 +16,10 @@ var (
 	// ErrInvalidFence is matched by the error returned for bad input: an empty
 	// resource, a negative slot (or one at or above a guard's MaxSlots), a
 	// slot list that is empty, unsorted or has duplicates, a zero or
-	// negative token, or malformed fencing headers. The concrete
-	// error is an *InvalidFenceError naming the field.
+	// negative token, a token from the future (more than a guard's MaxSkew
+	// ahead of its store's clock), or malformed fencing headers (also a
+	// missing or wrong HeaderSignature where fences must be signed). The
+	// concrete error is an *InvalidFenceError naming the field.
 	ErrInvalidFence = errors.New("fencing: invalid fence")
 )
 

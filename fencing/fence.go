@@ -141,9 +141,12 @@ func (f Fence) validate(maxSlots int) error {
 // holder may write many times with its own token. It returns an error
 // matching ErrStale, and records nothing for any slot, when a higher token
 // is recorded for at least one slot; an error matching ErrInvalidFence,
-// before touching the store, for bad input; and the store's error otherwise
-// (then the token may or may not have been recorded, for all slots or for
-// none).
+// before touching the store, for bad input, and, recording nothing, for a
+// token from the future: more than a bound ahead of the store's own clock
+// (RedisGuard and SQLGuard check it with their store's clock, Middleware
+// with its server's; see MaxSkew in RedisOptions); and the store's error
+// otherwise (then the token may or may not have been recorded, for all
+// slots or for none).
 //
 // A weighted fence is all or nothing: its check and its records are one
 // atomic step, so no concurrent check sees some of its slots recorded and

@@ -22,6 +22,16 @@ type RedisOptions struct {
 	// *InvalidFenceError (set it to the highest limit the semaphore will
 	// ever have); zero: only slot >= 0 is checked.
 	MaxSlots int
+	// MaxSkew is how far a token may be ahead of the store-side Redis's
+	// clock (its TIME, read in the script): a token above TIME in
+	// microseconds plus MaxSkew is from the future, and Check and Set
+	// refuse it with an *InvalidFenceError (Field "token") and record
+	// nothing. Zero: DefaultMaxSkew (one minute). Negative: no bound (not
+	// recommended: one forged token then makes the real holders of its
+	// slots stale for as long as it is ahead). It must exceed how far the
+	// semaphore's Redis clock can be ahead of this Redis's; see
+	// DefaultMaxSkew.
+	MaxSkew time.Duration
 }
 
 // RedisGuard fences writes to a Redis (the store-side Redis, which may be
@@ -36,10 +46,16 @@ type RedisOptions struct {
 // the fence key (restart without persistence, failover), the next write of
 // each slot is accepted whatever its token. Keep the fence key in the same
 // Redis as the data it protects so that both are lost or kept together.
+//
+// Tokens are microseconds of the semaphore's Redis clock, so the guard
+// refuses a token more than MaxSkew ahead of the store-side Redis's own
+// clock (see RedisOptions.MaxSkew): this assumes both clocks agree within
+// MaxSkew.
 type RedisGuard struct {
 	client   redis.UniversalClient
 	prefix   string
 	maxSlots int
+	skew     time.Duration // resolved: -1 for none
 }
 
 var _ Guard = (*RedisGuard)(nil)
@@ -61,7 +77,7 @@ func NewRedisGuard(client redis.UniversalClient, opts RedisOptions) (*RedisGuard
 	if opts.MaxSlots < 0 {
 		return nil, &InvalidFenceError{Field: "RedisOptions.MaxSlots", Value: strconv.Itoa(opts.MaxSlots), Reason: "negative"}
 	}
-	return &RedisGuard{client: client, prefix: prefix, maxSlots: opts.MaxSlots}, nil
+	return &RedisGuard{client: client, prefix: prefix, maxSlots: opts.MaxSlots, skew: maxSkew(opts.MaxSkew)}, nil
 }
 
 var tagEscaper = strings.NewReplacer("%", "%25", "{", "%7B", "}", "%7D")
@@ -83,21 +99,25 @@ func (g *RedisGuard) DataKey(resource, name string) string { return g.base(resou
 // slot s of f unless a higher one is recorded for any of them, in one
 // script: all or nothing; see Guard. A stale token yields a *StaleError
 // that names the (lowest) slot with a higher token and that token, and
-// leaves the record of every slot unchanged.
+// leaves the record of every slot unchanged. A token more than MaxSkew
+// ahead of the store-side Redis's clock yields an *InvalidFenceError and
+// records nothing.
 func (g *RedisGuard) Check(ctx context.Context, f Fence) error {
 	if err := f.validate(g.maxSlots); err != nil {
 		return err
 	}
 	v, err := core.Script(lua.Fence).Run(ctx, g.client, []string{g.FenceKey(f.Resource)},
-		f.slotList(), strconv.FormatInt(f.Token, 10)).Slice()
+		f.slotList(), strconv.FormatInt(f.Token, 10), maxSkewUS(g.skew)).Slice()
 	return g.reply(f, v, err)
 }
 
 // Set is a guarded write: in one script it checks f as Check does (every
-// slot of f) and, only if the token is not stale, sets key to value, with a TTL of ttl when ttl
-// > 0 (ttl is rounded down to milliseconds; a positive ttl below 1ms is an
-// error) or no TTL when ttl is 0. A stale token yields a *StaleError and
-// leaves both the record of every slot and key unchanged. In Redis Cluster, key must
+// slot of f, and the clock) and, only if the token is accepted, sets key to
+// value, with a TTL of ttl when ttl > 0 (ttl is rounded down to
+// milliseconds; a positive ttl below 1ms is an error) or no TTL when ttl is
+// 0. A stale token yields a *StaleError, and a token more than MaxSkew
+// ahead of the store-side Redis's clock an *InvalidFenceError; both leave
+// the record of every slot and key unchanged. In Redis Cluster, key must
 // share the fence key's hash slot: use DataKey.
 func (g *RedisGuard) Set(ctx context.Context, f Fence, key, value string, ttl time.Duration) error {
 	if err := f.validate(g.maxSlots); err != nil {
@@ -107,7 +127,7 @@ func (g *RedisGuard) Set(ctx context.Context, f Fence, key, value string, ttl ti
 		return &InvalidFenceError{Field: "ttl", Value: ttl.String(), Reason: "negative or below 1ms"}
 	}
 	v, err := core.Script(lua.FenceSet).Run(ctx, g.client, []string{g.FenceKey(f.Resource), key},
-		f.slotList(), strconv.FormatInt(f.Token, 10), value, ttl.Milliseconds()).Slice()
+		f.slotList(), strconv.FormatInt(f.Token, 10), maxSkewUS(g.skew), value, ttl.Milliseconds()).Slice()
 	return g.reply(f, v, err)
 }
 
@@ -124,15 +144,21 @@ func (g *RedisGuard) Highest(ctx context.Context, resource string, slot int) (in
 	return n, err
 }
 
-// reply turns a fence script reply into nil, a *StaleError or an error:
-// {1, token} or {0, highest, slot}.
+// reply turns a fence script reply into nil, a *StaleError, an
+// *InvalidFenceError or an error: {1, token}, {0, highest, slot} or
+// {-1, now_us}.
 func (g *RedisGuard) reply(f Fence, v []any, err error) error {
 	if err != nil {
 		return fmt.Errorf("fencing: redis guard: %w", err)
 	}
 	if len(v) == 2 {
-		if ok, _ := v[0].(int64); ok == 1 {
+		code, _ := v[0].(int64)
+		now, isInt := v[1].(int64)
+		switch {
+		case code == 1:
 			return nil
+		case code == -1 && isInt:
+			return futureError(f, now, g.skew, "the fence store's Redis clock")
 		}
 	}
 	if len(v) != 3 {

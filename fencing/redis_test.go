@@ -39,7 +39,9 @@ func wantStale(t *testing.T, err error, highest int64) {
 
 func TestRedisGuardCheck(t *testing.T) {
 	ctx := redistest.Ctx(t, 10*time.Second)
-	g := newRedisGuard(t, fencing.RedisOptions{})
+	// No clock bound: the tokens beyond 2^53 below are from the future
+	// (TestForgedTokenRefused checks the bound).
+	g := newRedisGuard(t, fencing.RedisOptions{MaxSkew: -1})
 	r := redistest.Name(t)
 	f := func(slot int, token int64) fencing.Fence { return fencing.Fence{Resource: r, Slot: slot, Token: token} }
 	steps := []struct {
@@ -111,14 +113,17 @@ func TestRedisGuardBadInput(t *testing.T) {
 	if n := c.Exists(ctx, g.FenceKey(r), g.DataKey(r, "x")).Val(); n != 0 {
 		t.Fatalf("bad input wrote %d keys", n)
 	}
-	// The scripts validate too, before any write.
-	for _, args := range [][]any{{"-1", "5"}, {"01", "5"}, {"0", "0"}, {"0", "abc"}, {"0", "12345678901234567890"}, {"0"}} {
+	// The scripts validate too, before any write (also max_ahead_us, the
+	// clock bound).
+	for _, args := range [][]any{{"-1", "5"}, {"01", "5"}, {"0", "0"}, {"0", "abc"}, {"0", "12345678901234567890"}, {"0"},
+		{"0", "5"}, {"0", "5", "x"}, {"0", "5", "-2"}, {"0", "5", "01"}, {"0", "5", "12345678901234567"}} {
+
 		err := core.Script(lua.Fence).Run(ctx, c, []string{g.FenceKey(r)}, args...).Err()
 		if err == nil || !strings.Contains(err.Error(), "fencing: bad") {
 			t.Fatalf("fence.lua %v: %v, want a fencing: bad ... error", args, err)
 		}
 	}
-	err := core.Script(lua.FenceSet).Run(ctx, c, []string{g.FenceKey(r), g.DataKey(r, "x")}, "0", "5", "v", "-3").Err()
+	err := core.Script(lua.FenceSet).Run(ctx, c, []string{g.FenceKey(r), g.DataKey(r, "x")}, "0", "5", "-1", "v", "-3").Err()
 	if err == nil || !strings.Contains(err.Error(), "fencing: bad ttl_ms") {
 		t.Fatalf("fence_set.lua bad ttl: %v", err)
 	}

@@ -7,6 +7,8 @@ import (
 	"fmt"
 	"regexp"
 	"strconv"
+	"strings"
+	"time"
 )
 
 // Execer runs one SQL statement. *sql.DB, *sql.Tx and *sql.Conn satisfy it;
@@ -49,6 +51,14 @@ type SQLOptions struct {
 	// MaxSlots, when > 0, makes the guard reject slots >= MaxSlots with an
 	// *InvalidFenceError; zero: only slot >= 0 is checked.
 	MaxSlots int
+	// MaxSkew is how far a token may be ahead of the database's clock
+	// (clock_timestamp(), read by the statement itself): a token above it
+	// in microseconds plus MaxSkew is from the future, and Check refuses it
+	// with an *InvalidFenceError (Field "token") and records nothing. Zero:
+	// DefaultMaxSkew (one minute). Negative: no bound (not recommended). It
+	// must exceed how far the semaphore's Redis clock can be ahead of the
+	// database's; see DefaultMaxSkew.
+	MaxSkew time.Duration
 }
 
 // SQLGuard fences writes to PostgreSQL with one table (see CreateTableSQL)
@@ -69,9 +79,15 @@ type SQLOptions struct {
 // rows in ascending slot order (so that two weighted checks cannot
 // deadlock); see CheckSlotsSQL and docs/fencing.md for why concurrent
 // checks cannot interleave into a partial record.
+//
+// Tokens are microseconds of the semaphore's Redis clock, so both
+// statements refuse a token more than MaxSkew ahead of the database's own
+// clock (see SQLOptions.MaxSkew): this assumes both clocks agree within
+// MaxSkew.
 type SQLGuard struct {
 	table      string
 	maxSlots   int
+	skew       time.Duration // resolved: -1 for none
 	check      string
 	checkSlots string
 }
@@ -93,17 +109,46 @@ func NewSQLGuard(opts SQLOptions) (*SQLGuard, error) {
 	if opts.MaxSlots < 0 {
 		return nil, &InvalidFenceError{Field: "SQLOptions.MaxSlots", Value: strconv.Itoa(opts.MaxSlots), Reason: "negative"}
 	}
-	return &SQLGuard{table: table, maxSlots: opts.MaxSlots,
+	skew := maxSkew(opts.MaxSkew)
+	token := "$3::bigint"
+	if skew >= 0 {
+		token = fmt.Sprintf(tokenSQL, skew.Microseconds(), futureMarker)
+	}
+	return &SQLGuard{table: table, maxSlots: opts.MaxSlots, skew: skew,
 		check: fmt.Sprintf(
-			`INSERT INTO %[1]s (resource, slot, token) VALUES ($1, $2, $3) `+
+			`INSERT INTO %[1]s (resource, slot, token) SELECT $1::text, $2::int, %[2]s `+
 				`ON CONFLICT (resource, slot) DO UPDATE SET token = EXCLUDED.token `+
-				`WHERE %[1]s.token <= EXCLUDED.token`, table),
-		checkSlots: fmt.Sprintf(checkSlotsSQL, table),
+				`WHERE %[1]s.token <= EXCLUDED.token`, table, token),
+		checkSlots: fmt.Sprintf(checkSlotsSQL, table, token),
 	}, nil
 }
 
-// checkSlotsSQL is the weighted check; %[1]s is the table. How it stays all
-// or nothing under concurrency (READ COMMITTED, PostgreSQL's default):
+// tokenSQL is the token that the statements insert when MaxSkew bounds it;
+// %[1]d is MaxSkew in microseconds, %[2]s futureMarker. It is $3 when $3 is
+// at most the database clock (clock_timestamp(), the time of the statement
+// itself, not of its transaction) in microseconds plus MaxSkew. Otherwise
+// it casts a text naming the token and the clock to bigint, which fails
+// with invalid_text_representation (SQLSTATE 22P02), aborting the
+// statement before it writes anything: the only way one plain SQL
+// statement can refuse with its own message. The text depends on
+// clock_timestamp(), a volatile function, so PostgreSQL cannot fold it at
+// plan time; it is cast only when the token is from the future.
+const tokenSQL = `CASE WHEN $3::bigint <= ` +
+	`floor(extract(epoch FROM clock_timestamp()) * 1000000)::bigint + %[1]d THEN $3::bigint ` +
+	`ELSE ('%[2]s ' || $3::bigint || ' is more than %[1]d us ahead of the database clock ' || ` +
+	`clock_timestamp())::bigint END`
+
+// futureMarker starts the text that tokenSQL fails to cast for a token from
+// the future; Check recognises the error by it.
+const futureMarker = "redsem-fence: token"
+
+// sqlStateBadText is PostgreSQL's invalid_text_representation: tokenSQL's
+// way of refusing a token from the future.
+const sqlStateBadText = "22P02"
+
+// checkSlotsSQL is the weighted check; %[1]s is the table, %[2]s the token
+// ($3, or tokenSQL). How it stays all or nothing under concurrency (READ
+// COMMITTED, PostgreSQL's default):
 //
 //  1. NOT EXISTS reads the statement's snapshot without locking. If some
 //     slot already has a committed higher token there, the SELECT yields no
@@ -127,7 +172,7 @@ func NewSQLGuard(opts SQLOptions) (*SQLGuard, error) {
 //
 // Parameters are text and cast in SQL so that any driver can pass them.
 const checkSlotsSQL = `INSERT INTO %[1]s AS cur (resource, slot, token) ` +
-	`SELECT $1::text, s.slot, $3::bigint FROM unnest($2::text::int[]) AS s(slot) ` +
+	`SELECT $1::text, s.slot, %[2]s FROM unnest($2::text::int[]) AS s(slot) ` +
 	`WHERE NOT EXISTS (SELECT 1 FROM %[1]s ` +
 	`WHERE resource = $1::text AND slot = ANY($2::text::int[]) AND token > $3::bigint) ` +
 	`ORDER BY s.slot ` +
@@ -162,7 +207,10 @@ func (g *SQLGuard) CreateTable(ctx context.Context, db Execer) error {
 // CheckSQL is the conditional statement Check runs for a fence of one
 // slot, with parameters $1 resource, $2 slot, $3 token. It inserts or
 // raises the slot's token and affects one row, or affects no row when a
-// higher token is recorded.
+// higher token is recorded. Unless MaxSkew is negative, it fails with
+// invalid_text_representation (SQLSTATE 22P02, the message beginning
+// "invalid input syntax for type bigint: "redsem-fence: token") and writes
+// nothing when the token is more than MaxSkew ahead of the database clock.
 func (g *SQLGuard) CheckSQL() string { return g.check }
 
 // CheckSlotsSQL is the statement Check runs for a weighted fence, with
@@ -174,7 +222,8 @@ func (g *SQLGuard) CheckSQL() string { return g.check }
 // fails with a not_null_violation (SQLSTATE 23502) on the token column when
 // a concurrent check recorded it while the statement ran (an error aborts
 // the statement as a whole, which is what keeps it all or nothing; in a
-// transaction it also aborts the transaction).
+// transaction it also aborts the transaction). A token from the future
+// fails it as it fails CheckSQL.
 func (g *SQLGuard) CheckSlotsSQL() string { return g.checkSlots }
 
 // Check runs CheckSQL (one slot) or CheckSlotsSQL (a weighted fence) on db
@@ -182,7 +231,9 @@ func (g *SQLGuard) CheckSlotsSQL() string { return g.checkSlots }
 // token was recorded for every slot of f (no slot had a higher one). It
 // returns a *StaleError (Highest 0) when a slot has a higher token, and then
 // recorded nothing for any slot; an *InvalidFenceError for bad input before
-// any I/O; and the driver's error otherwise.
+// any I/O, and, recording nothing, for a token more than MaxSkew ahead of
+// the database clock (the statement failed: in a transaction, roll it
+// back); and the driver's error otherwise.
 //
 // After a stale result roll back the transaction. For one slot, or when the
 // higher token was committed before the check began, the statement changed
@@ -197,7 +248,7 @@ func (g *SQLGuard) Check(ctx context.Context, db Execer, f Fence) error {
 	if !f.weighted() {
 		res, err := db.ExecContext(ctx, g.check, f.Resource, f.Slot, f.Token)
 		if err != nil {
-			return fmt.Errorf("fencing: sql guard: %w", err)
+			return g.execError(f, err)
 		}
 		n, err := res.RowsAffected()
 		if err != nil {
@@ -214,7 +265,7 @@ func (g *SQLGuard) Check(ctx context.Context, db Execer, f Fence) error {
 		if errors.As(err, &pe) && pe.SQLState() == sqlStateNotNull {
 			return &StaleError{Fence: f, Slot: -1, Err: err}
 		}
-		return fmt.Errorf("fencing: sql guard: %w", err)
+		return g.execError(f, err)
 	}
 	n, err := res.RowsAffected()
 	switch {
@@ -226,6 +277,18 @@ func (g *SQLGuard) Check(ctx context.Context, db Execer, f Fence) error {
 		return fmt.Errorf("fencing: sql guard: %d rows affected for %d slots", n, len(f.Slots))
 	}
 	return nil
+}
+
+// execError is the result of a check statement that failed with err: an
+// *InvalidFenceError when the statement refused a token from the future,
+// else err wrapped.
+func (g *SQLGuard) execError(f Fence, err error) error {
+	var pe interface{ SQLState() string }
+	if g.skew >= 0 && errors.As(err, &pe) && pe.SQLState() == sqlStateBadText &&
+		strings.Contains(err.Error(), futureMarker) {
+		return futureError(f, 0, g.skew, "the database clock (clock_timestamp())")
+	}
+	return fmt.Errorf("fencing: sql guard: %w", err)
 }
 
 // On returns a Guard that checks with g on db, for use where a Guard is

@@ -19,12 +19,20 @@ import (
 // newSQLGuard creates a fence table unique to the test (dropped afterwards).
 func newSQLGuard(t *testing.T, db *sql.DB) *fencing.SQLGuard {
 	t.Helper()
+	return newSQLGuardOpts(t, db, fencing.SQLOptions{})
+}
+
+// newSQLGuardOpts is newSQLGuard with options; opts.Table is set to the
+// test's table, which two guards of one test share.
+func newSQLGuardOpts(t *testing.T, db *sql.DB, opts fencing.SQLOptions) *fencing.SQLGuard {
+	t.Helper()
 	table := "fence_" + strings.ToLower(strings.NewReplacer("-", "_", ".", "_", "/", "_").Replace(redistest.Name(t)))
 	if len(table) > 63 {
 		table = table[len(table)-63:]
 		table = "f" + table[1:]
 	}
-	g, err := fencing.NewSQLGuard(fencing.SQLOptions{Table: table})
+	opts.Table = table
+	g, err := fencing.NewSQLGuard(opts)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -52,7 +60,9 @@ func recorded(t *testing.T, db *sql.DB, g *fencing.SQLGuard, resource string, sl
 func TestSQLGuardCheck(t *testing.T) {
 	db := pgDB(t)
 	ctx := redistest.Ctx(t, 10*time.Second)
-	g := newSQLGuard(t, db)
+	// No clock bound: the tokens near 2^63 below are from the future
+	// (TestForgedTokenRefused checks the bound).
+	g := newSQLGuardOpts(t, db, fencing.SQLOptions{MaxSkew: -1})
 	r := redistest.Name(t)
 	f := func(slot int, token int64) fencing.Fence { return fencing.Fence{Resource: r, Slot: slot, Token: token} }
 	steps := []struct {
@@ -221,7 +231,7 @@ func TestSQLGuardConcurrent(t *testing.T) {
 		go func() {
 			defer wg.Done()
 			for i := 0; i < per; i++ {
-				f := fencing.Fence{Resource: r, Slot: rand.IntN(slots), Token: rand.Int64N(1<<62) + 1}
+				f := fencing.Fence{Resource: r, Slot: rand.IntN(slots), Token: rand.Int64N(1<<50) + 1}
 				mu.Lock()
 				highest[f.Slot] = max(highest[f.Slot], f.Token)
 				mu.Unlock()

@@ -107,8 +107,11 @@ type store struct {
 	highest func(ctx context.Context, resource string, slot int) int64
 }
 
-func redisGuardStore(t *testing.T) store {
-	g := newRedisGuard(t, fencing.RedisOptions{})
+func redisGuardStore(t *testing.T) store { return redisGuardStoreSkew(t, 0) }
+
+// redisGuardStoreSkew is redisGuardStore with RedisOptions.MaxSkew skew.
+func redisGuardStoreSkew(t *testing.T, skew time.Duration) store {
+	g := newRedisGuard(t, fencing.RedisOptions{MaxSkew: skew})
 	return store{check: g.Check, highest: func(ctx context.Context, r string, slot int) int64 {
 		n, err := g.Highest(ctx, r, slot)
 		if err != nil {
@@ -118,18 +121,23 @@ func redisGuardStore(t *testing.T) store {
 	}}
 }
 
-func sqlGuardStore(t *testing.T) store {
+func sqlGuardStore(t *testing.T) store { return sqlGuardStoreSkew(t, 0) }
+
+// sqlGuardStoreSkew is sqlGuardStore with SQLOptions.MaxSkew skew; two
+// stores of one test share the table.
+func sqlGuardStoreSkew(t *testing.T, skew time.Duration) store {
 	db := pgDB(t)
-	g := newSQLGuard(t, db)
+	g := newSQLGuardOpts(t, db, fencing.SQLOptions{MaxSkew: skew})
 	return store{check: g.On(db).Check, highest: func(_ context.Context, r string, slot int) int64 {
 		return recorded(t, db, g, r, slot)
 	}}
 }
 
 var guardStores = []struct {
-	name string
-	mk   func(*testing.T) store
-}{{"redis", redisGuardStore}, {"sql", sqlGuardStore}}
+	name   string
+	mk     func(*testing.T) store
+	mkSkew func(*testing.T, time.Duration) store // the same records, another MaxSkew
+}{{"redis", redisGuardStore, redisGuardStoreSkew}, {"sql", sqlGuardStore, sqlGuardStoreSkew}}
 
 // TestGuardWeighted: a weighted fence is accepted only when its token is at
 // least the highest of every slot, is then recorded for every slot, and a
@@ -185,7 +193,9 @@ func TestGuardWeighted(t *testing.T) {
 			// A newer weighted lease over all of them is accepted.
 			ok(wfence(r, 30, 0, 1, 3, 4, 9))
 			want(map[int]int64{0: 30, 1: 30, 2: 0, 3: 30, 4: 30, 9: 30})
-			// Tokens beyond 2^53 compare exactly.
+			// Tokens beyond 2^53 compare exactly. They are from the future:
+			// the same records through a guard without the clock bound.
+			s = gs.mkSkew(t, -1)
 			ok(wfence(r, 1<<60+1, 10, 11))
 			stale(wfence(r, 1<<60, 11, 12), 11, 1<<60+1)
 			ok(wfence(r, math.MaxInt64, 11, 12))
