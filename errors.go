@@ -39,7 +39,9 @@ var (
 	// ErrUnavailable is matched by the error of a call that failed because
 	// Redis could not be reached: a failed dial, a connection refused, reset
 	// or closed, a server that answered LOADING or MASTERDOWN, or (a call
-	// whose context ended) no connection to Redis at all meanwhile. An
+	// whose context ended) a failed dial of its client meanwhile (redsem
+	// adds one hook to each client it is given, which only watches failed
+	// dials: go-redis retries them without telling the command). An
 	// Acquire rides those out until its context ends, and its error then
 	// matches both ErrUnavailable and the context's error. A reply that
 	// merely did not come before the context ended (a slow or paused

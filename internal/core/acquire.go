@@ -91,11 +91,10 @@ type call struct {
 	sent    bool  // a request that writes (acquire.lua) may have reached Redis
 	replied bool  // Redis answered at least once
 	lastErr error // the last transient error ridden out, while no answer came since
-	// noConn: the call ended with its context while the client had no
-	// connection to Redis at all (its request was still dialing: go-redis
-	// retries a failed dial on its own, so a refused dial may never come
-	// back as an error before the context ends).
-	noConn bool
+	// dialErr: the call ended with its context after a dial of its client
+	// failed (go-redis retries a failed dial on its own, so a refused dial
+	// may never come back to the call as an error before its context ends).
+	dialErr error
 
 	backoff time.Duration
 	timer   *time.Timer // the call's one timer (retry pauses, unfair waits)
@@ -225,12 +224,14 @@ func (c *call) classify(err error) error {
 	if c.parent.Err() != nil {
 		if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
 			err = nil // the context's own error, said once below
-			c.noConn = c.tried && e.noConnection()
+			if c.tried {
+				c.dialErr = e.alerts.dials.failedSince(c.start)
+			}
 		}
 		out := e.ctxErr(c.parent, err)
-		if c.noConn && (c.lastErr == nil || !Unreachable(c.lastErr)) {
-			e.unreachable(errNoConnection)
-			return errors.Join(out, fmt.Errorf("%w: %w", redsem.ErrUnavailable, errNoConnection))
+		if c.dialErr != nil && (c.lastErr == nil || !Unreachable(c.lastErr)) {
+			e.unreachable(c.dialErr)
+			return errors.Join(out, fmt.Errorf("%w: %w", redsem.ErrUnavailable, c.dialErr))
 		}
 		if c.lastErr != nil && (err == nil || !errors.Is(err, c.lastErr)) {
 			// Redis failed transiently and did not answer since: say how,
@@ -251,17 +252,6 @@ func (c *call) classify(err error) error {
 		return err // the library's own: it says what it is about already
 	}
 	return e.wrap(err)
-}
-
-// errNoConnection is why a call abandoned while no connection existed is
-// unavailable.
-var errNoConnection = errors.New("no connection to Redis could be made before the context ended")
-
-// noConnection reports whether the client has no connection to Redis open
-// (none in its pool: every request waits for a dial).
-func (e *Engine) noConnection() bool {
-	st := e.cfg.Client.PoolStats()
-	return st != nil && st.TotalConns == 0
 }
 
 // needsUndo reports whether a call that failed with err may have left a

@@ -3,12 +3,14 @@ package core
 import (
 	"context"
 	"fmt"
+	"net"
 	"log/slog"
 	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
 
+	"github.com/redis/go-redis/v9"
 	"github.com/redsem/redsem"
 )
 
@@ -78,18 +80,61 @@ type alerts struct {
 	mu     sync.Mutex
 	on     [nConditions]bool
 	logged [nConditions]time.Time
+	dials  dialWatch
+}
+
+// dialWatch is a go-redis hook, added once to each client an engine uses,
+// that keeps the client's latest failed dial: go-redis retries a failed
+// dial on its own, so a call abandoned at its context's end may never see
+// the error itself, and its classification (ErrUnavailable or a timeout)
+// asks here. It does nothing to commands.
+type dialWatch struct {
+	mu  sync.Mutex
+	err error
+	at  time.Time
+}
+
+func (d *dialWatch) DialHook(next redis.DialHook) redis.DialHook {
+	return func(ctx context.Context, network, addr string) (net.Conn, error) {
+		c, err := next(ctx, network, addr)
+		if err != nil && ctx.Err() == nil {
+			d.mu.Lock()
+			d.err, d.at = err, time.Now()
+			d.mu.Unlock()
+		}
+		return c, err
+	}
+}
+
+func (d *dialWatch) ProcessHook(next redis.ProcessHook) redis.ProcessHook { return next }
+
+func (d *dialWatch) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
+}
+
+// failedSince returns the client's latest dial error if it came after t.
+func (d *dialWatch) failedSince(t time.Time) error {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.err != nil && d.at.After(t) {
+		return d.err
+	}
+	return nil
 }
 
 // alertsByClient maps a client's address ("%p", so that no client is kept
 // alive by the map) to its alerts.
 var alertsByClient sync.Map
 
-func alertsFor(c any) *alerts {
+func alertsFor(c redis.UniversalClient) *alerts {
 	key := fmt.Sprintf("%p", c)
 	if a, ok := alertsByClient.Load(key); ok {
 		return a.(*alerts)
 	}
-	a, _ := alertsByClient.LoadOrStore(key, &alerts{})
+	a, loaded := alertsByClient.LoadOrStore(key, &alerts{})
+	if !loaded {
+		c.AddHook(&a.(*alerts).dials)
+	}
 	return a.(*alerts)
 }
 
