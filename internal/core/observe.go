@@ -3,8 +3,8 @@ package core
 import (
 	"context"
 	"fmt"
-	"net"
 	"log/slog"
+	"net"
 	"strings"
 	"sync"
 	"sync/atomic"
