@@ -2,7 +2,9 @@
 // tools that need a Redis and find none (the demo and bench of the redsem
 // command), and Run, the one implementation of "start a server process and
 // wait until it answers", on which internal/redistest builds its test
-// servers, clusters and sentinels.
+// servers, clusters and sentinels. Binary says which server binary they
+// start: redis-server from PATH, or the one $REDSEM_REDIS_SERVER names
+// (how the tests run against Valkey).
 package redisproc
 
 import (
@@ -10,6 +12,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"os"
 	"os/exec"
@@ -19,8 +22,37 @@ import (
 	"time"
 )
 
-// ErrNotFound is returned by Start when no redis-server is on PATH.
+// ErrNotFound is returned by Start when no redis-server is on PATH (and
+// $REDSEM_REDIS_SERVER is not set).
 var ErrNotFound = errors.New("redisproc: redis-server not found on PATH")
+
+// EnvServer is the environment variable that names the server binary to
+// start instead of redis-server from PATH: a path, or a name looked up on
+// PATH. A server that picks its mode by the name it is run under must be
+// named so: Valkey's single binary (Debian's valkey-check-rdb) is a server
+// only when run as valkey-server or redis-server, e.g. through a symlink of
+// that name.
+const EnvServer = "REDSEM_REDIS_SERVER"
+
+// Binary returns the path of the server binary to start: the one
+// $REDSEM_REDIS_SERVER names when it is set, else redis-server from PATH
+// (ErrNotFound when there is none). A binary that $REDSEM_REDIS_SERVER names
+// but that cannot be found is an error other than ErrNotFound: the caller
+// asked for that server, so it must not fall back to another.
+func Binary() (string, error) {
+	if name := os.Getenv(EnvServer); name != "" {
+		bin, err := exec.LookPath(name)
+		if err != nil {
+			return "", fmt.Errorf("redisproc: %s=%s: %w", EnvServer, name, err)
+		}
+		return bin, nil
+	}
+	bin, err := exec.LookPath("redis-server")
+	if err != nil {
+		return "", ErrNotFound
+	}
+	return bin, nil
+}
 
 // Proc is one redis-server process started by Start.
 type Proc struct {
@@ -32,13 +64,14 @@ type Proc struct {
 	exited  chan struct{}
 }
 
-// Start runs redis-server from PATH on a free 127.0.0.1 port, with no
-// persistence and its files in a new temporary directory, and returns once
-// it answers PING (or ctx ends, or it fails to start). Call Stop when done.
+// Start runs the server Binary names (redis-server from PATH by default) on
+// a free 127.0.0.1 port, with no persistence and its files in a new
+// temporary directory, and returns once it answers PING (or ctx ends, or it
+// fails to start). Call Stop when done.
 func Start(ctx context.Context) (*Proc, error) {
-	bin, err := exec.LookPath("redis-server")
+	bin, err := Binary()
 	if err != nil {
-		return nil, ErrNotFound
+		return nil, err
 	}
 	dir, err := os.MkdirTemp("", "redsem-redis-")
 	if err != nil {
@@ -103,7 +136,7 @@ func Run(ctx context.Context, argv []string, dir, addr string) (*Proc, error) {
 	}
 	p.Kill()
 	log, _ := os.ReadFile(filepath.Join(dir, "redis.log"))
-	return nil, fmt.Errorf("redisproc: redis-server on %s did not start: %s", p.addr, lastLine(string(log)))
+	return nil, fmt.Errorf("redisproc: %s on %s did not start: %s", filepath.Base(p.bin), p.addr, lastLine(string(log)))
 }
 
 // Addr is the server's host:port.
@@ -112,7 +145,9 @@ func (p *Proc) Addr() string { return p.addr }
 // Path is the redis-server binary that runs.
 func (p *Proc) Path() string { return p.bin }
 
-// Version is the server's version, e.g. "7.0.15" ("" if it did not say).
+// Version is the server's version, e.g. "7.0.15" ("" if it did not say);
+// for Valkey its own version (valkey_version, e.g. "8.0.1"), not the Redis
+// version it claims compatibility with.
 func (p *Proc) Version() string { return p.version }
 
 // Stop ends the server (SIGTERM, then SIGKILL after two seconds), waits for
@@ -150,7 +185,8 @@ func (p *Proc) Kill() {
 // Signal sends sig to the server process.
 func (p *Proc) Signal(sig os.Signal) error { return p.cmd.Process.Signal(sig) }
 
-// ping sends PING then INFO server and returns the redis_version it reports.
+// ping sends PING then INFO server and returns the server's version:
+// valkey_version when the server reports one, else redis_version.
 func ping(addr string) (string, error) {
 	c, err := net.DialTimeout("tcp", addr, 200*time.Millisecond)
 	if err != nil {
@@ -169,15 +205,29 @@ func ping(addr string) (string, error) {
 	if !strings.HasPrefix(line, "+PONG") {
 		return "", errors.New(strings.TrimSpace(line))
 	}
-	for {
-		line, err := r.ReadString('\n')
-		if err != nil {
-			return "", nil // answered PING: the version is a nicety
-		}
-		if v, ok := strings.CutPrefix(line, "redis_version:"); ok {
+	// Answered PING: the version is a nicety, so any trouble below gives "".
+	line, err = r.ReadString('\n')
+	if err != nil || !strings.HasPrefix(line, "$") {
+		return "", nil
+	}
+	n, err := strconv.Atoi(strings.TrimSpace(line[1:]))
+	if err != nil || n < 0 {
+		return "", nil
+	}
+	info := make([]byte, n)
+	if _, err := io.ReadFull(r, info); err != nil {
+		return "", nil
+	}
+	var version string
+	for _, l := range strings.Split(string(info), "\n") {
+		if v, ok := strings.CutPrefix(l, "valkey_version:"); ok {
 			return strings.TrimSpace(v), nil
 		}
+		if v, ok := strings.CutPrefix(l, "redis_version:"); ok {
+			version = strings.TrimSpace(v)
+		}
 	}
+	return version, nil
 }
 
 // FreePort returns a TCP port on 127.0.0.1 that was free a moment ago.

@@ -13,7 +13,8 @@ import (
 
 // startContainer runs Redis in a Docker container through testcontainers-go.
 // It is the last resort, tried only when no redis-server is on PATH and
-// REDIS_URL is not set, and only when a Docker engine seems to be reachable.
+// neither REDIS_URL nor REDSEM_REDIS_SERVER is set, and only when a Docker
+// engine seems to be reachable.
 func startContainer() (*Server, error) {
 	if !dockerEngineLikely() {
 		return nil, errors.New("no Docker engine")

@@ -2,6 +2,9 @@
 // started from PATH on a free loopback port, the server named by REDIS_URL,
 // or (when neither can be had but a Docker engine can) a container started
 // with testcontainers-go. Every test in this module gets its Redis here.
+// With REDSEM_REDIS_SERVER set (see redisproc.Binary), the servers it starts
+// run that binary instead of redis-server, e.g. Valkey's, and no container
+// stands in for it.
 //
 // Use Client for a client of the package's shared server (started once per
 // test binary, stopped by Main), Start for a dedicated server that the test
@@ -17,7 +20,6 @@ import (
 	"fmt"
 	"net"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -32,7 +34,7 @@ import (
 
 // HowToGetRedis is the one line printed when no Redis can be had.
 const HowToGetRedis = "redistest: no Redis available: install redis-server (apt-get install redis-server), " +
-	"or set REDIS_URL=redis://host:port/db, or run a Docker engine"
+	"or set REDIS_URL=redis://host:port/db, or run a Docker engine (or fix REDSEM_REDIS_SERVER if set)"
 
 // Server is one redis-server process owned by a test (or by the test binary).
 type Server struct {
@@ -96,7 +98,7 @@ func startShared() {
 		return
 	}
 	shared, sharedErr = startLocal()
-	if sharedErr != nil {
+	if sharedErr != nil && os.Getenv(redisproc.EnvServer) == "" { // a server was asked for: no stand-in
 		if s, err := startContainer(); err == nil {
 			shared, sharedErr = s, nil
 		}
@@ -235,9 +237,10 @@ func (s *Server) killLocked() {
 	s.proc = nil
 }
 
-// startLocal starts redis-server from PATH on a free loopback port.
+// startLocal starts redis-server from PATH (or the binary
+// REDSEM_REDIS_SERVER names) on a free loopback port.
 func startLocal(extraArgs ...string) (*Server, error) {
-	bin, err := exec.LookPath("redis-server")
+	bin, err := redisproc.Binary()
 	if err != nil {
 		return nil, err
 	}

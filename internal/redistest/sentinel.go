@@ -4,13 +4,13 @@ import (
 	"context"
 	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strconv"
 	"testing"
 	"time"
 
 	"github.com/redis/go-redis/v9"
+	"github.com/redsem/redsem/internal/redisproc"
 )
 
 // SentinelMaster is the master name under which StartSentinel monitors.
@@ -22,7 +22,7 @@ const SentinelMaster = "redistest"
 // so that a failover can be forced at once.
 func StartSentinel(t testing.TB, primary *Server, wantReplicas int) *Server {
 	t.Helper()
-	bin, err := exec.LookPath("redis-server")
+	bin, err := redisproc.Binary()
 	if err != nil {
 		t.Fatalf("%s (%v)", HowToGetRedis, err)
 	}
