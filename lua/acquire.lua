@@ -116,6 +116,15 @@ if rec then
 end
 
 expire(now)
+-- More than one batch expired together (a mass expiry): a few more batches
+-- while this request still lacks slots, so that a TryAcquire sees the
+-- slots of every expired holder, at a bounded cost (16 batches at most).
+for _ = 1, 15 do
+  if now < next_expiry() or limit_in_force(client_limit) - num('_used') >= n then
+    break
+  end
+  expire(now)
+end
 prune(now)
 local limit, established = establish(client_limit)
 if not limit then

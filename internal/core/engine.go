@@ -121,10 +121,12 @@ func (e *Engine) Close() error {
 	e.hub = nil
 	e.closed = true
 	e.hubMu.Unlock()
+	// The calls first: shutdown waits for a heartbeat in flight, which
+	// against a dead Redis may take its whole bound.
+	e.stop()
 	if h != nil {
 		h.shutdown()
 	}
-	e.stop()
 	return nil
 }
 

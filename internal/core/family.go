@@ -124,10 +124,10 @@ func (f *Family) Close() error {
 	f.hub = nil
 	f.closed = true
 	f.mu.Unlock()
+	f.root.stop() // the members' calls and undo retries, before the hub's wait
 	if h != nil {
 		h.shutdown()
 	}
-	f.root.stop() // the members' undo retries
 	f.mmu.Lock()
 	if f.sweep != nil {
 		f.sweep.Stop()
