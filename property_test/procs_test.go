@@ -28,7 +28,10 @@ import (
 // The concurrent property: several OS processes (this test binary run again
 // as TestHelperProcess) with many goroutines each acquire (AcquireN, a
 // random weight in [1, limit]) and release one semaphore with random holds, while the parent kills some of them with
-// SIGKILL. Every lease is recorded by its process as JSON lines on stdout,
+// SIGKILL; one run in two has a quiet stretch in which one process alone
+// takes and returns a slot at once for over twice the queue TTL, then
+// everyone goes on at once (issue 19: a running process must never see
+// its waiters evicted). Every lease is recorded by its process as JSON lines on stdout,
 // with time.Now().UnixNano(): the wall clock, which all processes on one
 // machine share (a clock step during a run would make the check unsound).
 
@@ -51,6 +54,12 @@ type helperParams struct {
 	HoldMax int    `json:"hold_max_ms"`
 	RunMs   int    `json:"run_ms"`
 	Seed    uint64 `json:"seed"`
+	// A quiet stretch [QuietAt, QuietAt+Quiet) ms into the run: nobody
+	// calls, but worker 0 of the Streamer takes and returns a slot at once
+	// every procQueue/10; then every worker goes on at once (a burst).
+	QuietAt  int  `json:"quiet_at_ms,omitempty"`
+	Quiet    int  `json:"quiet_ms,omitempty"`
+	Streamer bool `json:"streamer,omitempty"`
 }
 
 // record is one line a child prints.
@@ -59,6 +68,7 @@ type helperParams struct {
 //	     with its slots, token and early deadline estimate (ns).
 //	rel: Release was called at T (printed before the call).
 //	lost: Release of ID returned ErrLeaseLost.
+//	evict: the process saw its waiter ID evicted (EventWaiterEvicted).
 type record struct {
 	Ev       string `json:"ev"`
 	ID       string `json:"id"`
@@ -84,16 +94,6 @@ func TestHelperProcess(t *testing.T) {
 	}
 	rdb := redis.NewClient(&redis.Options{Addr: p.Addr, ContextTimeoutEnabled: true})
 	defer rdb.Close()
-	var sem redsem.Semaphore
-	var err error
-	if p.Fair {
-		sem, err = fair.New(rdb, p.Name, p.Limit, fair.Options{LeaseTTL: procLease, QueueTTL: procQueue})
-	} else {
-		sem, err = unfair.New(rdb, p.Name, p.Limit, unfair.Options{LeaseTTL: procLease})
-	}
-	if err != nil {
-		t.Fatal(err)
-	}
 	var mu sync.Mutex
 	emit := func(r record) {
 		b, _ := json.Marshal(r)
@@ -101,12 +101,53 @@ func TestHelperProcess(t *testing.T) {
 		_, _ = os.Stdout.Write(append(b, '\n')) // one write: whole lines or nothing
 		mu.Unlock()
 	}
+	observe := func(ev redsem.Event) {
+		if ev.Kind == redsem.EventWaiterEvicted {
+			emit(record{Ev: "evict", ID: ev.LeaseID, T: time.Now().UnixNano()})
+		}
+	}
+	var sem redsem.Semaphore
+	var err error
+	if p.Fair {
+		sem, err = fair.New(rdb, p.Name, p.Limit, fair.Options{LeaseTTL: procLease, QueueTTL: procQueue, Observer: observe})
+	} else {
+		sem, err = unfair.New(rdb, p.Name, p.Limit, unfair.Options{LeaseTTL: procLease, Observer: observe})
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	begin := time.Now()
+	quietFrom := begin.Add(time.Duration(p.QuietAt) * time.Millisecond)
+	quietTo := quietFrom.Add(time.Duration(p.Quiet) * time.Millisecond)
 	end := time.Now().Add(time.Duration(p.RunMs) * time.Millisecond)
 	var wg sync.WaitGroup
 	for w := 0; w < p.Workers; w++ {
 		rng := rand.New(rand.NewPCG(p.Seed, uint64(w)))
 		wg.Go(func() {
 			for time.Now().Before(end) {
+				if now := time.Now(); p.Quiet > 0 && !now.Before(quietFrom) && now.Before(quietTo) {
+					if !p.Streamer || w != 0 {
+						time.Sleep(time.Until(quietTo))
+						continue
+					}
+					// The stream: a slot taken and returned at once.
+					ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+					start := time.Now().UnixNano()
+					l, err := sem.Acquire(ctx)
+					cancel()
+					if err != nil {
+						emit(record{Ev: "fail", T: time.Now().UnixNano(), Err: "stream: " + err.Error()})
+						continue
+					}
+					emit(record{Ev: "acq", ID: l.ID(), Weight: 1, Slots: l.Slots(), Token: l.Token(), Start: start,
+						T: time.Now().UnixNano(), Deadline: l.Deadline().UnixNano()})
+					emit(record{Ev: "rel", ID: l.ID(), T: time.Now().UnixNano()})
+					if err := l.Release(context.Background()); err != nil {
+						emit(record{Ev: "fail", T: time.Now().UnixNano(), Err: "stream release: " + err.Error()})
+					}
+					time.Sleep(procQueue / 10)
+					continue
+				}
 				n := 1 + rng.IntN(p.Limit)
 				ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
 				start := time.Now().UnixNano()
@@ -173,12 +214,19 @@ func TestConcurrentProcesses(t *testing.T) {
 			RunMs:   int(procRun.Milliseconds()),
 		}
 		nproc := rapid.IntRange(2, 4).Draw(rt, "processes")
+		if rapid.Bool().Draw(rt, "quiet") {
+			// A quiet stretch longer than twice the queue TTL in which one
+			// process streams uncontended grants, then everyone at once.
+			p.QuietAt, p.Quiet = 200, int(2*procQueue.Milliseconds())+100
+			p.RunMs += p.Quiet
+		}
 		nkill := rapid.IntRange(0, nproc-1).Draw(rt, "kills")
 		kills := make([]time.Duration, nkill)
 		for i := range kills {
 			kills[i] = time.Duration(rapid.IntRange(50, int(procRun.Milliseconds())-100).Draw(rt, "kill_at_ms")) * time.Millisecond
 		}
 		slices.Sort(kills)
+		trace("%s: fair %v limit %d processes %d workers %d quiet %d ms, kills %v", t.Name(), p.Fair, p.Limit, nproc, p.Workers, p.Quiet, kills)
 		runProcesses(t, rt, rdb, p, nproc, kills)
 	})
 }
@@ -196,6 +244,7 @@ func runProcesses(t *testing.T, rt *rapid.T, rdb *redis.Client, p helperParams, 
 	for i := range children {
 		q := p
 		q.Seed = uint64(i)*7919 + uint64(time.Now().UnixNano())
+		q.Streamer = p.Quiet > 0 && i == 0
 		raw, _ := json.Marshal(q)
 		c := &child{done: make(chan struct{})}
 		c.cmd = exec.Command(os.Args[0], "-test.run=^TestHelperProcess$", "-test.count=1")
@@ -239,7 +288,7 @@ func runProcesses(t *testing.T, rt *rapid.T, rdb *redis.Client, p helperParams, 
 	for i, c := range children {
 		select {
 		case <-c.done:
-		case <-time.After(procRun + 20*time.Second):
+		case <-time.After(time.Duration(p.RunMs)*time.Millisecond + 20*time.Second):
 			fatalf(rt, "process %d did not finish", i)
 		}
 		err := c.cmd.Wait()
@@ -273,6 +322,10 @@ func runProcesses(t *testing.T, rt *rapid.T, rdb *redis.Client, p helperParams, 
 				}
 			case "fail":
 				fatalf(rt, "process %d: %s", i, r.Err)
+			case "evict":
+				// Only a process that stopped (paused, cut off) for
+				// QueueTTL may lose its place; these never stop.
+				fatalf(rt, "process %d saw its waiter %s evicted (EventWaiterEvicted) while it was running (quiet stretch: %v)", i, r.ID, p.Quiet > 0)
 			}
 		}
 		for _, iv := range open {
