@@ -1,0 +1,250 @@
+package lua_test
+
+import (
+	"context"
+	"fmt"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/redsem/redsem/internal/core"
+	"github.com/redsem/redsem/internal/redistest"
+	"github.com/redsem/redsem/lua"
+)
+
+// BenchmarkScripts measures what each semaphore script costs Redis per call,
+// pipelined (100 calls per round trip) on a server of its own, so that the
+// network and the client barely count: the figures are the server's. Each
+// sub-benchmark reports, per script it ran, "us/<script>": the mean time
+// Redis spent in one call of it (SLOWLOG with threshold 0, which times each
+// top-level command, inner commands included), and "us/script": the mean
+// over all its script calls from INFO commandstats, of which "inner-us/script"
+// were the commands the scripts ran (every command but EVAL*/FCALL*).
+//
+//	go test ./lua -run '^$' -bench Scripts -benchtime 2000x
+func BenchmarkScripts(b *testing.B) {
+	const pipe = 100
+	srv := redistest.Start(b)
+	c := srv.Client(b)
+	ctx := context.Background()
+
+	// cycle sends the script calls of cycle i into p.
+	type cycle func(p redis.Pipeliner, k core.Keys, i int)
+	bench := func(name string, setup func(k core.Keys), do cycle) {
+		b.Run(name, func(b *testing.B) {
+			k := core.KeysFor("redsem", "bench-"+name)
+			if setup != nil {
+				setup(k)
+			}
+			// Warm up: the scripts are loaded and the keys exist.
+			if _, err := runPipe(ctx, c, k, do, 0, pipe); err != nil {
+				b.Fatal(err)
+			}
+			cost := startCost(ctx, b, c)
+			b.ResetTimer()
+			for i := 0; i < b.N; i += pipe {
+				n := min(pipe, b.N-i)
+				if _, err := runPipe(ctx, c, k, do, pipe+i, n); err != nil {
+					b.Fatal(err)
+				}
+			}
+			b.StopTimer()
+			cost.report(ctx, b)
+		})
+	}
+	call := func(p redis.Pipeliner, k core.Keys, s lua.Script, args ...any) {
+		argv := append([]any{k.Chan, "PUBLISH"}, args...)
+		p.EvalSha(ctx, s.Hash(), k.List, argv...)
+	}
+	id := func(i int) string { return "id-" + strconv.Itoa(i) }
+
+	// The uncontended unfair cycle: TryAcquire, then Release.
+	bench("unfair-try-release", nil, func(p redis.Pipeliner, k core.Keys, i int) {
+		call(p, k, lua.Acquire, 5, id(i), 1, 30000, "try", "-", 0, "bench", 0)
+		call(p, k, lua.Release, 5, id(i), "owner", 15000)
+	})
+	// The uncontended fair cycle: a queue-mode acquire granted at once, then
+	// Release, under a live session.
+	bench("fair-queue-release", func(k core.Keys) {
+		if _, err := run1(ctx, c, lua.Heartbeat, k, 5, "sess", 600000, "new"); err != nil {
+			b.Fatal(err)
+		}
+	}, func(p redis.Pipeliner, k core.Keys, i int) {
+		call(p, k, lua.Acquire, 5, id(i), 1, 30000, "queue", "sess", 0, "bench", 0)
+		call(p, k, lua.Release, 5, id(i), "owner", 15000)
+	})
+	// A fair waiter queued behind full slots, then removed (an undo), with
+	// 4 holders of 5 slots: the queue path and the cancelling release.
+	bench("fair-queue-undo", func(k core.Keys) {
+		if _, err := run1(ctx, c, lua.Heartbeat, k, 5, "sess", 600000, "new"); err != nil {
+			b.Fatal(err)
+		}
+		if _, err := run1(ctx, c, lua.Acquire, k, 5, "holder", 5, 600000, "queue", "sess", 0, "bench", 0); err != nil {
+			b.Fatal(err)
+		}
+	}, func(p redis.Pipeliner, k core.Keys, i int) {
+		call(p, k, lua.Acquire, 5, id(i), 1, 30000, "queue", "sess", 0, "bench", 0)
+		call(p, k, lua.Release, 5, id(i), "undo", 15000)
+	})
+	// Renew of one held lease.
+	bench("renew", func(k core.Keys) {
+		if _, err := run1(ctx, c, lua.Acquire, k, 5, "held", 1, 30000, "try", "-", 0, "bench", 0); err != nil {
+			b.Fatal(err)
+		}
+	}, func(p redis.Pipeliner, k core.Keys, i int) {
+		call(p, k, lua.Renew, 5, "held", 30000)
+	})
+	// The heartbeat of a session with a waiter queued behind full slots.
+	bench("heartbeat", func(k core.Keys) {
+		if _, err := run1(ctx, c, lua.Heartbeat, k, 5, "sess", 600000, "new"); err != nil {
+			b.Fatal(err)
+		}
+		if _, err := run1(ctx, c, lua.Acquire, k, 5, "holder", 5, 600000, "queue", "sess", 0, "bench", 0); err != nil {
+			b.Fatal(err)
+		}
+		if _, err := run1(ctx, c, lua.Acquire, k, 5, "waiter", 1, 600000, "queue", "sess", 0, "bench", 0); err != nil {
+			b.Fatal(err)
+		}
+	}, func(p redis.Pipeliner, k core.Keys, i int) {
+		call(p, k, lua.Heartbeat, 5, "sess", 600000, "old")
+	})
+	// Status (a read-only script) of a semaphore with 5 holders.
+	bench("status", func(k core.Keys) {
+		for i := 0; i < 5; i++ {
+			if _, err := run1(ctx, c, lua.Acquire, k, 5, id(-1-i), 1, 600000, "try", "-", 0, "bench", 0); err != nil {
+				b.Fatal(err)
+			}
+		}
+	}, func(p redis.Pipeliner, k core.Keys, i int) {
+		p.EvalShaRO(ctx, lua.Status.Hash(), k.List, k.Chan, "PUBLISH", 5)
+	})
+}
+
+func run1(ctx context.Context, c *redis.Client, s lua.Script, k core.Keys, args ...any) ([]any, error) {
+	return core.Script(s).Run(ctx, c, k.List, append([]any{k.Chan, "PUBLISH"}, args...)...).Slice()
+}
+
+func runPipe(ctx context.Context, c *redis.Client, k core.Keys, do func(redis.Pipeliner, core.Keys, int), from, n int) ([]redis.Cmder, error) {
+	p := c.Pipeline()
+	for i := from; i < from+n; i++ {
+		do(p, k, i)
+	}
+	cmds, err := p.Exec(ctx)
+	if err != nil && strings.HasPrefix(err.Error(), "NOSCRIPT") {
+		// Load every script once, then run the batch again.
+		for _, s := range lua.Scripts() {
+			if err := c.ScriptLoad(ctx, s.Source()).Err(); err != nil {
+				return nil, err
+			}
+		}
+		return runPipe(ctx, c, k, do, from, n)
+	}
+	for _, cmd := range cmds {
+		if cmd.Err() != nil {
+			return cmds, fmt.Errorf("%v: %w", cmd.Args()[:2], cmd.Err())
+		}
+	}
+	return cmds, err
+}
+
+// scriptCost measures the server's time per script call between its start
+// and report.
+type scriptCost struct {
+	c      *redis.Client
+	before map[string][2]int64 // commandstats: name -> calls, usec
+}
+
+func startCost(ctx context.Context, b *testing.B, c *redis.Client) *scriptCost {
+	for _, cmd := range [][]any{
+		{"config", "set", "slowlog-log-slower-than", "0"},
+		{"config", "set", "slowlog-max-len", "1000000"},
+		{"slowlog", "reset"},
+	} {
+		if err := c.Do(ctx, cmd...).Err(); err != nil {
+			b.Fatal(err)
+		}
+	}
+	st, err := commandStats(ctx, c)
+	if err != nil {
+		b.Fatal(err)
+	}
+	return &scriptCost{c: c, before: st}
+}
+
+func (s *scriptCost) report(ctx context.Context, b *testing.B) {
+	defer s.c.ConfigSet(ctx, "slowlog-log-slower-than", "10000")
+	after, err := commandStats(ctx, s.c)
+	if err != nil {
+		b.Fatal(err)
+	}
+	var calls, usec, inner int64
+	for name, v := range after {
+		d := [2]int64{v[0] - s.before[name][0], v[1] - s.before[name][1]}
+		switch {
+		case strings.HasPrefix(name, "eval"), strings.HasPrefix(name, "fcall"):
+			calls += d[0]
+			usec += d[1]
+		case name == "slowlog", name == "config", name == "info":
+		default:
+			inner += d[1]
+		}
+	}
+	if calls > 0 {
+		b.ReportMetric(float64(usec)/float64(calls), "us/script")
+		b.ReportMetric(float64(inner)/float64(calls), "inner-us/script")
+	}
+	// SLOWLOG splits the time by script (its SHA1 is the entry's second
+	// argument).
+	names := map[string]string{}
+	for _, sc := range lua.Scripts() {
+		names[sc.Hash()] = strings.TrimSuffix(sc.String(), ".lua")
+	}
+	logs, err := s.c.SlowLogGet(ctx, -1).Result()
+	if err != nil {
+		b.Fatal(err)
+	}
+	per := map[string][2]float64{}
+	for _, l := range logs {
+		if len(l.Args) < 2 || !strings.HasPrefix(strings.ToLower(l.Args[0]), "evalsha") {
+			continue
+		}
+		n := names[l.Args[1]]
+		if n == "" {
+			continue
+		}
+		v := per[n]
+		per[n] = [2]float64{v[0] + 1, v[1] + float64(l.Duration/time.Microsecond)}
+	}
+	for n, v := range per {
+		b.ReportMetric(v[1]/v[0], "us/"+n)
+	}
+}
+
+// commandStats reads INFO commandstats as name -> {calls, usec}.
+func commandStats(ctx context.Context, c *redis.Client) (map[string][2]int64, error) {
+	text, err := c.Info(ctx, "commandstats").Result()
+	if err != nil {
+		return nil, err
+	}
+	m := map[string][2]int64{}
+	for _, line := range strings.Split(text, "\n") {
+		k, v, ok := strings.Cut(strings.TrimSpace(line), ":")
+		name, isCmd := strings.CutPrefix(k, "cmdstat_")
+		if !ok || !isCmd {
+			continue
+		}
+		var calls, usec int64
+		for _, f := range strings.Split(v, ",") {
+			if x, ok := strings.CutPrefix(f, "calls="); ok {
+				calls, _ = strconv.ParseInt(x, 10, 64)
+			}
+			if x, ok := strings.CutPrefix(f, "usec="); ok {
+				usec, _ = strconv.ParseInt(x, 10, 64)
+			}
+		}
+		m[name] = [2]int64{calls, usec}
+	}
+	return m, nil
+}
