@@ -50,6 +50,11 @@ the ideal FIFO wait, handoff latency, Jain's fairness index, Redis commands
 and CPU per hold, the most slots held at once, and the PING round trip
 with the uncontended TryAcquire+Release cost as a multiple of it.
 
+Per script it reports calls per hold and the mean time Redis spent in one
+call (inner commands included): SLOWLOG times every command during a run
+(its threshold is set to 0 and restored after; a server that refuses
+CONFIG SET gets only the commandstats mean over all scripts).
+
 Variants: fair, unfair, local (an in-process channel semaphore: the
 ceiling), naive-counter (INCR/DECR, fixed retry), naive-zset (the seed's
 sorted set, fixed retry). A comma list runs each in turn.

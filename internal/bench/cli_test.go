@@ -62,6 +62,13 @@ type result struct {
 	UncontendedRate float64  `json:"uncontended_cycles_per_s"`
 	Errors          int      `json:"errors"`
 	LastError       string   `json:"last_error"`
+	ScriptCalls     float64  `json:"script_calls_per_hold"`
+	ScriptUs        float64  `json:"script_us_per_call"`
+	Scripts         []struct {
+		Script       string  `json:"script"`
+		CallsPerHold float64 `json:"calls_per_hold"`
+		UsPerCall    float64 `json:"us_per_call"`
+	} `json:"scripts"`
 }
 
 // runJSON runs the bench and decodes its JSON lines.
@@ -112,6 +119,21 @@ func TestRunsEveryVariant(t *testing.T) {
 		}
 		if (r.Variant == "fair" || r.Variant == "unfair") && (r.UncontendedCmds < 2 || r.UncontendedRTT <= 0 || r.UncontendedRate <= 0) {
 			t.Errorf("%s: uncontended %v commands per cycle, %v RTT", r.Variant, r.UncontendedCmds, r.UncontendedRTT)
+		}
+		if r.Variant == "fair" || r.Variant == "unfair" {
+			// Per script: acquire and release each ran, and the SLOWLOG
+			// split accounts for every script call commandstats saw.
+			calls, seen := 0.0, map[string]bool{}
+			for _, sc := range r.Scripts {
+				calls += sc.CallsPerHold
+				seen[sc.Script] = sc.CallsPerHold > 0 && sc.UsPerCall > 0
+			}
+			if !seen["acquire"] || !seen["release"] || r.ScriptUs <= 0 {
+				t.Errorf("%s: per-script costs %+v, %v µs per script call", r.Variant, r.Scripts, r.ScriptUs)
+			}
+			if d := calls - r.ScriptCalls; d > 0.01*r.ScriptCalls || d < -0.01*r.ScriptCalls {
+				t.Errorf("%s: SLOWLOG saw %.3f script calls per hold, commandstats %.3f", r.Variant, calls, r.ScriptCalls)
+			}
 		}
 	}
 }

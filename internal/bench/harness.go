@@ -113,8 +113,15 @@ type runResult struct {
 	RedisCallsPerHold float64 `json:"redis_calls_per_hold"`
 	// INFO commandstats evalsha+eval per hold.
 	ScriptCallsPerHold float64 `json:"script_calls_per_hold"`
-	RedisCPUUsPerHold  float64 `json:"redis_cpu_us_per_hold"`
-	PingRTTUs          float64 `json:"ping_rtt_us"`
+	// INFO commandstats: mean usec per script call (inner commands
+	// included), and of that the commands the scripts ran.
+	ScriptUsPerCall      float64 `json:"script_us_per_call"`
+	InnerUsPerScriptCall float64 `json:"inner_us_per_script_call"`
+	// Per script, from SLOWLOG (threshold 0 during the run): calls per
+	// hold and mean usec per call.
+	Scripts           []ScriptCost `json:"scripts,omitempty"`
+	RedisCPUUsPerHold float64      `json:"redis_cpu_us_per_hold"`
+	PingRTTUs         float64      `json:"ping_rtt_us"`
 	// Uncontended TryAcquire+Release (fair and unfair only), on a name of
 	// its own before the workload: the median cycle, as a multiple of the
 	// PING round trip, cycles per second, and commands per cycle.
@@ -205,8 +212,11 @@ func (b *bencher) run(s runSpec) (runResult, error) {
 		}
 	}
 	var before ServerStats
+	var slog *scriptLog
 	if s.variant != "local" {
+		slog = startScriptLog(ctx, b.client)
 		if before, err = ReadStats(ctx, b.client); err != nil {
+			slog.stop(ctx, 0)
 			return r, err
 		}
 	}
@@ -225,10 +235,14 @@ func (b *bencher) run(s runSpec) (runResult, error) {
 	}
 	stopProgress(tr.Errors)
 	if err != nil {
+		if slog != nil {
+			slog.stop(ctx, 0)
+		}
 		return r, err
 	}
 	if s.variant != "local" {
 		after, err := ReadStats(ctx, b.client)
+		r.Scripts = slog.stop(ctx, len(tr.Records))
 		if err != nil {
 			return r, err
 		}
@@ -238,6 +252,10 @@ func (b *bencher) run(s runSpec) (runResult, error) {
 			r.CommandsPerHold = float64(tr.Commands) / n
 			r.RedisCallsPerHold = float64(d.Commands) / n
 			r.ScriptCallsPerHold = float64(d.ScriptCalls) / n
+			if d.ScriptCalls > 0 {
+				r.ScriptUsPerCall = float64(d.ScriptUsec) / float64(d.ScriptCalls)
+				r.InnerUsPerScriptCall = float64(d.OtherUsec) / float64(d.ScriptCalls)
+			}
 			r.RedisCPUUsPerHold = d.CPU * 1e6 / n
 		}
 		if s.variant == "naive-counter" {

@@ -14,12 +14,16 @@ type ServerStats struct {
 	// Commands is INFO stats total_commands_processed. Redis 7 counts the
 	// commands a script runs as well as the EVALSHA that ran it.
 	Commands int64
-	// ScriptCalls is the calls of evalsha + eval (+ the *_ro forms) from
+	// ScriptCalls is the calls of evalsha + eval + fcall (+ the *_ro forms) from
 	// INFO commandstats: the top-level script invocations.
 	ScriptCalls int64
 	// ScriptUsec is the usec of those calls: the time Redis spent running
 	// scripts, unaffected by client scheduling and network.
 	ScriptUsec int64
+	// OtherUsec is the usec of every other command in commandstats: the
+	// commands the scripts ran, plus the few the clients sent themselves
+	// (SUBSCRIBE, PING, INFO).
+	OtherUsec int64
 	// CPU is used_cpu_sys + used_cpu_user in seconds (all server threads).
 	CPU float64
 }
@@ -40,7 +44,8 @@ func ParseInfo(text string) ServerStats {
 		case "used_cpu_sys", "used_cpu_user":
 			f, _ := strconv.ParseFloat(v, 64)
 			s.CPU += f
-		case "cmdstat_evalsha", "cmdstat_eval", "cmdstat_evalsha_ro", "cmdstat_eval_ro":
+		case "cmdstat_evalsha", "cmdstat_eval", "cmdstat_evalsha_ro", "cmdstat_eval_ro",
+			"cmdstat_fcall", "cmdstat_fcall_ro":
 			for _, f := range strings.Split(v, ",") {
 				if n, ok := strings.CutPrefix(f, "calls="); ok {
 					c, _ := strconv.ParseInt(n, 10, 64)
@@ -49,6 +54,16 @@ func ParseInfo(text string) ServerStats {
 				if n, ok := strings.CutPrefix(f, "usec="); ok {
 					c, _ := strconv.ParseInt(n, 10, 64)
 					s.ScriptUsec += c
+				}
+			}
+		default:
+			if !strings.HasPrefix(k, "cmdstat_") {
+				continue
+			}
+			for _, f := range strings.Split(v, ",") {
+				if n, ok := strings.CutPrefix(f, "usec="); ok {
+					c, _ := strconv.ParseInt(n, 10, 64)
+					s.OtherUsec += c
 				}
 			}
 		}
@@ -62,6 +77,7 @@ func (s ServerStats) Sub(before ServerStats) ServerStats {
 		Commands:    s.Commands - before.Commands,
 		ScriptCalls: s.ScriptCalls - before.ScriptCalls,
 		ScriptUsec:  s.ScriptUsec - before.ScriptUsec,
+		OtherUsec:   s.OtherUsec - before.OtherUsec,
 		CPU:         s.CPU - before.CPU,
 	}
 }

@@ -78,6 +78,14 @@ func printTable(w io.Writer, rs []runResult) {
 			}
 			fmt.Fprintln(w)
 		}
+		if r.ScriptCallsPerHold > 0 {
+			fmt.Fprintf(w, "%s: scripts %.2f calls/hold, %.1f µs/call (inner commands %.1f)", r.Variant,
+				r.ScriptCallsPerHold, r.ScriptUsPerCall, r.InnerUsPerScriptCall)
+			for _, sc := range r.Scripts {
+				fmt.Fprintf(w, "; %s %.2f/hold × %.1f µs", sc.Script, sc.CallsPerHold, sc.UsPerCall)
+			}
+			fmt.Fprintln(w)
+		}
 		if r.Errors > 0 {
 			fmt.Fprintf(w, "%s: %d errors, last: %s\n", r.Variant, r.Errors, r.LastError)
 		}
@@ -288,6 +296,35 @@ func markdownTable(w io.Writer, rs []runResult) {
 			r.Variant, r.Procs, r.Workers, r.HoldsPerSec, r.Utilisation, r.MeanHoldMs,
 			r.WaitP50Ms, r.WaitP90Ms, r.WaitP99Ms, r.WaitMaxMs, r.IdealWaitMs, r.WaitP99OverIdeal,
 			r.HandoffP50Ms, r.HandoffP99Ms, r.Jain, r.MaxHolders, cost, r.Errors)
+	}
+	fmt.Fprintln(w)
+	scriptTable(w, rs)
+}
+
+// scriptTable prints what each script cost Redis, per variant: calls per
+// hold and mean µs per call (SLOWLOG), then the mean over all script calls
+// (INFO commandstats) and the part of it the scripts' own commands took.
+func scriptTable(w io.Writer, rs []runResult) {
+	any := false
+	for _, r := range rs {
+		any = any || r.ScriptCallsPerHold > 0
+	}
+	if !any {
+		return
+	}
+	fmt.Fprintln(w, "| variant | procs | script | calls / hold | µs / call | µs / hold |")
+	fmt.Fprintln(w, "|---|---:|---|---:|---:|---:|")
+	for _, r := range rs {
+		if r.ScriptCallsPerHold == 0 {
+			continue
+		}
+		for _, sc := range r.Scripts {
+			fmt.Fprintf(w, "| %s | %d | %s | %.2f | %.1f | %.1f |\n", r.Variant, r.Procs, sc.Script,
+				sc.CallsPerHold, sc.UsPerCall, sc.CallsPerHold*sc.UsPerCall)
+		}
+		fmt.Fprintf(w, "| %s | %d | all (commandstats; inner commands %.1f µs / call) | %.2f | %.1f | %.1f |\n",
+			r.Variant, r.Procs, r.InnerUsPerScriptCall, r.ScriptCallsPerHold, r.ScriptUsPerCall,
+			r.ScriptCallsPerHold*r.ScriptUsPerCall)
 	}
 	fmt.Fprintln(w)
 }
