@@ -16,22 +16,43 @@
 // transaction or *sql.Conn that is using the connection when its lease is
 // lost sees driver.ErrBadConn on its next statement.
 //
+// # Idle connections
+//
+// An idle connection in database/sql's pool holds its slot, so that the
+// next query of its process runs at once, without a round trip to Redis or
+// a new connection. But database/sql never hands an idle connection to a
+// query that is already waiting in Connect, and another process's pool
+// cannot use it at all. So an idle connection gives its slot back, by
+// closing, when a Connect waits for one:
+//
+//   - A Connect that has waited 10 ms for a slot closes an idle connection
+//     of its own connector (idle for at least 5 ms, the longest idle first)
+//     and asks again every 100 ms while it waits.
+//   - When its connector has none, it publishes one demand notice on the
+//     semaphore's channel ({name}:want, in the semaphore's hash tag); each
+//     other connector of the semaphore, in any process, closes one of its
+//     idle connections for it. This needs sem to be a *fair.Semaphore or
+//     *unfair.Semaphore (a family member too): the connector subscribes on
+//     sem's Redis client at its first Connect, one pub/sub connection per
+//     connector, until sql.DB.Close. With a semaphore of another type (a
+//     wrapper), only the connector's own idle connections are given back.
+//
+// A connection in use (a query, a transaction, an *sql.Conn) is never given
+// back. Nothing is sent while no Connect waits: the fast path of a query
+// is untouched. database/sql learns that a given-back connection is gone
+// when it next takes it from the pool (ResetSession answers
+// driver.ErrBadConn, and it retries on another connection), so until then
+// sql.DB.Stats counts it as idle.
+//
 // # Pool settings
 //
-// Idle connections in database/sql's pool hold their slots too: a process
-// whose pool keeps 5 idle connections keeps 5 slots from every other
-// process. So:
-//
-//   - Set SetMaxOpenConns to at most the limit in every process. A higher
-//     value does no harm to others: the extra Connect calls wait for a
-//     slot, holding nothing.
-//   - Bound idle slots with SetMaxIdleConns (database/sql's default is 2) and
-//     SetConnMaxIdleTime, so that a process that has gone quiet gives its
-//     slots back. database/sql closes expired idle connections at most once
-//     a second, so a very short idle time does not help more than that.
-//   - Without such bounds, processes whose pools together hold the limit in
-//     idle connections make every other process wait in Connect until its
-//     context ends.
+//   - SetMaxOpenConns at most the limit in every process. A higher value
+//     does no harm to others: the extra Connect calls wait for a slot,
+//     holding nothing, and take one from idle connections of any process.
+//   - SetMaxIdleConns and SetConnMaxIdleTime as for any pool: idle
+//     connections no longer keep other processes waiting, but each one
+//     given back costs a new connection later. database/sql closes expired
+//     idle connections at most once a second.
 //
 // The lease is released when the driver's Close returns. The database may
 // count the closed connection for a moment longer (a PostgreSQL backend

@@ -35,8 +35,9 @@ func ExampleNewConnector() {
 	}
 	db := sql.OpenDB(redsemsql.NewConnector(stdlib.GetConnector(*cfg), sem))
 	defer db.Close()
-	// Idle connections hold slots too: open at most 5 here, keep at most 2
-	// idle, and give idle ones back after a minute.
+	// Open at most 5 here. Idle connections keep their slots for this
+	// process's next queries, and give them back (closing) when a Connect
+	// of any process waits for one.
 	db.SetMaxOpenConns(5)
 	db.SetMaxIdleConns(2)
 	db.SetConnMaxIdleTime(time.Minute)

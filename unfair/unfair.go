@@ -67,6 +67,17 @@ type Semaphore struct {
 
 var _ redsem.Semaphore = (*Semaphore)(nil)
 
+// The engine behind a *Semaphore, for this module's own packages
+// (redsemsql subscribes to its demand notices).
+func init() {
+	core.RegisterUnwrap(func(v any) *core.Engine {
+		if s, ok := v.(*Semaphore); ok && s != nil {
+			return s.e
+		}
+		return nil
+	})
+}
+
 // New returns an unfair semaphore called name that admits at most limit
 // holders at once. client may be a *redis.Client, *redis.ClusterClient or a
 // failover client. New does no I/O; it returns a *redsem.ConfigError

@@ -9,6 +9,7 @@ type Keys struct {
 	List []string // in the order lib.lua expects (KEYS[1..7])
 	Chan string   // channel base; grants go to Chan+":s:"+session
 	Free string   // channel of freed-slot notices for unfair waiters
+	Want string   // channel of demand notices (redsemsql: a Connect waits)
 }
 
 // Key suffixes, in the order of lib.lua's KEYS.
@@ -37,6 +38,7 @@ func KeysFor(prefix, name string) Keys {
 		k.List[i] = base + s
 	}
 	k.Free = k.Chan + ":free"
+	k.Want = base + "want"
 	return k
 }
 
@@ -59,6 +61,7 @@ func KeysForMember(prefix, family, key string) Keys {
 	}
 	k.List[KeySessions] = tag + "f:sessions"
 	k.Free = k.Chan + ":free"
+	k.Want = base + "want"
 	return k
 }
 
