@@ -34,8 +34,10 @@
 //     idle connections for it. This needs sem to be a *fair.Semaphore or
 //     *unfair.Semaphore (a family member too): the connector subscribes on
 //     sem's Redis client at its first Connect, one pub/sub connection per
-//     connector, until sql.DB.Close. With a semaphore of another type (a
-//     wrapper), only the connector's own idle connections are given back.
+//     connector, until sql.DB.Close. A wrapper with a method
+//     Unwrap() redsem.Semaphore (redsemotel.Wrap's) is seen through; with a
+//     semaphore of another type, only the connector's own idle connections
+//     are given back.
 //
 // A connection in use (a query, a transaction, an *sql.Conn) is never given
 // back. Nothing is sent while no Connect waits: the fast path of a query

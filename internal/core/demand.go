@@ -5,6 +5,7 @@ import (
 	"sync"
 
 	"github.com/redis/go-redis/v9"
+	"github.com/redsem/redsem"
 )
 
 // Demand notices let the users of a semaphore that hold slots without
@@ -28,15 +29,23 @@ func RegisterUnwrap(f func(any) *Engine) {
 }
 
 // EngineOf returns the engine behind a semaphore built by this module's
-// fair or unfair package, or nil for any other implementation (a wrapper,
-// a fake).
-func EngineOf(sem any) *Engine {
+// fair or unfair package, also through wrappers that have a method
+// Unwrap() redsem.Semaphore (redsemotel's), or nil for any other
+// implementation.
+func EngineOf(sem redsem.Semaphore) *Engine {
 	unwrapMu.RLock()
 	defer unwrapMu.RUnlock()
-	for _, f := range unwraps {
-		if e := f(sem); e != nil {
-			return e
+	for depth := 0; sem != nil && depth < 16; depth++ {
+		for _, f := range unwraps {
+			if e := f(sem); e != nil {
+				return e
+			}
 		}
+		u, ok := sem.(interface{ Unwrap() redsem.Semaphore })
+		if !ok {
+			return nil
+		}
+		sem = u.Unwrap()
 	}
 	return nil
 }
