@@ -55,7 +55,7 @@ func (s *spans) take() []span {
 func serial(spans []span) (path []string) {
 	var last time.Time // when the last command on the path ended
 	for _, s := range spans {
-		if s.name != "config" && s.name != "hello" && s.name != "client" && s.end.After(last) {
+		if s.name != "config" && s.name != "function" && s.name != "hello" && s.name != "client" && s.end.After(last) {
 			last = s.end
 		}
 	}
@@ -65,6 +65,8 @@ func serial(spans []span) (path []string) {
 			// a new connection's handshake: any first call dials
 		case s.name == "config" && s.start.Before(last):
 			// the policy check, beside the call's own requests
+		case s.name == "function":
+			// the library load, in the background after the first call
 		default:
 			path = append(path, s.name)
 		}

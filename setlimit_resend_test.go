@@ -44,6 +44,7 @@ func TestResentSetLimitDoesNotUndoLaterSetLimit(t *testing.T) {
 			if err := a.SetLimit(ctx, 3); err != nil {
 				t.Fatal(err)
 			}
+			settled(ctx, t, a) // and loads the function library, if the server takes it
 			proxy.DropNext(1)
 			aDone := make(chan error, 1)
 			go func() { aDone <- a.SetLimit(ctx, 4) }()

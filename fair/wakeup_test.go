@@ -34,7 +34,9 @@ func commandStats(t *testing.T, ctx context.Context, c redis.UniversalClient) ma
 	return out
 }
 
-func scriptCalls(st map[string]int) int { return st["evalsha"] + st["eval"] + st["evalsha_ro"] }
+func scriptCalls(st map[string]int) int {
+	return st["evalsha"] + st["eval"] + st["evalsha_ro"] + st["fcall"] + st["fcall_ro"]
+}
 
 // When a slot frees, only the waiter it is granted to is woken: one message
 // to one session, no broadcast, and no other waiter runs a script.

@@ -32,94 +32,108 @@ func BenchmarkScripts(b *testing.B) {
 
 	// cycle sends the script calls of cycle i into p.
 	type cycle func(p redis.Pipeliner, k core.Keys, i int)
-	bench := func(name string, setup func(k core.Keys), do cycle) {
-		b.Run(name, func(b *testing.B) {
-			k := core.KeysFor("redsem", "bench-"+name)
-			if setup != nil {
-				setup(k)
+	_, lib := lua.Library()
+	if err := c.FunctionLoad(ctx, lib).Err(); err != nil {
+		b.Fatal(err)
+	}
+	for _, mode := range []string{"evalsha", "fcall"} {
+		bench := func(name string, setup func(k core.Keys), do cycle) {
+			b.Run(mode+"/"+name, func(b *testing.B) {
+				k := core.KeysFor("redsem", "bench-"+mode+"-"+name)
+				if setup != nil {
+					setup(k)
+				}
+				// Warm up: the scripts are loaded and the keys exist.
+				if _, err := runPipe(ctx, c, k, do, 0, pipe); err != nil {
+					b.Fatal(err)
+				}
+				cost := startCost(ctx, b, c)
+				b.ResetTimer()
+				for i := 0; i < b.N; i += pipe {
+					n := min(pipe, b.N-i)
+					if _, err := runPipe(ctx, c, k, do, pipe+i, n); err != nil {
+						b.Fatal(err)
+					}
+				}
+				b.StopTimer()
+				cost.report(ctx, b)
+			})
+		}
+		call := func(p redis.Pipeliner, k core.Keys, s lua.Script, args ...any) {
+			argv := append([]any{k.Chan, "PUBLISH"}, args...)
+			if mode == "fcall" {
+				p.FCall(ctx, s.Function(), k.List, argv...)
+			} else {
+				p.EvalSha(ctx, s.Hash(), k.List, argv...)
 			}
-			// Warm up: the scripts are loaded and the keys exist.
-			if _, err := runPipe(ctx, c, k, do, 0, pipe); err != nil {
+		}
+		id := func(i int) string { return "id-" + strconv.Itoa(i) }
+
+		// The uncontended unfair cycle: TryAcquire, then Release.
+		bench("unfair-try-release", nil, func(p redis.Pipeliner, k core.Keys, i int) {
+			call(p, k, lua.Acquire, 5, id(i), 1, 30000, "try", "-", 0, "bench", 0)
+			call(p, k, lua.Release, 5, id(i), "owner", 15000)
+		})
+		// The uncontended fair cycle: a queue-mode acquire granted at once, then
+		// Release, under a live session.
+		bench("fair-queue-release", func(k core.Keys) {
+			if _, err := run1(ctx, c, lua.Heartbeat, k, 5, "sess", 600000, "new"); err != nil {
 				b.Fatal(err)
 			}
-			cost := startCost(ctx, b, c)
-			b.ResetTimer()
-			for i := 0; i < b.N; i += pipe {
-				n := min(pipe, b.N-i)
-				if _, err := runPipe(ctx, c, k, do, pipe+i, n); err != nil {
+		}, func(p redis.Pipeliner, k core.Keys, i int) {
+			call(p, k, lua.Acquire, 5, id(i), 1, 30000, "queue", "sess", 0, "bench", 0)
+			call(p, k, lua.Release, 5, id(i), "owner", 15000)
+		})
+		// A fair waiter queued behind full slots, then removed (an undo), with
+		// 4 holders of 5 slots: the queue path and the cancelling release.
+		bench("fair-queue-undo", func(k core.Keys) {
+			if _, err := run1(ctx, c, lua.Heartbeat, k, 5, "sess", 600000, "new"); err != nil {
+				b.Fatal(err)
+			}
+			if _, err := run1(ctx, c, lua.Acquire, k, 5, "holder", 5, 600000, "queue", "sess", 0, "bench", 0); err != nil {
+				b.Fatal(err)
+			}
+		}, func(p redis.Pipeliner, k core.Keys, i int) {
+			call(p, k, lua.Acquire, 5, id(i), 1, 30000, "queue", "sess", 0, "bench", 0)
+			call(p, k, lua.Release, 5, id(i), "undo", 15000)
+		})
+		// Renew of one held lease.
+		bench("renew", func(k core.Keys) {
+			if _, err := run1(ctx, c, lua.Acquire, k, 5, "held", 1, 30000, "try", "-", 0, "bench", 0); err != nil {
+				b.Fatal(err)
+			}
+		}, func(p redis.Pipeliner, k core.Keys, i int) {
+			call(p, k, lua.Renew, 5, "held", 30000)
+		})
+		// The heartbeat of a session with a waiter queued behind full slots.
+		bench("heartbeat", func(k core.Keys) {
+			if _, err := run1(ctx, c, lua.Heartbeat, k, 5, "sess", 600000, "new"); err != nil {
+				b.Fatal(err)
+			}
+			if _, err := run1(ctx, c, lua.Acquire, k, 5, "holder", 5, 600000, "queue", "sess", 0, "bench", 0); err != nil {
+				b.Fatal(err)
+			}
+			if _, err := run1(ctx, c, lua.Acquire, k, 5, "waiter", 1, 600000, "queue", "sess", 0, "bench", 0); err != nil {
+				b.Fatal(err)
+			}
+		}, func(p redis.Pipeliner, k core.Keys, i int) {
+			call(p, k, lua.Heartbeat, 5, "sess", 600000, "old")
+		})
+		// Status (a read-only script) of a semaphore with 5 holders.
+		bench("status", func(k core.Keys) {
+			for i := 0; i < 5; i++ {
+				if _, err := run1(ctx, c, lua.Acquire, k, 5, id(-1-i), 1, 600000, "try", "-", 0, "bench", 0); err != nil {
 					b.Fatal(err)
 				}
 			}
-			b.StopTimer()
-			cost.report(ctx, b)
+		}, func(p redis.Pipeliner, k core.Keys, i int) {
+			if mode == "fcall" {
+				p.FCallRO(ctx, lua.Status.Function(), k.List, k.Chan, "PUBLISH", 5)
+			} else {
+				p.EvalShaRO(ctx, lua.Status.Hash(), k.List, k.Chan, "PUBLISH", 5)
+			}
 		})
 	}
-	call := func(p redis.Pipeliner, k core.Keys, s lua.Script, args ...any) {
-		argv := append([]any{k.Chan, "PUBLISH"}, args...)
-		p.EvalSha(ctx, s.Hash(), k.List, argv...)
-	}
-	id := func(i int) string { return "id-" + strconv.Itoa(i) }
-
-	// The uncontended unfair cycle: TryAcquire, then Release.
-	bench("unfair-try-release", nil, func(p redis.Pipeliner, k core.Keys, i int) {
-		call(p, k, lua.Acquire, 5, id(i), 1, 30000, "try", "-", 0, "bench", 0)
-		call(p, k, lua.Release, 5, id(i), "owner", 15000)
-	})
-	// The uncontended fair cycle: a queue-mode acquire granted at once, then
-	// Release, under a live session.
-	bench("fair-queue-release", func(k core.Keys) {
-		if _, err := run1(ctx, c, lua.Heartbeat, k, 5, "sess", 600000, "new"); err != nil {
-			b.Fatal(err)
-		}
-	}, func(p redis.Pipeliner, k core.Keys, i int) {
-		call(p, k, lua.Acquire, 5, id(i), 1, 30000, "queue", "sess", 0, "bench", 0)
-		call(p, k, lua.Release, 5, id(i), "owner", 15000)
-	})
-	// A fair waiter queued behind full slots, then removed (an undo), with
-	// 4 holders of 5 slots: the queue path and the cancelling release.
-	bench("fair-queue-undo", func(k core.Keys) {
-		if _, err := run1(ctx, c, lua.Heartbeat, k, 5, "sess", 600000, "new"); err != nil {
-			b.Fatal(err)
-		}
-		if _, err := run1(ctx, c, lua.Acquire, k, 5, "holder", 5, 600000, "queue", "sess", 0, "bench", 0); err != nil {
-			b.Fatal(err)
-		}
-	}, func(p redis.Pipeliner, k core.Keys, i int) {
-		call(p, k, lua.Acquire, 5, id(i), 1, 30000, "queue", "sess", 0, "bench", 0)
-		call(p, k, lua.Release, 5, id(i), "undo", 15000)
-	})
-	// Renew of one held lease.
-	bench("renew", func(k core.Keys) {
-		if _, err := run1(ctx, c, lua.Acquire, k, 5, "held", 1, 30000, "try", "-", 0, "bench", 0); err != nil {
-			b.Fatal(err)
-		}
-	}, func(p redis.Pipeliner, k core.Keys, i int) {
-		call(p, k, lua.Renew, 5, "held", 30000)
-	})
-	// The heartbeat of a session with a waiter queued behind full slots.
-	bench("heartbeat", func(k core.Keys) {
-		if _, err := run1(ctx, c, lua.Heartbeat, k, 5, "sess", 600000, "new"); err != nil {
-			b.Fatal(err)
-		}
-		if _, err := run1(ctx, c, lua.Acquire, k, 5, "holder", 5, 600000, "queue", "sess", 0, "bench", 0); err != nil {
-			b.Fatal(err)
-		}
-		if _, err := run1(ctx, c, lua.Acquire, k, 5, "waiter", 1, 600000, "queue", "sess", 0, "bench", 0); err != nil {
-			b.Fatal(err)
-		}
-	}, func(p redis.Pipeliner, k core.Keys, i int) {
-		call(p, k, lua.Heartbeat, 5, "sess", 600000, "old")
-	})
-	// Status (a read-only script) of a semaphore with 5 holders.
-	bench("status", func(k core.Keys) {
-		for i := 0; i < 5; i++ {
-			if _, err := run1(ctx, c, lua.Acquire, k, 5, id(-1-i), 1, 600000, "try", "-", 0, "bench", 0); err != nil {
-				b.Fatal(err)
-			}
-		}
-	}, func(p redis.Pipeliner, k core.Keys, i int) {
-		p.EvalShaRO(ctx, lua.Status.Hash(), k.List, k.Chan, "PUBLISH", 5)
-	})
 }
 
 func run1(ctx context.Context, c *redis.Client, s lua.Script, k core.Keys, args ...any) ([]any, error) {
@@ -200,6 +214,9 @@ func (s *scriptCost) report(ctx context.Context, b *testing.B) {
 	names := map[string]string{}
 	for _, sc := range lua.Scripts() {
 		names[sc.Hash()] = strings.TrimSuffix(sc.String(), ".lua")
+		if f := sc.Function(); f != "" {
+			names[f] = strings.TrimSuffix(sc.String(), ".lua")
+		}
 	}
 	logs, err := s.c.SlowLogGet(ctx, -1).Result()
 	if err != nil {
@@ -207,7 +224,7 @@ func (s *scriptCost) report(ctx context.Context, b *testing.B) {
 	}
 	per := map[string][2]float64{}
 	for _, l := range logs {
-		if len(l.Args) < 2 || !strings.HasPrefix(strings.ToLower(l.Args[0]), "evalsha") {
+		if len(l.Args) < 2 || !(strings.HasPrefix(strings.ToLower(l.Args[0]), "evalsha") || strings.HasPrefix(strings.ToLower(l.Args[0]), "fcall")) {
 			continue
 		}
 		n := names[l.Args[1]]

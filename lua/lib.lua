@@ -1,5 +1,7 @@
--- lib.lua: shared functions, prepended to every semaphore script before it
--- is loaded (see lua.go). It defines no reply of its own.
+-- lib.lua: shared functions of the semaphore scripts: prepended to each
+-- for EVAL, and the head of the FUNCTION library that holds them all (see
+-- lua.go). It defines no reply of its own; every script first calls
+-- bind(KEYS, ARGV) (the end of this file).
 --
 -- KEYS (the same seven for every script, all in one {hash-tag} slot):
 --   KEYS[1] holders  ZSET  lease id -> deadline (server ms)
@@ -44,9 +46,17 @@
 --   ARGV[2] publish command: "PUBLISH", or "SPUBLISH" on a cluster
 --   ARGV[3] the calling client's limit (integer >= 1)
 
-local H, Q, S, F, E, M, O = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7]
-local CHAN, PUB = ARGV[1], ARGV[2]
-local SETS = {H, Q, S, F, E}
+-- Per-call state. lib.lua is loaded two ways (lua.go): prepended to each
+-- script for EVAL, where it runs on every call, and as a FUNCTION library,
+-- where it runs once per server and each function is called many times. So
+-- nothing here may keep a value from one call to the next: everything that
+-- depends on the call (its KEYS and ARGV, the keys' names, the meta cache,
+-- the clock) is declared here and set by bind(), which every script runs
+-- first (see the end of this file).
+local KEYS, ARGV
+local H, Q, S, F, E, M, O
+local CHAN, PUB
+local SETS
 local SENTINEL = '~'
 -- Keys outlive the longest entry by at least this much.
 local MARGIN_MS = 1000
@@ -66,13 +76,6 @@ local MAX_LIMIT = 1048576
 
 local function fail(msg)
   return redis.error_reply('ERR redsem: ' .. msg)
-end
-
-if #KEYS ~= 7 then
-  return fail('want 7 keys, got ' .. #KEYS)
-end
-if PUB ~= 'PUBLISH' and PUB ~= 'SPUBLISH' then
-  return fail('bad publish command: ' .. tostring(PUB))
 end
 
 -- int_arg returns ARGV[i] as an integer in [min, max] (max: 2^53 - 1 when
@@ -112,7 +115,7 @@ local function id_arg(i, name)
 end
 
 -- clock returns the server time in milliseconds and in microseconds.
-local CLOCK_MS = 0 -- the server time of the latest clock() call
+local CLOCK_MS -- the server time of the latest clock() call
 local function clock()
   local t = redis.call('TIME')
   local s, us = tonumber(t[1]), tonumber(t[2])
@@ -126,8 +129,7 @@ end
 
 -- The meta hash is read once per script (HMGET of the counters and of the
 -- records a script needs) and written once at the end (flush).
-local META = {}
-local DIRTY, GONE = {}, {}
+local META, DIRTY, GONE
 local COUNTERS = {'_hz', '_limit', '_fixed', '_token', '_used', '_hw', '_seq', '_q', '_next', '_want', '_prune'}
 
 local function load(...)
@@ -220,7 +222,7 @@ end
 -- writes when that is past the horizon, and then doubles the remaining
 -- lifetime, so it runs about once per TTL, not once per call. The PEXPIREATs
 -- themselves are sent by flush, after every write of the script.
-local HZ_MOVED = false
+local HZ_MOVED
 local function extend(now, until_ms)
   local hz = num('_hz')
   if until_ms + MARGIN_MS <= hz then
@@ -502,7 +504,7 @@ local function publish(channel, msg)
 end
 
 -- session_deadline returns a live session's deadline, or nil.
-local SDL = {}
+local SDL -- session id -> deadline, as read by this call
 local function session_deadline(sid, now)
   local d = SDL[sid]
   if d == nil then
@@ -594,4 +596,25 @@ local function append(dst, src)
     dst[#dst + 1] = v
   end
   return dst
+end
+
+-- bind starts a call: it sets the per-call state declared above from the
+-- call's keys and arguments, and returns an error reply when they do not
+-- have the shape every script needs (nil when they do).
+local function bind(keys, argv)
+  KEYS, ARGV = keys, argv
+  if #keys ~= 7 then
+    return fail('want 7 keys, got ' .. #keys)
+  end
+  H, Q, S, F, E, M, O = keys[1], keys[2], keys[3], keys[4], keys[5], keys[6], keys[7]
+  CHAN, PUB = argv[1], argv[2]
+  if PUB ~= 'PUBLISH' and PUB ~= 'SPUBLISH' then
+    return fail('bad publish command: ' .. tostring(PUB))
+  end
+  SETS = {H, Q, S, F, E}
+  CLOCK_MS = 0
+  META, DIRTY, GONE = {}, {}, {}
+  HZ_MOVED = false
+  SDL = {}
+  return nil
 end

@@ -18,6 +18,7 @@ import (
 	_ "embed"
 	"encoding/hex"
 	"fmt"
+	"strings"
 )
 
 var (
@@ -77,18 +78,80 @@ type script struct {
 	file, src, sha string
 }
 
+// The semaphore scripts: each is lib.lua followed by the script's file,
+// sent whole with EVAL (or by SHA1 with EVALSHA), or one function of the
+// FUNCTION library (Library). lib.lua declares the names KEYS and ARGV as
+// its own per-call state, so the EVAL form keeps the globals aside first,
+// and every script starts with bind (lib.lua), which sets that state.
+var bodies = []struct {
+	s         Script
+	file, src string
+	fn        string // the function's name in the library, after the prefix
+	readOnly  bool   // registered with the no-writes flag (FCALL_RO)
+}{
+	{Acquire, "acquire.lua", acquireSrc, "acquire", false},
+	{Renew, "renew.lua", renewSrc, "renew", false},
+	{Release, "release.lua", releaseSrc, "release", false},
+	{Heartbeat, "heartbeat.lua", heartbeatSrc, "heartbeat", false},
+	{Status, "status.lua", statusSrc, "status", true},
+	{SetLimit, "setlimit.lua", setLimitSrc, "setlimit", false},
+}
+
+const (
+	evalPrologue = "local KEYS_IN, ARGV_IN = KEYS, ARGV\n"
+	bindCall     = "local bind_err = bind(KEYS_IN, ARGV_IN) if bind_err then return bind_err end\n"
+)
+
+// library is the FUNCTION library: its name (redsem_ and the first 12 hex
+// digits of the SHA1 of its text without the name line, so that each
+// version of the scripts is a library of its own and two versions of
+// redsem can share a server) and its text.
+var libName, libSrc = func() (string, string) {
+	var b strings.Builder
+	b.WriteString(lib)
+	for _, x := range bodies {
+		fmt.Fprintf(&b, "\nlocal function fn_%s(KEYS_IN, ARGV_IN)\n%s%s\nend\n", x.fn, bindCall, x.src)
+	}
+	body := b.String()
+	sum := sha1.Sum([]byte(body))
+	name := "redsem_" + hex.EncodeToString(sum[:])[:12]
+	var reg strings.Builder
+	for _, x := range bodies {
+		flags := ""
+		if x.readOnly {
+			flags = ", flags={'no-writes'}"
+		}
+		fmt.Fprintf(&reg, "redis.register_function{function_name='%s_%s', callback=fn_%s%s}\n", name, x.fn, x.fn, flags)
+	}
+	return name, "#!lua name=" + name + "\n" + body + "\n" + reg.String()
+}()
+
+// Library returns the name and the text of the FUNCTION library that holds
+// the semaphore scripts (every Script but Fence and FenceSet), for FUNCTION
+// LOAD. The name changes with the text.
+func Library() (name, src string) { return libName, libSrc }
+
+// Function returns the name of the script's function in Library, for
+// FCALL (FCALL_RO for Status); "" for the fencing scripts, which run with
+// EVALSHA only.
+func (s Script) Function() string {
+	for _, x := range bodies {
+		if x.s == s {
+			return libName + "_" + x.fn
+		}
+	}
+	return ""
+}
+
 var table = func() [FenceSet + 1]script {
 	var t [FenceSet + 1]script
 	add := func(s Script, file, src string) {
 		sum := sha1.Sum([]byte(src))
 		t[s] = script{file: file, src: src, sha: hex.EncodeToString(sum[:])}
 	}
-	add(Acquire, "acquire.lua", lib+acquireSrc)
-	add(Renew, "renew.lua", lib+renewSrc)
-	add(Release, "release.lua", lib+releaseSrc)
-	add(Heartbeat, "heartbeat.lua", lib+heartbeatSrc)
-	add(Status, "status.lua", lib+statusSrc)
-	add(SetLimit, "setlimit.lua", lib+setLimitSrc)
+	for _, b := range bodies {
+		add(b.s, b.file, evalPrologue+lib+bindCall+b.src)
+	}
 	add(Fence, "fence.lua", fenceLib+fenceSrc)
 	add(FenceSet, "fence_set.lua", fenceLib+fenceSetSrc)
 	return t
@@ -102,8 +165,8 @@ func (s Script) String() string {
 	return fmt.Sprintf("Script(%d)", uint8(s))
 }
 
-// Source returns the exact text sent to Redis: the shared library followed
-// by the script's file ("" for a value that names no script).
+// Source returns the exact text sent to Redis by EVAL: the shared library
+// followed by the script's file ("" for a value that names no script).
 func (s Script) Source() string { return s.entry().src }
 
 // Hash returns the SHA1 of Source, in hex, as EVALSHA and SCRIPT EXISTS

@@ -176,7 +176,8 @@ func TestHammerNeverExceedsLimit(t *testing.T) {
 	}
 }
 
-// scriptCalls returns how many scripts the server has run (EVALSHA + EVAL).
+// scriptCalls returns how many scripts the server has run (EVALSHA, EVAL
+// and FCALL).
 func scriptCalls(t *testing.T, ctx context.Context, c interface {
 	Info(ctx context.Context, section ...string) *redis.StringCmd
 }) int64 {
@@ -187,7 +188,7 @@ func scriptCalls(t *testing.T, ctx context.Context, c interface {
 	}
 	var total int64
 	for _, line := range strings.Split(info, "\n") {
-		for _, cmd := range []string{"cmdstat_evalsha:", "cmdstat_eval:"} {
+		for _, cmd := range []string{"cmdstat_evalsha:", "cmdstat_eval:", "cmdstat_fcall:"} {
 			if rest, ok := strings.CutPrefix(strings.TrimSpace(line), cmd); ok {
 				var n int64
 				fmt.Sscanf(rest, "calls=%d", &n)

@@ -88,6 +88,9 @@ func splitByScript(logs []redis.SlowLog, holds int) []ScriptCost {
 	names := map[string]string{}
 	for _, s := range lua.Scripts() {
 		names[s.Hash()] = strings.TrimSuffix(s.String(), ".lua")
+		if f := s.Function(); f != "" {
+			names[f] = strings.TrimSuffix(s.String(), ".lua")
+		}
 	}
 	type acc struct {
 		n   int
@@ -102,6 +105,8 @@ func splitByScript(logs []redis.SlowLog, holds int) []ScriptCost {
 		switch cmd := strings.ToLower(e.Args[0]); cmd {
 		case "evalsha", "evalsha_ro":
 			name = names[strings.ToLower(e.Args[1])]
+		case "fcall", "fcall_ro":
+			name = names[e.Args[1]]
 		case "eval", "eval_ro":
 			name = "eval"
 		}

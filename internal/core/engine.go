@@ -41,7 +41,8 @@ type Engine struct {
 	policyDone chan struct{} // nil: not started (or to be tried again); closed when it ended
 	policy     string
 
-	alerts *alerts // conditions logged at Warn (shared by every engine of the client)
+	alerts *alerts   // conditions logged at Warn (shared by every engine of the client)
+	lib    *libState // whether the client's calls use FCALL (functions.go)
 
 	sent [lua.FenceSet + 1]atomic.Bool // scripts sent whole once (see loaded)
 
@@ -92,7 +93,7 @@ func New(cfg Config) (*Engine, error) {
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
-	e := &Engine{cfg: cfg, keys: KeysFor(cfg.Prefix, cfg.Name), pub: "PUBLISH", alerts: alertsFor(cfg.Client)}
+	e := &Engine{cfg: cfg, keys: KeysFor(cfg.Prefix, cfg.Name), pub: "PUBLISH", alerts: alertsFor(cfg.Client), lib: &libState{}}
 	e.stopped, e.stop = context.WithCancel(context.Background())
 	if _, ok := cfg.Client.(*redis.ClusterClient); ok {
 		e.pub = "SPUBLISH"
@@ -173,6 +174,9 @@ func (e *Engine) script(ctx context.Context, c redis.Scripter, s lua.Script, lim
 	argv = append(argv, args...)
 	sent := time.Now()
 	call := func() ([]any, error) {
+		if v, ok, err := e.fcall(ctx, c, s, argv); ok {
+			return v, err
+		}
 		var cmd *redis.Cmd
 		script := Script(s)
 		if s == lua.Status {
@@ -201,6 +205,7 @@ func (e *Engine) script(ctx context.Context, c redis.Scripter, s lua.Script, lim
 	v, err := bounded(ctx, call)
 	if err == nil {
 		e.reached()
+		e.loadLibrary()
 	}
 	return v, sent, err
 }

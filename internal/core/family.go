@@ -76,7 +76,7 @@ func (f *Family) Get(key string) (*Engine, error) {
 	}
 	e := &Engine{
 		cfg: cfg, keys: KeysForMember(cfg.Prefix, f.root.cfg.Name, key), pub: f.root.pub,
-		fam: f, stopped: f.root.stopped, stop: f.root.stop, alerts: f.root.alerts,
+		fam: f, stopped: f.root.stopped, stop: f.root.stop, alerts: f.root.alerts, lib: f.root.lib,
 	}
 	e.used.Store(time.Now().UnixNano())
 	f.members[key] = e

@@ -420,7 +420,7 @@ func abandonAcquire(t *testing.T, v variant, srv *redistest.Server, p *redistest
 	}
 
 	if p != nil {
-		p.Watch([]byte(lua.Acquire.Hash()))
+		p.Watch(marker(t, e, lua.Acquire))
 	}
 	srv.Pause(t)
 	paused := true

@@ -34,7 +34,8 @@ func TestReplyLost(t *testing.T) {
 			s := v.new(t, viaProxy, name, 2, o)
 			check := v.new(t, direct, name, 2, o)
 
-			// Load the scripts, so that the acquire below is one EVALSHA.
+			// Load the scripts, so that the acquire below is one EVALSHA
+			// (or FCALL).
 			warm, err := s.TryAcquire(ctx)
 			if err != nil {
 				t.Fatal(err)
@@ -43,8 +44,8 @@ func TestReplyLost(t *testing.T) {
 				t.Fatal(err)
 			}
 
-			marker := []byte(lua.Acquire.Hash())
-			p.DropMatching(marker, 1)
+			acquireMarker := marker(t, s, lua.Acquire)
+			p.DropMatching(acquireMarker, 1)
 			l, err := s.Acquire(ctx)
 			if err != nil {
 				t.Fatalf("acquire with one lost reply: %v", err)
@@ -58,7 +59,7 @@ func TestReplyLost(t *testing.T) {
 			// time, then retried: a lost reply is a transient error that
 			// Acquire rides out) gives up when its context ends and is
 			// undone, in the background.
-			p.DropMatching(marker, -1)
+			p.DropMatching(acquireMarker, -1)
 			lost := func() {
 				t.Helper()
 				actx, cancel := context.WithTimeout(ctx, 4*time.Second)
@@ -132,7 +133,8 @@ func TestReleaseReplyLost(t *testing.T) {
 			s := v.new(t, viaProxy, name, 1, o)
 			check := v.new(t, direct, name, 1, opts{LeaseTTL: 5 * time.Second, QueueTTL: time.Second})
 
-			// Load the scripts, so that the release below is one EVALSHA.
+			// Load the scripts, so that the release below is one EVALSHA
+			// (or FCALL).
 			warm, err := s.TryAcquire(ctx)
 			if err != nil {
 				t.Fatal(err)
@@ -145,7 +147,7 @@ func TestReleaseReplyLost(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			p.DropMatching([]byte(lua.Release.Hash()), 1)
+			p.DropMatching(marker(t, s, lua.Release), 1)
 			if err := l.Release(ctx); err != nil {
 				t.Fatalf("Release with its first reply lost: %v, want nil", err)
 			}

@@ -1,0 +1,191 @@
+package core
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/redsem/redsem/lua"
+)
+
+// The semaphore scripts run as functions of a Redis 7 FUNCTION library
+// (lua.Library) where the server allows it: Redis then compiles lib.lua
+// once per load, not on every call, which saves the library chunk's cost
+// (about a fifth of a script call). Each client decides once:
+//
+//   - Its engines' calls start with EVALSHA (a script's first call on an
+//     engine sends it whole, as before), so a fresh process's first call
+//     costs no more round trips than it did.
+//   - After its first successful script call, the client loads the library
+//     in the background (FUNCTION LOAD; on a cluster, on every master), on
+//     no caller's path. Once loaded, calls use FCALL (FCALL_RO for
+//     status.lua).
+//   - A server that refuses FUNCTION (Redis 6.2, miniredis, an ACL, a
+//     managed service) keeps EVALSHA for the client's life; that is logged
+//     once at Info.
+//   - An FCALL answered "Function not found" (a restart without
+//     persistence, a failover to a server that never saw the library, a
+//     new master) is run again at once with EVALSHA, so the caller sees no
+//     error, and the library is loaded again in the background.
+
+// What a client's script calls use (libState.mode).
+const (
+	libUnknown uint32 = iota // not tried yet (or to be tried again): EVALSHA
+	libLoading               // a load is in flight: EVALSHA
+	libReady                 // FCALL
+	libRefused               // the server refused FUNCTION: EVALSHA for good
+)
+
+// libRetry is how long a client waits before trying to load the library
+// again after a load failed for a reason other than a refusal (Redis
+// unreachable, a timeout).
+const libRetry = 10 * time.Second
+
+// libLoadTimeout bounds a background FUNCTION LOAD.
+const libLoadTimeout = 5 * time.Second
+
+type libState struct {
+	mode   atomic.Uint32
+	mu     sync.Mutex
+	failed time.Time // when the last load failed (not refused); under mu
+}
+
+// ready reports whether calls use FCALL.
+func (l *libState) ready() bool { return l.mode.Load() == libReady }
+
+// ScriptMode reports how the engine runs the scripts now: "fcall" once the
+// library is loaded, "evalsha" for good when the server refused it (or the
+// client cannot load it everywhere), "pending" until that is known.
+func (e *Engine) ScriptMode() string {
+	switch e.lib.mode.Load() {
+	case libReady:
+		return "fcall"
+	case libRefused:
+		return "evalsha"
+	}
+	switch e.cfg.Client.(type) {
+	case *redis.Client, *redis.ClusterClient:
+		return "pending"
+	}
+	return "evalsha"
+}
+
+// fcaller is the part of a client or connection that calls functions.
+type fcaller interface {
+	FCall(ctx context.Context, function string, keys []string, args ...any) *redis.Cmd
+	FCallRO(ctx context.Context, function string, keys []string, args ...any) *redis.Cmd
+}
+
+// fcall runs script s as a function on c when the library is loaded;
+// ok is false when it did not (not loaded, c cannot, or the server no longer
+// has the library), and the caller then runs it with EVALSHA.
+func (e *Engine) fcall(ctx context.Context, c redis.Scripter, s lua.Script, argv []any) (v []any, ok bool, err error) {
+	fn := s.Function()
+	f, can := c.(fcaller)
+	if fn == "" || !can || !e.lib.ready() {
+		return nil, false, nil
+	}
+	var cmd *redis.Cmd
+	if s == lua.Status {
+		cmd = f.FCallRO(ctx, fn, e.keys.List, argv...)
+	} else {
+		cmd = f.FCall(ctx, fn, e.keys.List, argv...)
+	}
+	v, err = cmd.Slice()
+	if err != nil && (strings.Contains(err.Error(), "Function not found") || refused(err)) {
+		e.lib.mode.CompareAndSwap(libReady, libUnknown)
+		e.loadLibrary()
+		return nil, false, nil
+	}
+	return v, true, err
+}
+
+// loadLibrary starts a background load of the library on the engine's
+// client, unless one is in flight, it is loaded, the server refused it, or
+// the last attempt failed less than libRetry ago. It returns at once.
+func (e *Engine) loadLibrary() {
+	l := e.lib
+	if l.mode.Load() != libUnknown {
+		return
+	}
+	switch e.cfg.Client.(type) {
+	case *redis.Client, *redis.ClusterClient:
+	default: // a Ring or another client: no way to reach every server
+		return
+	}
+	l.mu.Lock()
+	wait := !l.failed.IsZero() && time.Since(l.failed) < libRetry
+	l.mu.Unlock()
+	if wait || !l.mode.CompareAndSwap(libUnknown, libLoading) {
+		return
+	}
+	e.undos.Add(1) // Close waits for it (a few ms: the load is bounded)
+	go func() {
+		defer e.undos.Done()
+		ctx, cancel := context.WithTimeout(e.stopped, libLoadTimeout)
+		defer cancel()
+		err := loadLibrary(ctx, e.cfg.Client)
+		name, _ := lua.Library()
+		switch {
+		case err == nil:
+			l.mode.Store(libReady)
+			e.logger().LogAttrs(context.Background(), slog.LevelDebug, "redsem: scripts run as Redis functions",
+				slog.String("library", name))
+		case refused(err):
+			l.mode.Store(libRefused)
+			if e.alerts.noFunctions.CompareAndSwap(false, true) { // once per client
+				msg := err.Error()
+				if i := strings.IndexAny(msg, ",\n"); i > 0 {
+					msg = msg[:i] // not the library's text, which the error may quote
+				}
+				e.logger().LogAttrs(context.Background(), slog.LevelInfo,
+					"redsem: scripts run with EVALSHA: the server refused FUNCTION LOAD",
+					slog.String("library", name), slog.String("error", msg))
+			}
+		default:
+			l.mu.Lock()
+			l.failed = time.Now()
+			l.mu.Unlock()
+			l.mode.Store(libUnknown)
+		}
+	}()
+}
+
+// loadLibrary loads the library on the client's server (on every master of
+// a cluster). A library of that name that exists already is the same text:
+// its name is its hash.
+func loadLibrary(ctx context.Context, c redis.UniversalClient) error {
+	_, src := lua.Library()
+	load := func(ctx context.Context, c *redis.Client) error {
+		err := c.FunctionLoad(ctx, src).Err()
+		if err != nil && strings.Contains(err.Error(), "already exists") {
+			return nil
+		}
+		return err
+	}
+	switch c := c.(type) {
+	case *redis.ClusterClient:
+		return c.ForEachMaster(ctx, load)
+	case *redis.Client:
+		return load(ctx, c)
+	}
+	return fmt.Errorf("redsem: FUNCTION LOAD: unsupported client %T", c)
+}
+
+// refused reports whether err is a server refusing FUNCTION for good: an
+// unknown command (Redis before 7, miniredis), an ACL, or a managed
+// service that disables it.
+func refused(err error) bool {
+	msg := strings.ToLower(err.Error())
+	for _, s := range []string{"unknown command", "unknown subcommand", "noperm", "no permissions", "disabled", "not allowed"} {
+		if strings.Contains(msg, s) {
+			return true
+		}
+	}
+	return false
+}
