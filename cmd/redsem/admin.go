@@ -23,6 +23,7 @@ func runSetLimit(args []string, stdout, stderr io.Writer) int {
 		"Sets the limit of NAME to N for every client at once, overriding the limit\n"+
 			"each was built with. It never expires. Raising it admits fair waiters at\n"+
 			"once; lowering it revokes no lease: new grants wait until fewer than N slots are held.", stdout, stderr)
+	c.withKey()
 	pos, code, stop := c.Parse(args, 2, "NAME N")
 	if stop {
 		return code
@@ -44,7 +45,7 @@ func runSetLimit(args []string, stdout, stderr io.Writer) int {
 	if before.Limit != nil {
 		was = strconv.Itoa(*before.Limit)
 	}
-	fmt.Fprintf(stdout, "limit of %q: %s -> %d (for every client, now; run 'redsem status %s' to see it)\n", e.Name(), was, n, e.Name())
+	fmt.Fprintf(stdout, "limit of %s: %s -> %d (for every client, now; run 'redsem status %s' to see it)\n", c.what(e), was, n, c.statusArgs(pos[0]))
 	if held := before.slotsHeld(); held > n {
 		fmt.Fprintf(stdout, "note: %d slots are held; no lease is revoked, new grants wait until fewer than %d are held\n", held, n)
 	}
@@ -59,6 +60,7 @@ func runRelease(args []string, stdout, stderr io.Writer) int {
 			"its next renewal (within LeaseTTL/3): its lease reports ErrLeaseLost. ID\n"+
 			"may also be a fair waiter's: it leaves the queue, and its process queues it\n"+
 			"again at the back.", stdout, stderr)
+	c.withKey()
 	pos, code, stop := c.Parse(args, 2, "NAME ID")
 	if stop {
 		return code
@@ -85,11 +87,11 @@ func runRelease(args []string, stdout, stderr io.Writer) int {
 				what = fmt.Sprintf("holder %s (slot %d, token %d)", id, h.Slot, h.Token)
 			}
 		}
-		fmt.Fprintf(stdout, "released %s of %q; its process sees ErrLeaseLost at its next renewal\n", what, e.Name())
+		fmt.Fprintf(stdout, "released %s of %s; its process sees ErrLeaseLost at its next renewal\n", what, c.what(e))
 	case core.ReleasedWaiter:
-		fmt.Fprintf(stdout, "removed waiter %s from the queue of %q; its process will queue it again, at the back\n", id, e.Name())
+		fmt.Fprintf(stdout, "removed waiter %s from the queue of %s; its process will queue it again, at the back\n", id, c.what(e))
 	default:
-		return c.Fail(fmt.Errorf("%q has no live holder or waiter with id %s (already released or expired?)", e.Name(), id))
+		return c.Fail(fmt.Errorf("%s has no live holder or waiter with id %s (already released or expired?)", c.what(e), id))
 	}
 	if admitted > 0 {
 		fmt.Fprintf(stdout, "admitted %d waiting\n", admitted)
@@ -133,6 +135,7 @@ func runPurge(args []string, stdout, stderr io.Writer) int {
 			"waiters queue again, and the next client establishes the limit afresh.\n"+
 			"It asks for confirmation on stdin unless --yes.", stdout, stderr)
 	yes := c.FS.Bool("yes", false, "do not ask for confirmation")
+	c.withKey()
 	pos, code, stop := c.Parse(args, 1, "NAME")
 	if stop {
 		return code
@@ -144,6 +147,11 @@ func runPurge(args []string, stdout, stderr io.Writer) int {
 	defer ss.close()
 	ctx, client, t, e, s := ss.ctx, ss.client, ss.t, ss.e, ss.s
 	keys := e.Keys().List
+	if c.member() != "" {
+		// The sessions key is the whole family's: its other members'
+		// waiters live by it.
+		keys = append(append([]string(nil), keys[:core.KeySessions]...), keys[core.KeySessions+1:]...)
+	}
 	var present []string
 	pipe := client.Pipeline()
 	cmds := make([]*redis.IntCmd, len(keys))
@@ -159,12 +167,12 @@ func runPurge(args []string, stdout, stderr io.Writer) int {
 		}
 	}
 	if len(present) == 0 {
-		fmt.Fprintf(stdout, "nothing to purge: %q has no keys under prefix %q\n", e.Name(), c.Prefix)
+		fmt.Fprintf(stdout, "nothing to purge: %s has no keys under prefix %q\n", c.what(e), c.Prefix)
 		return exitOK
 	}
 	if !*yes {
-		fmt.Fprintf(stderr, "purge %q: delete %d keys (%s)? %d holders lose their leases, %d waiters queue again. [y/N] ",
-			e.Name(), len(present), strings.Join(present, " "), len(s.Holders), len(s.Waiters))
+		fmt.Fprintf(stderr, "purge %s: delete %d keys (%s)? %d holders lose their leases, %d waiters queue again. [y/N] ",
+			c.what(e), len(present), strings.Join(present, " "), len(s.Holders), len(s.Waiters))
 		answer, err := bufio.NewReader(stdin).ReadString('\n')
 		if err != nil && !errors.Is(err, io.EOF) {
 			return c.Fail(err)
@@ -178,7 +186,7 @@ func runPurge(args []string, stdout, stderr io.Writer) int {
 	if err != nil {
 		return c.Fail(cli.ReachErr(t, err))
 	}
-	fmt.Fprintf(stdout, "purged %q: deleted %d keys; %d holders lost their leases, %d waiters will queue again\n",
-		e.Name(), n, len(s.Holders), len(s.Waiters))
+	fmt.Fprintf(stdout, "purged %s: deleted %d keys; %d holders lost their leases, %d waiters will queue again\n",
+		c.what(e), n, len(s.Holders), len(s.Waiters))
 	return exitOK
 }

@@ -4,11 +4,11 @@
 // internal/bench).
 //
 //	go run ./cmd/redsem demo
-//	redsem status NAME [--json] [--lease-ttl 30s]
-//	redsem watch NAME [--interval 1s] [--count N]
-//	redsem set-limit NAME N
-//	redsem release NAME ID
-//	redsem purge NAME [--yes]
+//	redsem status NAME [--key KEY] [--top N] [--json] [--lease-ttl 30s]
+//	redsem watch NAME [--key KEY] [--interval 1s] [--count N]
+//	redsem set-limit NAME N [--key KEY]
+//	redsem release NAME ID [--key KEY]
+//	redsem purge NAME [--key KEY] [--yes]
 //	redsem bench [--variant fair,unfair,local] [--procs N] [--weights A-B] [--json]
 //
 // README.md's command table lists every command and flag; a test keeps it
@@ -63,6 +63,11 @@ Flags every command takes:
                      host:port[,host:port...] cluster seeds
                      (default $REDIS_URL, else redis://127.0.0.1:6379)
   --prefix P         key prefix (default "redsem")
+
+status, watch, set-limit, release and purge also take:
+  --key KEY          address member KEY of the keyed family NAME
+                     (fair.NewFamily(client, NAME, ...).Get(KEY)); status NAME
+                     without --key also lists the family's busiest members
 
 Run 'redsem <command> -h' for the flags of a command.
 Exit codes: 0 ok, 1 error, 2 usage.

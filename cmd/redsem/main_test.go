@@ -271,10 +271,19 @@ func TestSetLimit(t *testing.T) {
 	if err := json.Unmarshal([]byte(out), &s); err != nil || s.LimitSource != "set-limit" || *s.Override != 2 {
 		t.Fatalf("status after set-limit: %s", out)
 	}
-	for _, bad := range []string{"0", "-1", "x", "2000000"} {
-		if code, _, errs := runCmd(t, "set-limit", name, bad); code != exitUsage || strings.Count(errs, "\n") != 1 {
+	for _, bad := range []string{"0", "-1", "x", "1.5", "-0.5", "2000000"} {
+		code, _, errs := runCmd(t, "set-limit", name, bad)
+		if code != exitUsage || strings.Count(errs, "\n") != 1 {
 			t.Errorf("set-limit %s: exit %d, stderr %q; want usage error in one line", bad, code, errs)
 		}
+		// Not "flag provided but not defined: -1" (issue 20).
+		if want := "limit \"" + bad + "\" is not an integer"; !strings.Contains(errs, want) {
+			t.Errorf("set-limit %s: stderr %q, want it to say %s", bad, errs, want)
+		}
+	}
+	// A negative value of a flag is still the flag's.
+	if code, _, errs := runCmd(t, "watch", name, "--count", "-1"); code != exitUsage || !strings.Contains(errs, "--count not negative") {
+		t.Errorf("watch --count -1: exit %d, stderr %q", code, errs)
 	}
 }
 
@@ -692,5 +701,145 @@ func TestCluster(t *testing.T) {
 	}
 	if n := cc.Exists(ctx, core.KeysFor(core.DefaultPrefix, name).List...).Val(); n != 0 {
 		t.Fatalf("%d keys left after purge", n)
+	}
+}
+
+// The commands address a member of a keyed family with --key, and status
+// FAMILY lists its busiest members (issue 20: status said "idle, no live
+// state" while tenants were busy, and no flag addressed a member).
+func TestFamilyMembers(t *testing.T) {
+	ctx := redistest.Ctx(t, 30*time.Second)
+	fam := redistest.Name(t) + "{x}%" // braces and '%' in the name: escaped in the keys
+	f, err := fair.NewFamily(redistest.Client(t), fam, 3, fair.FamilyOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	member := func(key string) *fair.Semaphore {
+		s, err := f.Get(key)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return s
+	}
+	a, b, c := member("acme"), member("b:c{d}"), member("idle")
+	var leases []redsem.Lease
+	take := func(s *fair.Semaphore, n int) {
+		for i := 0; i < n; i++ {
+			l, err := s.TryAcquire(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			leases = append(leases, l)
+		}
+	}
+	take(a, 3)
+	take(b, 1)
+	take(c, 1)
+	if err := leases[len(leases)-1].Release(ctx); err != nil { // c: keys, nothing held
+		t.Fatal(err)
+	}
+	defer func() {
+		for _, l := range leases {
+			_ = l.Release(context.Background())
+		}
+	}()
+	// A waiter of acme, queued behind its three holders.
+	wctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	go func() { _, _ = a.Acquire(wctx) }()
+	waitFor(t, 10*time.Second, "acme's waiter queued", func() bool {
+		st, err := a.Status(ctx)
+		return err == nil && len(st.Waiters) == 1
+	})
+
+	// status FAMILY: the members, busiest first.
+	code, out, errs := runCmd(t, "status", fam)
+	if code != exitOK {
+		t.Fatalf("status %s: exit %d, stderr %q", fam, code, errs)
+	}
+	t.Logf("status %s:\n%s", fam, out)
+	if strings.Contains(out, "idle, no live state") || !strings.Contains(out, "family members: 3 with keys in Redis") {
+		t.Fatalf("status of a busy family does not list its members:\n%s", out)
+	}
+	ia, ib, ic := strings.Index(out, "  acme "), strings.Index(out, "  b:c{d} "), strings.Index(out, "  idle ")
+	if ia < 0 || ib < 0 || ic < 0 || !(ia < ib && ib < ic) {
+		t.Fatalf("members not listed busiest first (acme, b:c{d}, idle):\n%s", out)
+	}
+	code, out, _ = runCmd(t, "status", fam, "--json", "--top", "1")
+	var js snapshot
+	if code != exitOK || json.Unmarshal([]byte(out), &js) != nil {
+		t.Fatalf("status --json: exit %d: %s", code, out)
+	}
+	if js.MemberCount != 3 || len(js.Members) != 1 || js.Members[0].Key != "acme" || js.Members[0].Held != 3 ||
+		js.Members[0].Queued != 1 || js.Members[0].Limit == nil || *js.Members[0].Limit != 3 {
+		t.Fatalf("status --json --top 1: %+v", js)
+	}
+
+	// status --key: one member.
+	code, out, errs = runCmd(t, "status", fam, "--key", "acme")
+	if code != exitOK {
+		t.Fatalf("status --key: exit %d, stderr %q", code, errs)
+	}
+	if !strings.Contains(out, `member "acme" of family "`+fam+`"`) || !strings.Contains(out, "holders: 3, holding 3 of 3 slots") ||
+		!strings.Contains(out, "waiters: 1") {
+		t.Fatalf("status --key acme:\n%s", out)
+	}
+	code, out, _ = runCmd(t, "watch", fam, "--key", "b:c{d}", "--count", "1", "--json")
+	if code != exitOK || !strings.Contains(out, `"family":"`+fam+`"`) || !strings.Contains(out, `"name":"b:c{d}"`) {
+		t.Fatalf("watch --key: exit %d: %s", code, out)
+	}
+
+	// set-limit --key changes that member only.
+	if code, out, errs = runCmd(t, "set-limit", fam, "4", "--key", "acme"); code != exitOK {
+		t.Fatalf("set-limit --key: exit %d, stderr %q", code, errs)
+	}
+	if !strings.Contains(out, `limit of member "acme" of family "`+fam+`": 3 -> 4`) {
+		t.Fatalf("set-limit --key output: %s", out)
+	}
+	waitFor(t, 10*time.Second, "acme's waiter admitted by the raised limit", func() bool {
+		st, err := a.Status(ctx)
+		return err == nil && st.Limit == 4 && len(st.Holders) == 4 && len(st.Waiters) == 0
+	})
+	if st, err := b.Status(ctx); err != nil || st.Limit != 3 {
+		t.Fatalf("another member's limit: %v, %v; want 3", st.Limit, err)
+	}
+
+	// release --key frees a holder of that member.
+	held := leases[3] // b's
+	if code, out, errs = runCmd(t, "release", fam, held.ID()[:8], "--key", "b:c{d}"); code != exitOK {
+		t.Fatalf("release --key: exit %d, stderr %q", code, errs)
+	}
+	if !strings.Contains(out, "released holder "+held.ID()) {
+		t.Fatalf("release --key output: %s", out)
+	}
+	if st, err := b.Status(ctx); err != nil || len(st.Holders) != 0 {
+		t.Fatalf("b's holders after release --key: %+v, %v", st.Holders, err)
+	}
+
+	// purge --key deletes that member's keys, not the family's sessions
+	// key nor the other members'.
+	client := redistest.Client(t)
+	sessions := core.KeysForMember("redsem", fam, "acme").List[core.KeySessions]
+	if code, out, errs = runCmd(t, "purge", fam, "--key", "b:c{d}", "--yes"); code != exitOK {
+		t.Fatalf("purge --key: exit %d, stderr %q", code, errs)
+	}
+	for _, k := range core.KeysForMember("redsem", fam, "b:c{d}").List {
+		if k == sessions {
+			continue
+		}
+		if n, _ := client.Exists(ctx, k).Result(); n != 0 {
+			t.Errorf("purge --key left %s", k)
+		}
+	}
+	if n, _ := client.Exists(ctx, sessions).Result(); n != 1 {
+		t.Errorf("purge --key deleted the family's sessions key %s", sessions)
+	}
+	if st, err := a.Status(ctx); err != nil || len(st.Holders) != 4 {
+		t.Fatalf("another member after purge --key: %d holders, %v", len(st.Holders), err)
+	}
+	code, out, _ = runCmd(t, "status", fam, "--json")
+	if json.Unmarshal([]byte(out), &js) != nil || js.MemberCount != 2 {
+		t.Fatalf("members after purge --key: %s", out)
 	}
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sort"
 	"strconv"
 	"strings"
 	"time"
@@ -16,6 +17,7 @@ import (
 // Redis server's clock.
 type snapshot struct {
 	Name       string    `json:"name"`
+	Family     string    `json:"family,omitempty"` // with --key: Name is a member of this family
 	Prefix     string    `json:"prefix"`
 	ServerTime time.Time `json:"server_time"`
 	// Live is false when none of the semaphore's keys but the set-limit
@@ -36,9 +38,116 @@ type snapshot struct {
 	LeaseTTLMs     int64  `json:"lease_ttl_ms,omitempty"`
 	LeaseTTLSource string `json:"lease_ttl_source,omitempty"`
 
+	// Members (status without --key) are the busiest members of the
+	// keyed family of the same name, if it has any; MemberCount is how many
+	// members have keys in Redis.
+	Members     []memberInfo `json:"members,omitempty"`
+	MemberCount int          `json:"member_count,omitempty"`
+
 	MaxMemoryPolicy string   `json:"maxmemory_policy,omitempty"`
 	Warnings        []string `json:"warnings"`
 	Notes           []string `json:"notes,omitempty"`
+}
+
+// memberInfo is one member of a keyed family, as its counters in Redis
+// show it.
+type memberInfo struct {
+	Key string `json:"key"`
+	// Held is the member's _used counter: the slots of its holder entries,
+	// expired ones included until a script removes them.
+	Held   int  `json:"slots_held"`
+	Limit  *int `json:"limit"` // set-limit's, else the established one; nil if unknown
+	Queued int  `json:"queued"`
+}
+
+// maxMembers bounds how many member keys status reads.
+const maxMembers = 10000
+
+var globSpecial = strings.NewReplacer(`\`, `\\`, "*", `\*`, "?", `\?`, "[", `\[`, "]", `\]`)
+var tagUnescaper = strings.NewReplacer("%7B", "{", "%7D", "}", "%25", "%")
+
+// familyMembers finds the members of the keyed family name (by SCAN of
+// their meta keys, on the node that owns the family's hash slot) and
+// returns the top busiest (most slots held, then most queued), and how
+// many there are (up to maxMembers).
+func familyMembers(ctx context.Context, client redis.UniversalClient, prefix, name string, top int) ([]memberInfo, int, error) {
+	tag := prefix + ":{" + core.EscapeTag(name) + "}:m:"
+	node := redis.Cmdable(client)
+	if cc, ok := client.(*redis.ClusterClient); ok {
+		n, err := cc.MasterForKey(ctx, tag+"x:meta")
+		if err != nil {
+			return nil, 0, err
+		}
+		node = n
+	}
+	var metas []string
+	seen := map[string]bool{}
+	var cursor uint64
+	for {
+		keys, next, err := node.Scan(ctx, cursor, globSpecial.Replace(tag)+"*:meta", 1000).Result()
+		if err != nil {
+			return nil, 0, err
+		}
+		for _, k := range keys {
+			if !seen[k] && len(metas) < maxMembers {
+				seen[k] = true
+				metas = append(metas, k)
+			}
+		}
+		cursor = next
+		if cursor == 0 || len(metas) >= maxMembers {
+			break
+		}
+	}
+	if len(metas) == 0 {
+		return nil, 0, nil
+	}
+	pipe := node.Pipeline()
+	cmds := make([]*redis.SliceCmd, len(metas))
+	for i, k := range metas {
+		cmds[i] = pipe.HMGet(ctx, k, "_used", "_q", "_fixed", "_limit")
+	}
+	if _, err := pipe.Exec(ctx); err != nil && !errors.Is(err, redis.Nil) {
+		return nil, 0, err
+	}
+	atoi := func(v any) (int, bool) {
+		str, ok := v.(string)
+		if !ok {
+			return 0, false
+		}
+		n, err := strconv.Atoi(str)
+		return n, err == nil
+	}
+	out := make([]memberInfo, 0, len(metas))
+	for i, k := range metas {
+		m := memberInfo{Key: tagUnescaper.Replace(strings.TrimSuffix(strings.TrimPrefix(k, tag), ":meta"))}
+		v := cmds[i].Val()
+		if len(v) == 4 {
+			m.Held, _ = atoi(v[0])
+			m.Queued, _ = atoi(v[1])
+			if n, ok := atoi(v[2]); ok {
+				m.Limit = &n
+			} else if n, ok := atoi(v[3]); ok {
+				m.Limit = &n
+			}
+		}
+		out = append(out, m)
+	}
+	sort.Slice(out, func(i, j int) bool {
+		a, b := out[i], out[j]
+		if a.Held != b.Held {
+			return a.Held > b.Held
+		}
+		if a.Queued != b.Queued {
+			return a.Queued > b.Queued
+		}
+		return a.Key < b.Key
+	})
+	n := len(out)
+	if len(out) > top {
+		out = out[:top]
+	}
+	return out, n, nil
 }
 
 type holderInfo struct {

@@ -22,9 +22,14 @@ func runStatus(args []string, stdout, stderr io.Writer) int {
 			"queue (position, time to eviction), the limit in force and warnings.", stdout, stderr)
 	asJSON := c.FS.Bool("json", false, "print one JSON object instead of text")
 	leaseTTL := c.FS.Duration("lease-ttl", 0, "the clients' LeaseTTL, to check holders against 0.8 x LeaseTTL (not stored in Redis)")
+	top := c.FS.Int("top", 10, "without --key: list at most this many of family NAME's members, busiest first")
+	c.withKey()
 	pos, code, stop := c.Parse(args, 1, "NAME")
 	if stop {
 		return code
+	}
+	if *top < 0 {
+		return c.UsageError("--top must not be negative")
 	}
 	ss, code, stop := c.openRead(pos[0], readOpts{leaseTTL: *leaseTTL})
 	if stop {
@@ -32,6 +37,15 @@ func runStatus(args []string, stdout, stderr io.Writer) int {
 	}
 	defer ss.close()
 	s := ss.s
+	if key := c.member(); key != "" {
+		s.Family = pos[0]
+	} else if *top > 0 {
+		members, n, err := familyMembers(ss.ctx, ss.client, c.Prefix, pos[0], *top)
+		if err != nil {
+			return c.Fail(cli.ReachErr(ss.t, err))
+		}
+		s.Members, s.MemberCount = members, n
+	}
 	if *asJSON {
 		return c.printJSON(s)
 	}
@@ -50,7 +64,18 @@ func (c *command) printJSON(v any) int {
 
 // render writes s as text.
 func render(w io.Writer, s *snapshot) {
-	fmt.Fprintf(w, "semaphore %q (prefix %q) at %s (Redis server clock)\n", s.Name, s.Prefix, s.ServerTime.Format("2006-01-02 15:04:05.000 MST"))
+	at := s.ServerTime.Format("2006-01-02 15:04:05.000 MST")
+	if s.Family != "" {
+		fmt.Fprintf(w, "member %q of family %q (prefix %q) at %s (Redis server clock)\n", s.Name, s.Family, s.Prefix, at)
+	} else if !s.Live && s.Limit == nil && s.MemberCount > 0 {
+		// The name of a keyed family, not of a semaphore.
+		fmt.Fprintf(w, "family %q (prefix %q) at %s (Redis server clock)\n", s.Name, s.Prefix, at)
+		renderMembers(w, s)
+		return
+	} else {
+		fmt.Fprintf(w, "semaphore %q (prefix %q) at %s (Redis server clock)\n", s.Name, s.Prefix, at)
+	}
+	defer renderMembers(w, s)
 	switch {
 	case s.Limit == nil:
 		fmt.Fprintf(w, "limit:   unknown: idle, no live state (the first client to acquire establishes its limit)\n")
@@ -123,6 +148,7 @@ func runWatch(args []string, stdout, stderr io.Writer) int {
 	interval := c.FS.Duration("interval", time.Second, "time between refreshes")
 	count := c.FS.Int("count", 0, "stop after this many refreshes (0: until Ctrl-C)")
 	alwaysFull := c.FS.Duration("full-after", 30*time.Second, "warn 'always full' once the semaphore has been full at every refresh for this long")
+	c.withKey()
 	pos, code, stop := c.Parse(args, 1, "NAME")
 	if stop {
 		return code
@@ -134,7 +160,7 @@ func runWatch(args []string, stdout, stderr io.Writer) int {
 	if stop {
 		return code
 	}
-	defer client.Close()
+	defer c.done(client)
 	ctx, stopSignals := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stopSignals()
 
@@ -162,6 +188,9 @@ func runWatch(args []string, stdout, stderr io.Writer) int {
 			continue
 		}
 		failed = false
+		if c.member() != "" {
+			s.Family = pos[0]
+		}
 		// What one reading cannot tell.
 		if s.Limit != nil && s.slotsHeld() >= *s.Limit {
 			if fullSince.IsZero() {
@@ -203,6 +232,29 @@ func runWatch(args []string, stdout, stderr io.Writer) int {
 		return exitError
 	}
 	return exitOK
+}
+
+// renderMembers lists a family's busiest members, if status found any.
+func renderMembers(w io.Writer, s *snapshot) {
+	if s.MemberCount == 0 {
+		return
+	}
+	more := ""
+	if s.MemberCount >= maxMembers {
+		more = " or more"
+	}
+	fmt.Fprintf(w, "family members: %d%s with keys in Redis; the busiest %d:\n", s.MemberCount, more, len(s.Members))
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "  KEY\tHELD\tLIMIT\tQUEUED")
+	for _, m := range s.Members {
+		limit := "?"
+		if m.Limit != nil {
+			limit = strconv.Itoa(*m.Limit)
+		}
+		fmt.Fprintf(tw, "  %s\t%d\t%s\t%d\n", m.Key, m.Held, limit, m.Queued)
+	}
+	tw.Flush()
+	fmt.Fprintf(w, "  (HELD counts expired holders until a script removes them; 'redsem status %s --key KEY' shows one member)\n", s.Name)
 }
 
 // isTerminal reports whether w is a terminal (so watch may redraw in place).

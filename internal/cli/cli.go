@@ -93,6 +93,21 @@ func (c *Command) Parse(args []string, nargs int, argNames string) (pos []string
 			break
 		}
 	}
+	// A negative number ("set-limit NAME -1") is an argument, not an
+	// unknown flag: it is kept aside under a placeholder while the flags
+	// are parsed (unless it is the value of the flag before it).
+	const neg = "\x00neg:"
+	args = append([]string(nil), args...)
+	for i, a := range args {
+		if len(a) > 1 && a[0] == '-' && (a[1] >= '0' && a[1] <= '9' || a[1] == '.') && !c.takesValue(args, i) {
+			args[i] = neg + a
+		}
+	}
+	defer func() {
+		for i, p := range pos {
+			pos[i] = strings.TrimPrefix(p, neg)
+		}
+	}()
 	for {
 		if err := c.FS.Parse(args); err != nil {
 			if errors.Is(err, flag.ErrHelp) {
@@ -116,6 +131,24 @@ func (c *Command) Parse(args []string, nargs int, argNames string) (pos []string
 		return nil, c.UsageError("too many arguments: want %s", argNames), true
 	}
 	return pos, 0, false
+}
+
+// takesValue reports whether args[i] is the value of the flag before it
+// ("--count -1"): that flag is defined, not boolean, and has no "=value".
+func (c *Command) takesValue(args []string, i int) bool {
+	if i == 0 {
+		return false
+	}
+	prev := args[i-1]
+	if len(prev) < 2 || prev[0] != '-' || strings.Contains(prev, "=") {
+		return false
+	}
+	f := c.FS.Lookup(strings.TrimLeft(prev, "-"))
+	if f == nil {
+		return false
+	}
+	b, ok := f.Value.(interface{ IsBoolFlag() bool })
+	return !ok || !b.IsBoolFlag()
 }
 
 // UsageError reports a usage error in one line on Stderr and returns
