@@ -182,6 +182,10 @@ func loadLibrary(ctx context.Context, c redis.UniversalClient) error {
 // service that disables it.
 func refused(err error) bool {
 	msg := strings.ToLower(err.Error())
+	if strings.HasPrefix(msg, "oom ") || strings.HasPrefix(msg, "loading ") || strings.HasPrefix(msg, "busy") ||
+		strings.HasPrefix(msg, "readonly ") || strings.HasPrefix(msg, "masterdown ") {
+		return false // the server's state, not a refusal of FUNCTION: tried again later
+	}
 	for _, s := range []string{"unknown command", "unknown subcommand", "noperm", "no permissions", "disabled", "not allowed"} {
 		if strings.Contains(msg, s) {
 			return true

@@ -92,6 +92,9 @@ func newSessionID() string { return strings.ReplaceAll(uuid.NewString(), "-", ""
 // needed, and returns once the hub is ready. Its errors are raw (the
 // acquire call classifies them).
 func (e *Engine) register(ctx context.Context, id string, n int) (*waiter, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, err // no hub started (its session would be made) for a call that ended
+	}
 	mu, slot, closed := e.hubSlot()
 	mu.Lock()
 	if *closed {
