@@ -1,0 +1,10 @@
+package redsemotel_test
+
+import (
+	"os"
+	"testing"
+
+	"github.com/redsem/redsem/internal/redistest"
+)
+
+func TestMain(m *testing.M) { os.Exit(redistest.MainNoLeaks(m)) }
