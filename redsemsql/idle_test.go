@@ -14,6 +14,7 @@ import (
 	"github.com/redsem/redsem"
 	"github.com/redsem/redsem/fair"
 	"github.com/redsem/redsem/internal/redistest"
+	"github.com/redsem/redsem/redsemotel"
 	"github.com/redsem/redsem/redsemsql"
 	"github.com/redsem/redsem/unfair"
 )
@@ -44,10 +45,18 @@ func newPools(t *testing.T, variant string, n, limit int, set poolSettings) ([]p
 	for i := 0; i < n; i++ {
 		var sem redsem.Semaphore
 		var err error
-		if variant == "fair" {
+		switch variant {
+		case "fair":
 			sem, err = fair.New(redistest.Client(t), name, limit, fair.Options{})
-		} else {
+		case "unfair":
 			sem, err = unfair.New(redistest.Client(t), name, limit, unfair.Options{})
+		case "wrapped": // seen through Unwrap
+			sem, err = unfair.New(redistest.Client(t), name, limit, unfair.Options{})
+			if err == nil {
+				sem = redsemotel.Wrap(sem)
+			}
+		default:
+			t.Fatalf("unknown variant %q", variant)
 		}
 		if err != nil {
 			t.Fatal(err)
@@ -167,9 +176,10 @@ func TestIdleOnePool(t *testing.T) {
 // TestIdleTwoPools: two pools (two processes: each its own Redis client
 // and semaphore) of up to 10 connections share 3 slots. Pool 0's idle
 // connections hold every slot when pool 1's queries arrive; then both run
-// at once. Every query runs.
+// at once. Every query runs. "wrapped": semaphores wrapped by
+// redsemotel.Wrap, which the connector sees through (Unwrap).
 func TestIdleTwoPools(t *testing.T) {
-	for _, v := range []string{"unfair", "fair"} {
+	for _, v := range []string{"unfair", "fair", "wrapped"} {
 		t.Run(v, func(t *testing.T) {
 			const limit = 3
 			pools, conns, app := newPools(t, v, 2, limit, poolSettings{maxOpen: 10, maxIdle: 3})
