@@ -132,17 +132,19 @@ end
 local META, DIRTY, GONE
 local COUNTERS = {'_hz', '_limit', '_fixed', '_token', '_used', '_hw', '_seq', '_q', '_next', '_want', '_prune'}
 
-local function load(...)
-  local fields = {}
-  for _, f in ipairs(COUNTERS) do
-    fields[#fields + 1] = f
+-- load reads the counters (in COUNTERS' order, spelled out: building the
+-- argument list in a table on every call cost more than the HMGET) and,
+-- if given, the record of one id.
+local function load(id)
+  local v
+  if id then
+    v = redis.call('HMGET', M, '_hz', '_limit', '_fixed', '_token', '_used', '_hw', '_seq', '_q', '_next', '_want', '_prune', id)
+    META[id] = v[12]
+  else
+    v = redis.call('HMGET', M, '_hz', '_limit', '_fixed', '_token', '_used', '_hw', '_seq', '_q', '_next', '_want', '_prune')
   end
-  for _, f in ipairs({...}) do
-    fields[#fields + 1] = f
-  end
-  local v = redis.call('HMGET', M, unpack(fields))
-  for i, f in ipairs(fields) do
-    META[f] = v[i]
+  for i = 1, 11 do
+    META[COUNTERS[i]] = v[i]
   end
 end
 
