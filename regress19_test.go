@@ -3,7 +3,6 @@ package redsem_test
 import (
 	"context"
 	"errors"
-	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -20,41 +19,6 @@ import (
 // are in lua/regress19_test.go). Each failed on 521bc1f as its comment
 // quotes; docs/testing.md lists them.
 
-// commands is a go-redis hook that records the name of every command its
-// client sends.
-type commands struct {
-	mu  sync.Mutex
-	got []string
-}
-
-func (h *commands) DialHook(next redis.DialHook) redis.DialHook { return next }
-func (h *commands) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
-	return func(ctx context.Context, cmd redis.Cmder) error {
-		h.mu.Lock()
-		h.got = append(h.got, strings.ToLower(cmd.Name()))
-		h.mu.Unlock()
-		return next(ctx, cmd)
-	}
-}
-func (h *commands) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
-	return func(ctx context.Context, cmds []redis.Cmder) error {
-		h.mu.Lock()
-		for _, c := range cmds {
-			h.got = append(h.got, strings.ToLower(c.Name()))
-		}
-		h.mu.Unlock()
-		return next(ctx, cmds)
-	}
-}
-
-func (h *commands) take() []string {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	out := h.got
-	h.got = nil
-	return out
-}
-
 // A call whose context has already ended sends nothing: no acquire, and no
 // undo of an acquire that was never sent (which would add write load
 // exactly when an overloaded Redis makes callers give up). Before: each
@@ -62,7 +26,7 @@ func (h *commands) take() []string {
 func TestEndedContextSendsNothing(t *testing.T) {
 	forEach(t, func(t *testing.T, v variant) {
 		c := redistest.Client(t)
-		rec := &commands{}
+		rec := &spans{}
 		c.AddHook(rec)
 		ctx := redistest.Ctx(t, 10*time.Second)
 		s := mustNew(t, v, c, redistest.Name(t), 2, opts{})
@@ -89,7 +53,11 @@ func TestEndedContextSendsNothing(t *testing.T) {
 		}
 		time.Sleep(200 * time.Millisecond) // an undo runs in the background
 		if got := rec.take(); len(got) != 0 {
-			t.Fatalf("calls with an ended context sent %v; want nothing", got)
+			var names []string
+			for _, sp := range got {
+				names = append(names, sp.name)
+			}
+			t.Fatalf("calls with an ended context sent %v; want nothing", names)
 		}
 	})
 }
@@ -212,7 +180,7 @@ func TestFailedEarlyBeatDoesNotSpin(t *testing.T) {
 	opt.MaxRetries = -1 // every failed command comes back at once
 	c := redis.NewClient(opt)
 	t.Cleanup(func() { _ = c.Close() })
-	rec := &commands{}
+	rec := &spans{}
 	c.AddHook(rec)
 	name := redistest.Name(t)
 	s, err := fair.New(c, name, 1, fair.Options{})
