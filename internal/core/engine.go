@@ -93,7 +93,7 @@ func New(cfg Config) (*Engine, error) {
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
-	e := &Engine{cfg: cfg, keys: KeysFor(cfg.Prefix, cfg.Name), pub: "PUBLISH", alerts: alertsFor(cfg.Client), lib: &libState{}}
+	e := &Engine{cfg: cfg, keys: KeysFor(cfg.Prefix, cfg.Name), pub: "PUBLISH", alerts: alertsFor(cfg.Client), lib: libFor(cfg.Client)}
 	e.stopped, e.stop = context.WithCancel(context.Background())
 	if _, ok := cfg.Client.(*redis.ClusterClient); ok {
 		e.pub = "SPUBLISH"

@@ -4,10 +4,12 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"runtime"
 	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
+	"weak"
 
 	"github.com/redis/go-redis/v9"
 	"github.com/redsem/redsem/lua"
@@ -53,6 +55,35 @@ type libState struct {
 	mode   atomic.Uint32
 	mu     sync.Mutex
 	failed time.Time // when the last load failed (not refused); under mu
+}
+
+// libsByClient holds the state of each client that can load the library,
+// by a weak pointer to it: a client that is collected takes its entry with
+// it, and a new client at the same address is another key.
+var libsByClient sync.Map // weak.Pointer[redis.Client or redis.ClusterClient] -> *libState
+
+// libFor returns the library state of client c (a fresh one, never
+// shared, for a client that cannot load it: those stay on EVALSHA).
+func libFor(c redis.UniversalClient) *libState {
+	switch c := c.(type) {
+	case *redis.Client:
+		return libOf(c)
+	case *redis.ClusterClient:
+		return libOf(c)
+	}
+	return &libState{}
+}
+
+func libOf[T any](c *T) *libState {
+	key := weak.Make(c)
+	if l, ok := libsByClient.Load(key); ok {
+		return l.(*libState)
+	}
+	l, loaded := libsByClient.LoadOrStore(key, &libState{})
+	if !loaded {
+		runtime.AddCleanup(c, func(k weak.Pointer[T]) { libsByClient.Delete(k) }, key)
+	}
+	return l.(*libState)
 }
 
 // ready reports whether calls use FCALL.
@@ -138,15 +169,13 @@ func (e *Engine) loadLibrary() {
 				slog.String("library", name))
 		case refused(err):
 			l.mode.Store(libRefused)
-			if e.alerts.noFunctions.CompareAndSwap(false, true) { // once per client
-				msg := err.Error()
-				if i := strings.IndexAny(msg, ",\n"); i > 0 {
-					msg = msg[:i] // not the library's text, which the error may quote
-				}
-				e.logger().LogAttrs(context.Background(), slog.LevelInfo,
-					"redsem: scripts run with EVALSHA: the server refused FUNCTION LOAD",
-					slog.String("library", name), slog.String("error", msg))
+			msg := err.Error()
+			if i := strings.IndexAny(msg, ",\n"); i > 0 {
+				msg = msg[:i] // not the library's text, which the error may quote
 			}
+			e.logger().LogAttrs(context.Background(), slog.LevelInfo,
+				"redsem: scripts run with EVALSHA: the server refused FUNCTION LOAD",
+				slog.String("library", name), slog.String("error", msg))
 		default:
 			l.mu.Lock()
 			l.failed = time.Now()

@@ -81,8 +81,6 @@ type alerts struct {
 	on     [nConditions]bool
 	logged [nConditions]time.Time
 	dials  dialWatch
-
-	noFunctions atomic.Bool // "scripts run with EVALSHA" was logged (functions.go)
 }
 
 // dialWatch is a go-redis hook, added once to each client an engine uses,
