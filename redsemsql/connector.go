@@ -18,6 +18,9 @@ import (
 // releaseTimeout bounds the Release made when a connection closes.
 const releaseTimeout = 5 * time.Second
 
+// closeWait bounds how long Close waits for the demand subscription to end.
+const closeWait = 100 * time.Millisecond
+
 // Demand: a Connect that has waited demandAfter for a slot asks idle
 // connections to give one back, and asks again every demandEvery while it
 // waits: first its own connector's (at once, in memory), else every
@@ -97,7 +100,12 @@ func (c *connector) Close() error {
 	c.mu.Unlock()
 	if stop != nil {
 		stop()
-		<-stopped
+		// The subscription ends at once, unless its first dial to an
+		// unreachable Redis is in flight: that ends on its own.
+		select {
+		case <-stopped:
+		case <-time.After(closeWait):
+		}
 	}
 	if cl, ok := c.base.(io.Closer); ok {
 		return cl.Close()

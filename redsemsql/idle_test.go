@@ -299,3 +299,35 @@ func TestIdleKeptWithoutDemand(t *testing.T) {
 		t.Fatalf("the prepared statement after its connection was given back: %v", err)
 	}
 }
+
+// Close (sql.DB.Close) does not wait on an unreachable Redis for the
+// connector's demand subscription.
+func TestCloseWithRedisDown(t *testing.T) {
+	monitor := pgDB(t)
+	cfg, _ := appConfig(t)
+	srv := redistest.Start(t)
+	ctx := redistest.Ctx(t, 20*time.Second)
+	sem, err := unfair.New(srv.Client(t), redistest.Name(t), 2, unfair.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = sem.Close() })
+	db := sql.OpenDB(redsemsql.NewConnector(&counting{base: stdlib.GetConnector(*cfg), monitor: monitor}, sem))
+	if err := db.PingContext(ctx); err != nil { // a Connect: the subscription starts
+		t.Fatal(err)
+	}
+	db.SetMaxIdleConns(0) // its connection closes (and releases) while Redis is up
+	redistest.WaitFor(t, 5*time.Second, "the connection closed", func() (bool, error) {
+		return db.Stats().OpenConnections == 0, nil
+	})
+	srv.Kill(t)
+	start := time.Now()
+	done := make(chan error, 1)
+	go func() { done <- db.Close() }()
+	select {
+	case err := <-done:
+		t.Logf("Close returned after %v: %v", time.Since(start), err)
+	case <-time.After(time.Second):
+		t.Fatal("sql.DB.Close still waiting 1s after Redis went away")
+	}
+}
