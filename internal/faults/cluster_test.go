@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -13,6 +15,7 @@ import (
 	"github.com/redsem/redsem"
 	"github.com/redsem/redsem/internal/core"
 	"github.com/redsem/redsem/internal/redistest"
+	"github.com/redsem/redsem/lua"
 )
 
 // Both variants work unchanged with a *redis.ClusterClient: every key and
@@ -60,6 +63,71 @@ func TestClusterSmoke(t *testing.T) {
 			})
 		}
 	}
+
+	// The scripts run as functions on a cluster: the library is loaded on
+	// every master, and semaphores whose keys live on each master are
+	// served with FCALL there.
+	t.Run("functions", func(t *testing.T) {
+		var names []string
+		masters := map[string]bool{}
+		for i := 0; len(masters) < 3 && i < 100; i++ {
+			name := fmt.Sprintf("%s-fn-%d", redistest.Name(t), i)
+			m, err := cc.MasterForKey(ctx, core.KeysFor(core.DefaultPrefix, name).List[0])
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !masters[m.Options().Addr] {
+				masters[m.Options().Addr] = true
+				names = append(names, name)
+			}
+		}
+		cycle := func(s redsem.Semaphore) {
+			l, err := s.TryAcquire(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := l.Release(ctx); err != nil {
+				t.Fatal(err)
+			}
+		}
+		var sems []redsem.Semaphore
+		for _, name := range names {
+			s := variants[0].new(t, cc, name, 2, opts{})
+			sems = append(sems, s)
+			cycle(s)
+		}
+		marker(t, sems[0], lua.Acquire) // waits until the client's choice is made
+		if m := core.EngineOf(sems[0]).ScriptMode(); m != "fcall" {
+			t.Fatalf("script mode %q on a Redis 7 cluster, want fcall", m)
+		}
+		lib, _ := lua.Library()
+		calls := map[string]int64{}
+		var mu sync.Mutex // ForEachMaster calls its function on each master at once
+		if err := cc.ForEachMaster(ctx, func(ctx context.Context, m *redis.Client) error {
+			libs, err := m.FunctionList(ctx, redis.FunctionListQuery{LibraryNamePattern: lib}).Result()
+			if err != nil || len(libs) != 1 {
+				return fmt.Errorf("master %s: libraries %v, %v; want %s", m.Options().Addr, libs, err, lib)
+			}
+			n := fcalls(ctx, m)
+			mu.Lock()
+			calls[m.Options().Addr] = n
+			mu.Unlock()
+			return nil
+		}); err != nil {
+			t.Fatal(err)
+		}
+		for _, s := range sems {
+			cycle(s)
+		}
+		for addr, before := range calls {
+			m := redis.NewClient(&redis.Options{Addr: addr})
+			after := fcalls(ctx, m)
+			_ = m.Close()
+			if after < before+2 {
+				t.Errorf("master %s served %d FCALLs for one acquire and release of a semaphore it owns, want 2", addr, after-before)
+			}
+		}
+	})
 
 	for _, v := range variants {
 		t.Run(v.name+"/wakeup", func(t *testing.T) {
@@ -278,4 +346,16 @@ func assertOneSlot(t *testing.T, ctx context.Context, cc *redis.ClusterClient, n
 			t.Fatalf("%s in slot %d, %s in slot %d", all[0], want, key, got)
 		}
 	}
+}
+
+// fcalls returns how many FCALLs server c has run.
+func fcalls(ctx context.Context, c *redis.Client) int64 {
+	info, _ := c.Info(ctx, "commandstats").Result()
+	for _, line := range strings.Split(info, "\n") {
+		if rest, ok := strings.CutPrefix(strings.TrimSpace(line), "cmdstat_fcall:calls="); ok {
+			n, _ := strconv.ParseInt(rest[:strings.IndexByte(rest, ',')], 10, 64)
+			return n
+		}
+	}
+	return 0
 }
