@@ -57,7 +57,8 @@ const (
 	// Heartbeat keeps a process's fair waiters alive, at a cost that does
 	// not grow with their number.
 	Heartbeat
-	// Status reads the live state without writing (it runs as EVALSHA_RO).
+	// Status reads the live state without writing (it runs as FCALL_RO or
+	// EVALSHA_RO).
 	Status
 	// SetLimit sets the limit for every client of a name.
 	SetLimit

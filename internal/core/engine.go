@@ -149,8 +149,10 @@ func (e *Engine) run(ctx context.Context, s lua.Script, limit int, args ...any) 
 }
 
 // runOn is run on a given client or connection. Every script call of the
-// library goes through here; status.lua, which writes nothing, runs with
-// EVALSHA_RO so that it may run on a read-only replica.
+// library goes through here: as a function of the library once the client
+// loaded it (FCALL; functions.go), else EVALSHA; status.lua, which writes
+// nothing, runs with FCALL_RO or EVALSHA_RO so that it may run on a
+// read-only replica.
 //
 // The call returns once ctx ends, whatever the client does: go-redis honours
 // a context's deadline only on clients built with ContextTimeoutEnabled, and
