@@ -576,11 +576,13 @@ local function admit(now, now_us, limit)
   return out
 end
 
--- notify_free tells unfair waiters how many slots are free, if any wait.
+-- notify_free tells unfair waiters how many slots are free, if any wait:
+-- "n meta-key", so that on a channel that the members of a keyed family
+-- share, a process wakes only the waiters of the member that has them.
 local function notify_free(now, limit)
   local free = limit - num('_used')
   if free > 0 and num('_want') > now then
-    publish(CHAN .. ':free', free)
+    publish(CHAN .. ':free', free .. ' ' .. M)
   end
 end
 

@@ -59,6 +59,18 @@ type Options struct {
 	MaxHold time.Duration
 }
 
+// config is the engine configuration of New and NewFamily.
+func config(client redis.UniversalClient, name string, limit int, opts Options) core.Config {
+	return core.Config{
+		Client: client, Name: name, Limit: limit,
+		Prefix: opts.KeyPrefix, LeaseTTL: opts.LeaseTTL,
+		DisableAutoRenew: opts.DisableAutoRenew, Fallback: opts.FallbackInterval,
+		Observer: opts.Observer, Logger: opts.Logger,
+		MinReplicas: opts.MinReplicas, ReplicaTimeout: opts.ReplicaTimeout,
+		Owner: opts.Owner, MaxHold: opts.MaxHold,
+	}
+}
+
 // Semaphore is the unfair (sorted-set) semaphore. It is safe for concurrent
 // use; create one per name and process and share it.
 type Semaphore struct {
@@ -84,14 +96,7 @@ func init() {
 // (matching redsem.ErrInvalidConfig) for a nil client, an empty or too long
 // name, a limit outside [1, 2^20], or a negative or sub-millisecond TTL.
 func New(client redis.UniversalClient, name string, limit int, opts Options) (*Semaphore, error) {
-	e, err := core.New(core.Config{
-		Client: client, Name: name, Limit: limit,
-		Prefix: opts.KeyPrefix, LeaseTTL: opts.LeaseTTL,
-		DisableAutoRenew: opts.DisableAutoRenew, Fallback: opts.FallbackInterval,
-		Observer: opts.Observer, Logger: opts.Logger,
-		MinReplicas: opts.MinReplicas, ReplicaTimeout: opts.ReplicaTimeout,
-		Owner: opts.Owner, MaxHold: opts.MaxHold,
-	})
+	e, err := core.New(config(client, name, limit, opts))
 	if err != nil {
 		return nil, err
 	}

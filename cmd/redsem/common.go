@@ -45,7 +45,7 @@ func (c *command) open(name string) (client redis.UniversalClient, t *cli.Target
 	client = t.Client()
 	cfg := core.Config{Client: client, Name: name, Limit: 1, Prefix: c.Prefix, Logger: slog.New(slog.DiscardHandler)}
 	if key := c.member(); key != "" {
-		cfg.Fair = true // families are fair
+		cfg.Fair = true // either variant: the scripts and the keys are the same
 		if c.fam, err = core.NewFamily(cfg, 0); err == nil {
 			e, err = c.fam.Get(key)
 		}

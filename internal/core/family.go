@@ -33,10 +33,6 @@ type Family struct {
 // Family whose members have cfg's settings. idleAfter is how long a member
 // with no call in flight and no live lease is kept; zero: DefaultIdleAfter.
 func NewFamily(cfg Config, idleAfter time.Duration) (*Family, error) {
-	if !cfg.Fair {
-		// Unfair wake-ups go to the channel base, which members share.
-		return nil, cfgErr("Fair", "keyed families are fair only")
-	}
 	root, err := New(cfg)
 	if err != nil {
 		return nil, err

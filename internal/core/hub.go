@@ -276,14 +276,19 @@ func (h *hub) broadcast(ev event) {
 
 // wakeUnfair wakes local unfair waiters, oldest first, that fit in free
 // slots: as many as the slots allow, never all of them for one slot.
-func (h *hub) wakeUnfair(free int) {
+func (h *hub) wakeUnfair(free int) { h.wakeUnfairOf("", free) }
+
+// wakeUnfairOf is wakeUnfair for the waiters of the semaphore whose meta
+// key is meta (of any, if meta is ""): the members of an unfair family
+// share one freed-slot channel.
+func (h *hub) wakeUnfairOf(meta string, free int) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	for _, w := range h.unfair {
 		if free <= 0 {
 			return
 		}
-		if w.n > free {
+		if w.n > free || (meta != "" && w.e.keys.List[KeyMeta] != meta) {
 			continue
 		}
 		select {
@@ -393,8 +398,11 @@ func (h *hub) resync() {
 
 func (h *hub) onMessage(m *redis.Message) {
 	if m.Channel == h.e.keys.Free {
-		n := int(toInt(m.Payload))
-		h.wakeUnfair(max(n, 1))
+		// "n meta-key" (lib.lua's notify_free): n slots free in the
+		// semaphore whose meta key that is; a bare "n" (an older version)
+		// wakes waiters of any.
+		count, meta, _ := strings.Cut(m.Payload, " ")
+		h.wakeUnfairOf(meta, max(int(toInt(count)), 1))
 		return
 	}
 	msg, ok := parseMessage(m.Payload)

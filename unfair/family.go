@@ -1,0 +1,68 @@
+package unfair
+
+import (
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/redsem/redsem/internal/core"
+)
+
+// FamilyOptions configures a Family: the Options of every member, and how
+// long an idle member is kept.
+type FamilyOptions struct {
+	Options
+	// IdleAfter is how long the family keeps a member with no call in
+	// flight and no live lease before it drops it from its map; zero: one
+	// minute. A dropped member keeps working for whoever still holds it
+	// (and for its leases); Get makes a new one for its key.
+	IdleAfter time.Duration
+}
+
+// Family is a keyed family of unfair semaphores: one semaphore per key
+// (per tenant, API key, ...), made on demand by Get, all with the same
+// limit and options. In one process, the members share one pub/sub
+// subscription: a release publishes its freed slots with the member's
+// name, and wakes only that member's waiters. In Redis, every member has
+// its own keys (which expire when unused, as a semaphore's do) under the
+// family's hash tag, so a cluster keeps a family in one slot. Keys are
+// independent: a full key never blocks another. A Family is safe for
+// concurrent use; make one per name and process.
+type Family struct {
+	f *core.Family
+}
+
+// NewFamily returns a family called name of unfair semaphores that each
+// admit at most limit holders at once. It does no I/O and validates like
+// New (and a negative IdleAfter).
+func NewFamily(client redis.UniversalClient, name string, limit int, opts FamilyOptions) (*Family, error) {
+	f, err := core.NewFamily(config(client, name, limit, opts.Options), opts.IdleAfter)
+	if err != nil {
+		return nil, err
+	}
+	return &Family{f: f}, nil
+}
+
+// Get returns the semaphore of key, making it if needed; key follows the
+// rules of a semaphore name (non-empty UTF-8, at most 512 bytes), or Get
+// returns a *redsem.ConfigError. Calls for one key share one semaphore
+// (one Redis key set, one local state) until the family drops it as idle.
+// Its Name is key; its Close does nothing (Family.Close ends the shared
+// machinery). Get returns redsem.ErrClosed after Close.
+func (f *Family) Get(key string) (*Semaphore, error) {
+	e, err := f.f.Get(key)
+	if err != nil {
+		return nil, err
+	}
+	return &Semaphore{e: e}, nil
+}
+
+// Name is the family's name as given to NewFamily.
+func (f *Family) Name() string { return f.f.Name() }
+
+// Len is how many members the family keeps in memory now.
+func (f *Family) Len() int { return f.f.Len() }
+
+// Close stops the shared subscription: Acquire calls of every member
+// blocked at the time return redsem.ErrClosed, as do later calls and Get.
+// Leases already granted keep working (renew, release) after Close.
+func (f *Family) Close() error { return f.f.Close() }
