@@ -32,6 +32,8 @@ if not held or held <= now then
   return finish({0, now})
 end
 redis.call('ZADD', H, 'XX', now + lease_ms, id)
-load()
+-- A live renewal needs only the horizon (extend); the other counters stay
+-- unread and unwritten.
+META['_hz'] = redis.call('HGET', M, '_hz')
 extend(now, now + lease_ms)
 return finish({1, now, now + lease_ms})
