@@ -106,6 +106,13 @@ func Wrap(sem redsem.Semaphore, opts ...Option) redsem.Semaphore {
 	meter := c.mp.Meter(Scope)
 	s := &semaphore{sem: sem, tracer: c.tp.Tracer(Scope), name: AttrSemaphore.String(sem.Name())}
 	s.only = metric.WithAttributeSet(attribute.NewSet(s.name))
+	// The attribute sets of the histograms, made once: a set per record
+	// would cost a sort and an allocation on every call.
+	s.byOutcome = make(map[string]metric.MeasurementOption)
+	for _, o := range []string{OutcomeGranted, OutcomeNoSlot, OutcomeTimeout, OutcomeCanceled,
+		OutcomeClosed, OutcomeError, OutcomeReleased, OutcomeLost} {
+		s.byOutcome[o] = metric.WithAttributeSet(attribute.NewSet(s.name, AttrOutcome.String(o)))
+	}
 	// The API's instruments never fail to be made; an SDK that refuses one
 	// returns a no-op instrument and reports the error to otel's handler.
 	s.acquireDur, _ = meter.Float64Histogram("redsem.acquire.duration",
@@ -126,6 +133,8 @@ type semaphore struct {
 	tracer trace.Tracer
 	name   attribute.KeyValue
 	only   metric.MeasurementOption // the attribute set {redsem.semaphore}
+	// byOutcome: {redsem.semaphore, redsem.outcome} for each outcome (read only)
+	byOutcome map[string]metric.MeasurementOption
 
 	acquireDur, holdDur metric.Float64Histogram
 	held, waiting       metric.Int64UpDownCounter
@@ -192,7 +201,7 @@ func (s *semaphore) acquire(ctx context.Context, n int, call func(context.Contex
 		span.SetStatus(codes.Error, err.Error())
 	}
 	span.End()
-	s.acquireDur.Record(ctx, took.Seconds(), metric.WithAttributes(s.name, AttrOutcome.String(outcome)))
+	s.acquireDur.Record(ctx, took.Seconds(), s.byOutcome[outcome])
 	if err != nil {
 		return nil, err
 	}
@@ -264,7 +273,7 @@ func (l *lease) end(outcome string) {
 	l.once.Do(func() {
 		s := l.s
 		s.held.Add(l.mctx, -l.slots, s.only)
-		s.holdDur.Record(l.mctx, time.Since(l.start).Seconds(), metric.WithAttributes(s.name, AttrOutcome.String(outcome)))
+		s.holdDur.Record(l.mctx, time.Since(l.start).Seconds(), s.byOutcome[outcome])
 		l.span.SetAttributes(AttrOutcome.String(outcome))
 		if outcome == OutcomeLost {
 			s.lost.Add(l.mctx, 1, s.only)
