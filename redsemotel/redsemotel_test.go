@@ -10,6 +10,7 @@ import (
 
 	"github.com/redsem/redsem"
 	"github.com/redsem/redsem/fair"
+	"github.com/redsem/redsem/internal/core"
 	"github.com/redsem/redsem/internal/redistest"
 	"github.com/redsem/redsem/redsemotel"
 	"github.com/redsem/redsem/unfair"
@@ -609,6 +610,11 @@ func TestPassThrough(t *testing.T) {
 	}
 	if _, ok := u.Unwrap().(*unfair.Semaphore); !ok {
 		t.Fatalf("Unwrap returned a %T", u.Unwrap())
+	}
+	// redsemsql reaches the engine through it (and through a wrapper of
+	// the wrapper).
+	if core.EngineOf(s.sem) == nil || core.EngineOf(redsemotel.Wrap(s.sem)) == nil {
+		t.Fatal("core.EngineOf does not see through the wrapper")
 	}
 	if err := s.sem.SetLimit(ctx, 3); err != nil {
 		t.Fatal(err)
