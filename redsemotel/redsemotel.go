@@ -209,8 +209,8 @@ func (s *semaphore) acquire(ctx context.Context, n int, call func(context.Contex
 }
 
 // hold starts the hold span and the slots held of lease l, granted now
-// (it holds slots slots; grant: its token and slots), and returns l wrapped so that its end ends
-// them.
+// (slots: how many it holds; grant: its token and slots), and returns l
+// wrapped so that its end ends them.
 func (s *semaphore) hold(ctx context.Context, l redsem.Lease, weight attribute.KeyValue, slots int, grant []attribute.KeyValue) *lease {
 	_, span := s.tracer.Start(ctx, "redsem.hold", trace.WithAttributes(s.name, weight),
 		trace.WithAttributes(grant...))
