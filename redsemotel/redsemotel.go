@@ -1,38 +1,9 @@
-// Package redsemotel instruments a redsem.Semaphore with OpenTelemetry,
-// through the OpenTelemetry API only (no SDK among its dependencies): the
-// application chooses and configures the SDK and its exporters.
-//
-//	sem = redsemotel.Wrap(sem) // global providers; or WithTracerProvider, WithMeterProvider
-//
-// Every Acquire, AcquireN, TryAcquire and TryAcquireN makes a span
-// "redsem.acquire", a child of the span in its context, ended when the
-// call returns; every lease it grants makes a span "redsem.hold", a child of
-// the same span, from the grant to the lease's release or loss. Both carry
-// redsem.semaphore (the name) and redsem.weight (the slots asked for). The
-// acquire span also carries redsem.outcome, one of granted, no_slot
-// (TryAcquire refused), timeout (the context's deadline passed), canceled
-// (the context was cancelled), closed (the semaphore was closed) or error,
-// and, when granted, redsem.token and redsem.slots. The hold span carries
-// redsem.outcome released or lost. A span's status is Error only for the
-// outcomes error and lost.
-//
-// Metrics, under the instrumentation scope
-// "github.com/redsem/redsem/redsemotel", each with redsem.semaphore:
-//
-//	redsem.acquire.duration  Float64Histogram     s       and redsem.outcome (as on the span)
-//	redsem.hold.duration     Float64Histogram     s       and redsem.outcome (released, lost)
-//	redsem.slots.held        Int64UpDownCounter   {slot}  slots held by this process's leases
-//	redsem.acquire.waiting   Int64UpDownCounter   {call}  acquire calls in flight in this process
-//	redsem.leases.lost       Int64Counter         {lease}
-//
-// Leases are the semaphore's own, unchanged (Slots, Token, Context, Done
-// and the rest); the hold span ends from context.AfterFunc on the lease's
-// Context, which ends when the lease is released or lost.
 package redsemotel
 
 import (
 	"context"
 	"errors"
+	"sync"
 	"time"
 
 	"github.com/redsem/redsem"
@@ -46,29 +17,45 @@ import (
 // Scope is the instrumentation scope of the tracer and the meter.
 const Scope = "github.com/redsem/redsem/redsemotel"
 
-// Outcomes of the acquire span (and the redsem.acquire.duration metric).
+// Outcomes of the acquire span (its redsem.outcome, and the same attribute
+// of the redsem.acquire.duration metric).
 const (
-	OutcomeGranted  = "granted"
-	OutcomeNoSlot   = "no_slot"
-	OutcomeTimeout  = "timeout"
+	// OutcomeGranted: a lease was granted.
+	OutcomeGranted = "granted"
+	// OutcomeNoSlot: TryAcquire or TryAcquireN refused (redsem.ErrNoSlot).
+	OutcomeNoSlot = "no_slot"
+	// OutcomeTimeout: the context's deadline passed (context.DeadlineExceeded).
+	OutcomeTimeout = "timeout"
+	// OutcomeCanceled: the context was cancelled (context.Canceled).
 	OutcomeCanceled = "canceled"
-	OutcomeClosed   = "closed"
-	OutcomeError    = "error"
+	// OutcomeClosed: the semaphore was closed (redsem.ErrClosed).
+	OutcomeClosed = "closed"
+	// OutcomeError: any other error; the span's status is Error.
+	OutcomeError = "error"
 )
 
-// Outcomes of the hold span (and the redsem.hold.duration metric).
+// Outcomes of the hold span (its redsem.outcome, and the same attribute of
+// the redsem.hold.duration metric).
 const (
+	// OutcomeReleased: the lease ended by its Release.
 	OutcomeReleased = "released"
-	OutcomeLost     = "lost"
+	// OutcomeLost: the lease was lost (before or during its Release); the
+	// span's status is Error and redsem.leases.lost counts it.
+	OutcomeLost = "lost"
 )
 
-// Attribute keys.
+// Attribute keys of the spans and the metrics.
 const (
+	// AttrSemaphore is the semaphore's name, on every span and metric.
 	AttrSemaphore = attribute.Key("redsem.semaphore")
-	AttrWeight    = attribute.Key("redsem.weight")
-	AttrOutcome   = attribute.Key("redsem.outcome")
-	AttrToken     = attribute.Key("redsem.token")
-	AttrSlots     = attribute.Key("redsem.slots")
+	// AttrWeight is the slots asked for (1, or AcquireN's n), on both spans.
+	AttrWeight = attribute.Key("redsem.weight")
+	// AttrOutcome is how the call or the hold ended (the Outcome constants).
+	AttrOutcome = attribute.Key("redsem.outcome")
+	// AttrToken is the granted lease's fencing token (int64).
+	AttrToken = attribute.Key("redsem.token")
+	// AttrSlots is the granted lease's slots (an int slice).
+	AttrSlots = attribute.Key("redsem.slots")
 )
 
 // Option configures Wrap.
@@ -97,9 +84,14 @@ func WithMeterProvider(mp metric.MeterProvider) Option {
 // returns; every lease it grants makes a span "redsem.hold", from the grant
 // to its release or loss. Status, SetLimit, Name and Close pass through.
 //
+// The leases it grants are the semaphore's own, wrapped: every Lease method
+// behaves the same, and Release also ends the hold span before it returns.
+//
 // The returned semaphore also has a method Unwrap() redsem.Semaphore that
 // returns sem, through which other packages of this module (redsemsql)
-// reach the semaphore behind the wrapper.
+// reach the semaphore behind the wrapper:
+//
+//	u, ok := sem.(interface{ Unwrap() redsem.Semaphore })
 func Wrap(sem redsem.Semaphore, opts ...Option) redsem.Semaphore {
 	c := config{}
 	for _, o := range opts {
@@ -114,6 +106,13 @@ func Wrap(sem redsem.Semaphore, opts ...Option) redsem.Semaphore {
 	meter := c.mp.Meter(Scope)
 	s := &semaphore{sem: sem, tracer: c.tp.Tracer(Scope), name: AttrSemaphore.String(sem.Name())}
 	s.only = metric.WithAttributeSet(attribute.NewSet(s.name))
+	// The attribute sets of the histograms, made once: a set per record
+	// would cost a sort and an allocation on every call.
+	s.byOutcome = make(map[string]metric.MeasurementOption)
+	for _, o := range []string{OutcomeGranted, OutcomeNoSlot, OutcomeTimeout, OutcomeCanceled,
+		OutcomeClosed, OutcomeError, OutcomeReleased, OutcomeLost} {
+		s.byOutcome[o] = metric.WithAttributeSet(attribute.NewSet(s.name, AttrOutcome.String(o)))
+	}
 	// The API's instruments never fail to be made; an SDK that refuses one
 	// returns a no-op instrument and reports the error to otel's handler.
 	s.acquireDur, _ = meter.Float64Histogram("redsem.acquire.duration",
@@ -134,6 +133,8 @@ type semaphore struct {
 	tracer trace.Tracer
 	name   attribute.KeyValue
 	only   metric.MeasurementOption // the attribute set {redsem.semaphore}
+	// byOutcome: {redsem.semaphore, redsem.outcome} for each outcome (read only)
+	byOutcome map[string]metric.MeasurementOption
 
 	acquireDur, holdDur metric.Float64Histogram
 	held, waiting       metric.Int64UpDownCounter
@@ -189,48 +190,105 @@ func (s *semaphore) acquire(ctx context.Context, n int, call func(context.Contex
 	s.waiting.Add(ctx, -1, s.only)
 	outcome := Outcome(err)
 	span.SetAttributes(AttrOutcome.String(outcome))
+	var slots []int
+	var grant []attribute.KeyValue // token and slots, on both spans
 	if err == nil {
-		span.SetAttributes(AttrToken.Int64(l.Token()), AttrSlots.IntSlice(l.Slots()))
+		slots = l.Slots()
+		grant = []attribute.KeyValue{AttrToken.Int64(l.Token()), AttrSlots.IntSlice(slots)}
+		span.SetAttributes(grant...)
 	} else if outcome == OutcomeError {
 		span.RecordError(err)
 		span.SetStatus(codes.Error, err.Error())
 	}
 	span.End()
-	s.acquireDur.Record(ctx, took.Seconds(), metric.WithAttributes(s.name, AttrOutcome.String(outcome)))
+	s.acquireDur.Record(ctx, took.Seconds(), s.byOutcome[outcome])
 	if err != nil {
 		return nil, err
 	}
-	s.hold(ctx, l, weight)
-	return l, nil
+	return s.hold(ctx, l, weight, len(slots), grant), nil
 }
 
-// hold measures lease l from now to its end: a span, the slots held, and
-// at the end the hold's duration and, if lost, the loss.
-func (s *semaphore) hold(ctx context.Context, l redsem.Lease, weight attribute.KeyValue) {
-	slots := int64(len(l.Slots()))
-	_, span := s.tracer.Start(ctx, "redsem.hold", trace.WithAttributes(s.name, weight,
-		AttrToken.Int64(l.Token()), AttrSlots.IntSlice(l.Slots())))
-	s.held.Add(ctx, slots, s.only)
-	start := time.Now()
-	// The metrics outlive the caller's context: record them on one that
-	// keeps its values (baggage, span) but not its end.
-	mctx := context.WithoutCancel(ctx)
-	// Context ends with the lease (released or lost): AfterFunc runs the
-	// end without a goroutine waiting all along.
-	context.AfterFunc(l.Context(), func() {
-		outcome := OutcomeReleased
-		if l.Err() != nil {
-			outcome = OutcomeLost
+// hold starts the hold span and the slots held of lease l, granted now
+// (slots: how many it holds; grant: its token and slots), and returns l
+// wrapped so that its end ends them.
+func (s *semaphore) hold(ctx context.Context, l redsem.Lease, weight attribute.KeyValue, slots int, grant []attribute.KeyValue) *lease {
+	_, span := s.tracer.Start(ctx, "redsem.hold", trace.WithAttributes(s.name, weight),
+		trace.WithAttributes(grant...))
+	w := &lease{Lease: l, s: s, span: span, slots: int64(slots), start: time.Now(),
+		// The metrics outlive the caller's context: record them on one that
+		// keeps its values (baggage, span) but not its end.
+		mctx: context.WithoutCancel(ctx)}
+	s.held.Add(w.mctx, w.slots, s.only)
+	// The lease may be lost without a Release (not renewed in time, its
+	// keys gone): this goroutine sees it, and ends with the lease however
+	// it ends, so none outlives its lease.
+	go func() {
+		<-l.Done()
+		w.end(holdOutcome(l.Err()))
+	}()
+	return w
+}
+
+// lease is a granted lease with its hold span: every method is the
+// semaphore's lease's, and Release also ends the span.
+type lease struct {
+	redsem.Lease
+	s     *semaphore
+	span  trace.Span
+	slots int64
+	start time.Time
+	mctx  context.Context
+	once  sync.Once
+}
+
+var _ redsem.Lease = (*lease)(nil)
+
+// Release is the lease's Release; the hold span and metrics end before it
+// returns: outcome released, or lost when Release returns
+// redsem.ErrLeaseLost. Another error leaves the lease held (Release may be
+// called again) and the span open, unless the lease ended meanwhile.
+func (l *lease) Release(ctx context.Context) error {
+	err := l.Lease.Release(ctx)
+	switch {
+	case err == nil:
+		l.end(OutcomeReleased) // a later Release (nil too) finds it ended
+	case errors.Is(err, redsem.ErrLeaseLost):
+		l.end(OutcomeLost)
+	default:
+		select {
+		case <-l.Lease.Done():
+			l.end(holdOutcome(l.Lease.Err()))
+		default:
 		}
-		s.held.Add(mctx, -slots, s.only)
-		s.holdDur.Record(mctx, time.Since(start).Seconds(), metric.WithAttributes(s.name, AttrOutcome.String(outcome)))
-		span.SetAttributes(AttrOutcome.String(outcome))
+	}
+	return err
+}
+
+// Unwrap returns the lease that the wrapped semaphore granted.
+func (l *lease) Unwrap() redsem.Lease { return l.Lease }
+
+// end ends the hold, once: its span, the slots held, its duration and, if
+// lost, the loss.
+func (l *lease) end(outcome string) {
+	l.once.Do(func() {
+		s := l.s
+		s.held.Add(l.mctx, -l.slots, s.only)
+		s.holdDur.Record(l.mctx, time.Since(l.start).Seconds(), s.byOutcome[outcome])
+		l.span.SetAttributes(AttrOutcome.String(outcome))
 		if outcome == OutcomeLost {
-			s.lost.Add(mctx, 1, s.only)
-			span.SetStatus(codes.Error, l.Err().Error())
+			s.lost.Add(l.mctx, 1, s.only)
+			l.span.SetStatus(codes.Error, redsem.ErrLeaseLost.Error())
 		}
-		span.End()
+		l.span.End()
 	})
+}
+
+// holdOutcome is the outcome of a lease that ended with Err() err.
+func holdOutcome(err error) string {
+	if err != nil {
+		return OutcomeLost
+	}
+	return OutcomeReleased
 }
 
 // Outcome classifies the error of an acquire call as the span and the

@@ -4,14 +4,17 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync"
 	"testing"
 	"time"
 
 	"github.com/redsem/redsem"
 	"github.com/redsem/redsem/fair"
+	"github.com/redsem/redsem/internal/core"
 	"github.com/redsem/redsem/internal/redistest"
 	"github.com/redsem/redsem/redsemotel"
 	"github.com/redsem/redsem/unfair"
+	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/codes"
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
@@ -29,19 +32,19 @@ type setup struct {
 	tp     *sdktrace.TracerProvider
 }
 
-func newSetup(t *testing.T, variant string, opts ...func(*unfair.Options, *fair.Options)) *setup {
+var variants = []string{"unfair", "fair"}
+
+// newSetup builds a semaphore of the variant (limit 2, LeaseTTL ttl; zero:
+// the default) wrapped with in-memory providers; it is closed when the
+// test ends.
+func newSetup(t *testing.T, variant string, ttl time.Duration) *setup {
 	t.Helper()
-	var uo unfair.Options
-	var fo fair.Options
-	for _, o := range opts {
-		o(&uo, &fo)
-	}
 	var base redsem.Semaphore
 	var err error
 	if variant == "fair" {
-		base, err = fair.New(redistest.Client(t), redistest.Name(t), 2, fo)
+		base, err = fair.New(redistest.Client(t), redistest.Name(t), 2, fair.Options{LeaseTTL: ttl})
 	} else {
-		base, err = unfair.New(redistest.Client(t), redistest.Name(t), 2, uo)
+		base, err = unfair.New(redistest.Client(t), redistest.Name(t), 2, unfair.Options{LeaseTTL: ttl})
 	}
 	if err != nil {
 		t.Fatal(err)
@@ -75,8 +78,8 @@ func (s *setup) ended(name string) []sdktrace.ReadOnlySpan {
 	return out
 }
 
-// waitHolds waits until n hold spans have ended (they end on the lease's
-// own goroutine, just after Release returns).
+// waitHolds waits until n hold spans have ended (a lease lost without a
+// Release ends its span from its own goroutine).
 func (s *setup) waitHolds(t *testing.T, n int) []sdktrace.ReadOnlySpan {
 	t.Helper()
 	var got []sdktrace.ReadOnlySpan
@@ -87,11 +90,33 @@ func (s *setup) waitHolds(t *testing.T, n int) []sdktrace.ReadOnlySpan {
 	return got
 }
 
-// Spans: names, parent and child, attributes, and every outcome.
+// loseKeys deletes every key of the semaphore in Redis: its leases are
+// lost (found at their next renewal or Release).
+func (s *setup) loseKeys(t *testing.T, ctx context.Context) {
+	t.Helper()
+	c := redistest.Client(t)
+	keys, err := c.Keys(ctx, "redsem:{"+s.sem.Name()+"}:*").Result()
+	if err != nil || len(keys) == 0 {
+		t.Fatalf("keys %v, %v", keys, err)
+	}
+	if err := c.Del(ctx, keys...).Err(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func int64s(xs []int) []int64 {
+	out := make([]int64, len(xs))
+	for i, x := range xs {
+		out[i] = int64(x)
+	}
+	return out
+}
+
+// Spans: names, parent and child, attributes, and every acquire outcome.
 func TestSpans(t *testing.T) {
-	for _, variant := range []string{"unfair", "fair"} {
+	for _, variant := range variants {
 		t.Run(variant, func(t *testing.T) {
-			s := newSetup(t, variant)
+			s := newSetup(t, variant, 0)
 			ctx := redistest.Ctx(t, 20*time.Second)
 			pctx, parent := s.tp.Tracer("test").Start(ctx, "request")
 
@@ -113,34 +138,46 @@ func TestSpans(t *testing.T) {
 			if _, err := s.sem.Acquire(cctx); !errors.Is(err, context.Canceled) { // canceled
 				t.Fatalf("cancelled Acquire: %v", err)
 			}
-			if _, err := s.sem.AcquireN(pctx, 3); err == nil { // error: above the limit
-				t.Fatal("AcquireN(3) under a limit of 2 succeeded")
+			if _, err := s.sem.AcquireN(pctx, 3); !errors.Is(err, redsem.ErrWeight) { // error: above the limit
+				t.Fatalf("AcquireN(3) under a limit of 2: %v, want ErrWeight", err)
+			}
+			if len(s.ended("redsem.hold")) != 0 {
+				t.Fatal("a hold span ended while its lease is held")
 			}
 			if err := a.Release(ctx); err != nil {
 				t.Fatal(err)
+			}
+			// Release ended the hold span before it returned: no wait.
+			holds := s.ended("redsem.hold")
+			if len(holds) != 1 {
+				t.Fatalf("%d hold spans ended when Release returned, want 1", len(holds))
 			}
 			parent.End()
 			if err := s.sem.Close(); err != nil {
 				t.Fatal(err)
 			}
-			if _, err := s.sem.TryAcquire(ctx); !errors.Is(err, redsem.ErrClosed) { // closed
+			if _, err := s.sem.TryAcquire(pctx); !errors.Is(err, redsem.ErrClosed) { // closed
 				t.Fatalf("TryAcquire after Close: %v", err)
 			}
 
 			acq := s.ended("redsem.acquire")
 			want := []string{"granted", "no_slot", "timeout", "canceled", "error", "closed"}
+			weights := []int64{2, 1, 1, 1, 3, 1}
 			if len(acq) != len(want) {
 				t.Fatalf("%d acquire spans, want %d", len(acq), len(want))
 			}
 			for i, sp := range acq {
 				at := attrs(sp.Attributes())
-				if got := at["redsem.outcome"].AsString(); got != want[i] {
+				if got := at[redsemotel.AttrOutcome].AsString(); got != want[i] {
 					t.Errorf("acquire span %d: outcome %q, want %q", i, got, want[i])
 				}
-				if at["redsem.semaphore"].AsString() != s.sem.Name() {
-					t.Errorf("acquire span %d: redsem.semaphore %v", i, at["redsem.semaphore"])
+				if at[redsemotel.AttrSemaphore].AsString() != s.sem.Name() {
+					t.Errorf("acquire span %d: redsem.semaphore %v", i, at[redsemotel.AttrSemaphore])
 				}
-				if i < 5 && sp.Parent().SpanID() != parent.SpanContext().SpanID() {
+				if at[redsemotel.AttrWeight].AsInt64() != weights[i] {
+					t.Errorf("acquire span %d: redsem.weight %v, want %d", i, at[redsemotel.AttrWeight], weights[i])
+				}
+				if sp.Parent().SpanID() != parent.SpanContext().SpanID() || sp.SpanContext().TraceID() != parent.SpanContext().TraceID() {
 					t.Errorf("acquire span %d is not a child of the caller's span", i)
 				}
 				wantStatus := codes.Unset
@@ -150,149 +187,434 @@ func TestSpans(t *testing.T) {
 				if sp.Status().Code != wantStatus {
 					t.Errorf("acquire span %d (%s): status %v, want %v", i, want[i], sp.Status().Code, wantStatus)
 				}
+				if _, ok := at[redsemotel.AttrToken]; ok != (i == 0) {
+					t.Errorf("acquire span %d (%s): has a token: %v", i, want[i], ok)
+				}
+				if sp.EndTime().Before(sp.StartTime()) || sp.EndTime().IsZero() {
+					t.Errorf("acquire span %d: from %v to %v", i, sp.StartTime(), sp.EndTime())
+				}
 			}
 			g := attrs(acq[0].Attributes())
-			if g["redsem.weight"].AsInt64() != 2 || g["redsem.token"].AsInt64() != a.Token() ||
-				fmt.Sprint(g["redsem.slots"].AsInt64Slice()) != fmt.Sprint([]int64{int64(a.Slots()[0]), int64(a.Slots()[1])}) {
+			if g[redsemotel.AttrToken].AsInt64() != a.Token() ||
+				fmt.Sprint(g[redsemotel.AttrSlots].AsInt64Slice()) != fmt.Sprint(int64s(a.Slots())) {
 				t.Errorf("granted span attributes %v; lease token %d, slots %v", acq[0].Attributes(), a.Token(), a.Slots())
 			}
-			if _, ok := attrs(acq[1].Attributes())["redsem.token"]; ok {
-				t.Error("a refused acquire's span has a token")
-			}
 
-			holds := s.waitHolds(t, 1)
 			h := holds[0]
 			ha := attrs(h.Attributes())
-			if ha["redsem.outcome"].AsString() != "released" || ha["redsem.weight"].AsInt64() != 2 || h.Status().Code != codes.Unset {
+			if ha[redsemotel.AttrOutcome].AsString() != "released" || ha[redsemotel.AttrWeight].AsInt64() != 2 ||
+				ha[redsemotel.AttrSemaphore].AsString() != s.sem.Name() || ha[redsemotel.AttrToken].AsInt64() != a.Token() ||
+				fmt.Sprint(ha[redsemotel.AttrSlots].AsInt64Slice()) != fmt.Sprint(int64s(a.Slots())) || h.Status().Code != codes.Unset {
 				t.Errorf("hold span: %v, status %v", h.Attributes(), h.Status())
 			}
 			if h.Parent().SpanID() != parent.SpanContext().SpanID() {
 				t.Error("the hold span is not a child of the caller's span")
 			}
-			if !h.StartTime().Before(h.EndTime()) || h.StartTime().Before(acq[0].StartTime()) {
-				t.Errorf("hold span from %v to %v, acquire span from %v", h.StartTime(), h.EndTime(), acq[0].StartTime())
+			if !h.StartTime().Before(h.EndTime()) || h.StartTime().Before(acq[0].EndTime()) || !h.EndTime().After(acq[4].EndTime()) {
+				t.Errorf("hold span from %v to %v, acquire span from %v to %v", h.StartTime(), h.EndTime(), acq[0].StartTime(), acq[0].EndTime())
 			}
 		})
 	}
 }
 
-// A lease lost (its keys deleted; renewed every 100 ms) ends its hold span
-// with outcome lost and status Error, and counts in redsem.leases.lost.
+// A lease lost without a Release (its keys deleted; renewed every 100 ms)
+// ends its hold span with outcome lost and status Error, once, and counts
+// in redsem.leases.lost; the Release that follows changes nothing.
 func TestLostLease(t *testing.T) {
-	s := newSetup(t, "unfair", func(u *unfair.Options, _ *fair.Options) { u.LeaseTTL = 300 * time.Millisecond })
-	ctx := redistest.Ctx(t, 20*time.Second)
-	l, err := s.sem.TryAcquire(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	c := redistest.Client(t)
-	keys, err := c.Keys(ctx, "redsem:{"+s.sem.Name()+"}:*").Result()
-	if err != nil || len(keys) == 0 {
-		t.Fatalf("keys %v, %v", keys, err)
-	}
-	if err := c.Del(ctx, keys...).Err(); err != nil {
-		t.Fatal(err)
-	}
-	select {
-	case <-l.Done():
-	case <-time.After(3 * time.Second):
-		t.Fatal("the lease was not found lost")
-	}
-	h := s.waitHolds(t, 1)[0]
-	if attrs(h.Attributes())["redsem.outcome"].AsString() != "lost" || h.Status().Code != codes.Error {
-		t.Fatalf("hold span of a lost lease: %v, status %v", h.Attributes(), h.Status())
-	}
-	m := collect(t, s)
-	if got := sumOf(m, "redsem.leases.lost", nil); got != 1 {
-		t.Fatalf("redsem.leases.lost = %v, want 1", got)
-	}
-	if got := histCount(m, "redsem.hold.duration", "lost"); got != 1 {
-		t.Fatalf("hold durations with outcome lost: %d, want 1", got)
+	for _, variant := range variants {
+		t.Run(variant, func(t *testing.T) {
+			s := newSetup(t, variant, 300*time.Millisecond)
+			ctx := redistest.Ctx(t, 20*time.Second)
+			l, err := s.sem.TryAcquire(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			s.loseKeys(t, ctx)
+			select {
+			case <-l.Done():
+			case <-time.After(5 * time.Second):
+				t.Fatal("the lease was not found lost")
+			}
+			if !errors.Is(l.Err(), redsem.ErrLeaseLost) || !errors.Is(context.Cause(l.Context()), redsem.ErrLeaseLost) {
+				t.Fatalf("lost lease: Err %v, Context cause %v", l.Err(), context.Cause(l.Context()))
+			}
+			h := s.waitHolds(t, 1)[0]
+			if attrs(h.Attributes())[redsemotel.AttrOutcome].AsString() != "lost" || h.Status().Code != codes.Error {
+				t.Fatalf("hold span of a lost lease: %v, status %v", h.Attributes(), h.Status())
+			}
+			if err := l.Release(ctx); !errors.Is(err, redsem.ErrLeaseLost) {
+				t.Fatalf("Release of a lost lease: %v, want ErrLeaseLost", err)
+			}
+			if err := l.Release(ctx); err != nil {
+				t.Fatalf("second Release of a lost lease: %v, want nil", err)
+			}
+			if n := len(s.ended("redsem.hold")); n != 1 {
+				t.Fatalf("%d hold spans, want 1", n)
+			}
+			m := collect(t, s)
+			if got := sumOf(m, "redsem.leases.lost"); got != 1 {
+				t.Errorf("redsem.leases.lost = %v, want 1", got)
+			}
+			if got := sumOf(m, "redsem.slots.held"); got != 0 {
+				t.Errorf("redsem.slots.held = %v, want 0", got)
+			}
+			if got := histCount(m, "redsem.hold.duration", "lost"); got != 1 {
+				t.Errorf("hold durations with outcome lost: %d, want 1", got)
+			}
+			if got := histCount(m, "redsem.hold.duration", "released"); got != 0 {
+				t.Errorf("hold durations with outcome released: %d, want 0", got)
+			}
+		})
 	}
 }
 
-// Metrics after a known workload: counts by outcome, and the gauges back
-// to zero once every call returned and every lease ended.
+// A Release that finds its lease gone (ErrLeaseLost) ends the hold with
+// outcome lost, before it returns.
+func TestReleaseFindsLeaseLost(t *testing.T) {
+	for _, variant := range variants {
+		t.Run(variant, func(t *testing.T) {
+			s := newSetup(t, variant, 0) // 30 s: no renewal sees the loss first
+			ctx := redistest.Ctx(t, 20*time.Second)
+			l, err := s.sem.AcquireN(ctx, 2)
+			if err != nil {
+				t.Fatal(err)
+			}
+			s.loseKeys(t, ctx)
+			if err := l.Release(ctx); !errors.Is(err, redsem.ErrLeaseLost) {
+				t.Fatalf("Release after the keys were deleted: %v, want ErrLeaseLost", err)
+			}
+			holds := s.ended("redsem.hold")
+			if len(holds) != 1 || attrs(holds[0].Attributes())[redsemotel.AttrOutcome].AsString() != "lost" ||
+				holds[0].Status().Code != codes.Error {
+				t.Fatalf("hold spans when Release returned: %v", holds)
+			}
+			m := collect(t, s)
+			if got := sumOf(m, "redsem.leases.lost"); got != 1 {
+				t.Errorf("redsem.leases.lost = %v, want 1", got)
+			}
+			if got := sumOf(m, "redsem.slots.held"); got != 0 {
+				t.Errorf("redsem.slots.held = %v, want 0", got)
+			}
+		})
+	}
+}
+
+// The wrapped lease behaves as the semaphore's own: every method answers
+// the same, before and after Release; a lease ended by Release is not
+// lost, and its hold ends once.
+func TestLeaseMethods(t *testing.T) {
+	for _, variant := range variants {
+		t.Run(variant, func(t *testing.T) {
+			s := newSetup(t, variant, 0)
+			ctx := redistest.Ctx(t, 20*time.Second)
+			l, err := s.sem.AcquireN(ctx, 2)
+			if err != nil {
+				t.Fatal(err)
+			}
+			u, ok := l.(interface{ Unwrap() redsem.Lease })
+			if !ok {
+				t.Fatal("the lease has no Unwrap")
+			}
+			in := u.Unwrap()
+			if l.ID() != in.ID() || l.Slot() != in.Slot() || fmt.Sprint(l.Slots()) != fmt.Sprint(in.Slots()) ||
+				l.Token() != in.Token() || !l.Deadline().Equal(in.Deadline()) || l.Done() != in.Done() ||
+				l.Context() != in.Context() || l.Err() != nil || len(l.Slots()) != 2 || l.Slot() != l.Slots()[0] {
+				t.Fatalf("wrapped lease %s %v %d differs from its own %s %v %d", l.ID(), l.Slots(), l.Token(), in.ID(), in.Slots(), in.Token())
+			}
+			before := l.Deadline()
+			time.Sleep(2 * time.Millisecond)
+			if err := l.Renew(ctx); err != nil {
+				t.Fatal(err)
+			}
+			if !l.Deadline().After(before) {
+				t.Errorf("Renew did not move the deadline: %v, then %v", before, l.Deadline())
+			}
+			select {
+			case <-l.Done():
+				t.Fatal("Done closed while held")
+			default:
+			}
+			if err := l.Release(ctx); err != nil {
+				t.Fatal(err)
+			}
+			select {
+			case <-l.Done():
+			default:
+				t.Fatal("Done still open after Release")
+			}
+			if l.Err() != nil || !errors.Is(context.Cause(l.Context()), context.Canceled) {
+				t.Errorf("after Release: Err %v, Context cause %v", l.Err(), context.Cause(l.Context()))
+			}
+			if err := l.Renew(ctx); !errors.Is(err, redsem.ErrReleased) {
+				t.Errorf("Renew after Release: %v, want ErrReleased", err)
+			}
+			if err := l.Release(ctx); err != nil {
+				t.Errorf("second Release: %v, want nil", err)
+			}
+			st, err := s.sem.Status(ctx)
+			if err != nil || len(st.Holders) != 0 {
+				t.Fatalf("Status after Release: %+v, %v", st, err)
+			}
+			if n := len(s.ended("redsem.hold")); n != 1 {
+				t.Errorf("%d hold spans after two Releases, want 1", n)
+			}
+			m := collect(t, s)
+			if got := sumOf(m, "redsem.leases.lost"); got != 0 {
+				t.Errorf("redsem.leases.lost = %v after a Release, want 0", got)
+			}
+			if got := histCount(m, "redsem.hold.duration", "released"); got != 1 {
+				t.Errorf("released hold durations: %d, want 1", got)
+			}
+		})
+	}
+}
+
+// Metrics after a known workload: counts by outcome, the gauges back to
+// zero once every call returned and every lease ended, one lease lost.
 func TestMetrics(t *testing.T) {
-	s := newSetup(t, "fair")
-	ctx := redistest.Ctx(t, 20*time.Second)
-	var leases []redsem.Lease
-	for i := 0; i < 2; i++ {
-		l, err := s.sem.TryAcquire(ctx)
-		if err != nil {
-			t.Fatal(err)
-		}
-		leases = append(leases, l)
+	for _, variant := range variants {
+		t.Run(variant, func(t *testing.T) {
+			s := newSetup(t, variant, 300*time.Millisecond)
+			ctx := redistest.Ctx(t, 20*time.Second)
+			var leases []redsem.Lease
+			for i := 0; i < 2; i++ { // 2 granted
+				l, err := s.sem.TryAcquire(ctx)
+				if err != nil {
+					t.Fatal(err)
+				}
+				leases = append(leases, l)
+			}
+			for i := 0; i < 3; i++ { // 3 no_slot
+				if _, err := s.sem.TryAcquire(ctx); !errors.Is(err, redsem.ErrNoSlot) {
+					t.Fatal(err)
+				}
+			}
+			tctx, cancel := context.WithTimeout(ctx, 20*time.Millisecond) // 1 timeout
+			if _, err := s.sem.Acquire(tctx); !errors.Is(err, context.DeadlineExceeded) {
+				t.Fatal(err)
+			}
+			cancel()
+			if _, err := s.sem.TryAcquireN(ctx, 0); !errors.Is(err, redsem.ErrWeight) { // 1 error
+				t.Fatal(err)
+			}
+			// One waiter, in flight while we look, then granted (3rd granted).
+			got := make(chan redsem.Lease, 1)
+			go func() {
+				l, err := s.sem.Acquire(ctx)
+				if err != nil {
+					t.Error(err)
+				}
+				got <- l
+			}()
+			redistest.WaitFor(t, 5*time.Second, "the waiter counted", func() (bool, error) {
+				return sumOf(collect(t, s), "redsem.acquire.waiting") == 1, nil
+			})
+			if held := sumOf(collect(t, s), "redsem.slots.held"); held != 2 {
+				t.Fatalf("redsem.slots.held = %v with two leases, want 2", held)
+			}
+			for _, l := range leases { // 2 released
+				if err := l.Release(ctx); err != nil {
+					t.Fatal(err)
+				}
+			}
+			w := <-got
+			if w == nil {
+				t.FailNow()
+			}
+			if held := sumOf(collect(t, s), "redsem.slots.held"); held != 1 {
+				t.Fatalf("redsem.slots.held = %v with the waiter's lease, want 1", held)
+			}
+			s.loseKeys(t, ctx) // 1 lost
+			<-w.Done()
+			s.waitHolds(t, 3)
+
+			m := collect(t, s)
+			for name, want := range map[string]float64{"redsem.slots.held": 0, "redsem.acquire.waiting": 0, "redsem.leases.lost": 1} {
+				if got := sumOf(m, name); got != want {
+					t.Errorf("%s = %v after the workload, want %v", name, got, want)
+				}
+			}
+			for outcome, want := range map[string]uint64{"granted": 3, "no_slot": 3, "timeout": 1, "canceled": 0, "error": 1, "closed": 0} {
+				if n := histCount(m, "redsem.acquire.duration", outcome); n != want {
+					t.Errorf("%s acquire durations: %d, want %d", outcome, n, want)
+				}
+			}
+			for outcome, want := range map[string]uint64{"released": 2, "lost": 1} {
+				if n := histCount(m, "redsem.hold.duration", outcome); n != want {
+					t.Errorf("%s hold durations: %d, want %d", outcome, n, want)
+				}
+			}
+			wantUnits := map[string]string{"redsem.acquire.duration": "s", "redsem.hold.duration": "s",
+				"redsem.slots.held": "{slot}", "redsem.acquire.waiting": "{call}", "redsem.leases.lost": "{lease}"}
+			seen := 0
+			for _, sm := range m.ScopeMetrics {
+				if sm.Scope.Name != redsemotel.Scope || redsemotel.Scope != "github.com/redsem/redsem/redsemotel" {
+					t.Errorf("scope %q", sm.Scope.Name)
+				}
+				for _, mt := range sm.Metrics {
+					seen++
+					if mt.Unit != wantUnits[mt.Name] {
+						t.Errorf("%s: unit %q, want %q", mt.Name, mt.Unit, wantUnits[mt.Name])
+					}
+					checkInstrument(t, mt, s.sem.Name())
+				}
+			}
+			if seen != len(wantUnits) {
+				t.Errorf("%d metrics, want %d", seen, len(wantUnits))
+			}
+		})
 	}
-	for i := 0; i < 3; i++ {
-		if _, err := s.sem.TryAcquire(ctx); !errors.Is(err, redsem.ErrNoSlot) {
-			t.Fatal(err)
+}
+
+// checkInstrument checks the kind of the metric's instrument and that each
+// of its points has redsem.semaphore (and, on the histograms,
+// redsem.outcome).
+func checkInstrument(t *testing.T, mt metricdata.Metrics, name string) {
+	t.Helper()
+	var sets []attribute.Set
+	switch d := mt.Data.(type) {
+	case metricdata.Histogram[float64]:
+		if mt.Name != "redsem.acquire.duration" && mt.Name != "redsem.hold.duration" {
+			t.Errorf("%s is a histogram", mt.Name)
+		}
+		for _, p := range d.DataPoints {
+			if !p.Attributes.HasValue(redsemotel.AttrOutcome) || p.Attributes.Len() != 2 {
+				t.Errorf("%s: point attributes %v", mt.Name, p.Attributes.ToSlice())
+			}
+			sets = append(sets, p.Attributes)
+		}
+	case metricdata.Sum[int64]:
+		wantMonotonic := mt.Name == "redsem.leases.lost"
+		if d.IsMonotonic != wantMonotonic || (!wantMonotonic && mt.Name != "redsem.slots.held" && mt.Name != "redsem.acquire.waiting") {
+			t.Errorf("%s: monotonic %v", mt.Name, d.IsMonotonic)
+		}
+		for _, p := range d.DataPoints {
+			if p.Attributes.Len() != 1 {
+				t.Errorf("%s: point attributes %v", mt.Name, p.Attributes.ToSlice())
+			}
+			sets = append(sets, p.Attributes)
+		}
+	default:
+		t.Errorf("%s: data %T", mt.Name, mt.Data)
+	}
+	for _, set := range sets {
+		if v, ok := set.Value(redsemotel.AttrSemaphore); !ok || v.AsString() != name {
+			t.Errorf("%s: redsem.semaphore %v", mt.Name, v)
 		}
 	}
-	// One waiter, in flight while we look, then granted.
-	got := make(chan redsem.Lease, 1)
-	go func() {
-		l, err := s.sem.Acquire(ctx)
-		if err != nil {
-			t.Error(err)
-		}
-		got <- l
-	}()
-	redistest.WaitFor(t, 5*time.Second, "the waiter counted", func() (bool, error) {
-		return sumOf(collect(t, s), "redsem.acquire.waiting", nil) == 1, nil
-	})
+}
+
+// Many goroutines at once (the race detector watches): a span per call,
+// one hold per grant, and the gauges back to zero.
+func TestConcurrent(t *testing.T) {
+	s := newSetup(t, "unfair", 0)
+	ctx := redistest.Ctx(t, 30*time.Second)
+	const workers, rounds = 8, 15
+	var wg sync.WaitGroup
+	for w := 0; w < workers; w++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := 0; i < rounds; i++ {
+				l, err := s.sem.Acquire(ctx)
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				if err := l.Release(ctx); err != nil {
+					t.Error(err)
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	if n := len(s.ended("redsem.acquire")); n != workers*rounds {
+		t.Errorf("%d acquire spans, want %d", n, workers*rounds)
+	}
+	if n := len(s.ended("redsem.hold")); n != workers*rounds {
+		t.Errorf("%d hold spans, want %d", n, workers*rounds)
+	}
 	m := collect(t, s)
-	if held := sumOf(m, "redsem.slots.held", nil); held != 2 {
-		t.Fatalf("redsem.slots.held = %v with two leases, want 2", held)
+	if got := sumOf(m, "redsem.slots.held") + sumOf(m, "redsem.acquire.waiting") + sumOf(m, "redsem.leases.lost"); got != 0 {
+		t.Errorf("held + waiting + lost = %v, want 0", got)
 	}
-	for _, l := range leases {
-		if err := l.Release(ctx); err != nil {
-			t.Fatal(err)
-		}
-	}
-	if err := (<-got).Release(ctx); err != nil {
+}
+
+// Without options, Wrap uses the global providers.
+func TestGlobalProviders(t *testing.T) {
+	spans := tracetest.NewSpanRecorder()
+	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(spans))
+	reader := sdkmetric.NewManualReader()
+	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))
+	oldTP, oldMP := otel.GetTracerProvider(), otel.GetMeterProvider()
+	otel.SetTracerProvider(tp)
+	otel.SetMeterProvider(mp)
+	t.Cleanup(func() {
+		otel.SetTracerProvider(oldTP)
+		otel.SetMeterProvider(oldMP)
+		_ = tp.Shutdown(context.Background())
+		_ = mp.Shutdown(context.Background())
+	})
+	base, err := unfair.New(redistest.Client(t), redistest.Name(t), 1, unfair.Options{})
+	if err != nil {
 		t.Fatal(err)
 	}
-	s.waitHolds(t, 3)
-	m = collect(t, s)
-	for name, want := range map[string]float64{"redsem.slots.held": 0, "redsem.acquire.waiting": 0} {
-		if got := sumOf(m, name, nil); got != want {
-			t.Errorf("%s = %v after the workload, want %v", name, got, want)
-		}
+	sem := redsemotel.Wrap(base)
+	defer sem.Close()
+	ctx := redistest.Ctx(t, 10*time.Second)
+	l, err := sem.TryAcquire(ctx)
+	if err != nil {
+		t.Fatal(err)
 	}
-	if n := histCount(m, "redsem.acquire.duration", "granted"); n != 3 {
-		t.Errorf("granted acquire durations: %d, want 3", n)
+	if err := l.Release(ctx); err != nil {
+		t.Fatal(err)
 	}
-	if n := histCount(m, "redsem.acquire.duration", "no_slot"); n != 3 {
-		t.Errorf("no_slot acquire durations: %d, want 3", n)
+	if n := len(spans.Ended()); n != 2 {
+		t.Errorf("%d spans in the global provider, want 2", n)
 	}
-	if n := histCount(m, "redsem.hold.duration", "released"); n != 3 {
-		t.Errorf("released hold durations: %d, want 3", n)
+	var rm metricdata.ResourceMetrics
+	if err := reader.Collect(context.Background(), &rm); err != nil {
+		t.Fatal(err)
 	}
-	if got := sumOf(m, "redsem.leases.lost", nil); got != 0 {
-		t.Errorf("redsem.leases.lost = %v, want 0", got)
+	if len(rm.ScopeMetrics) != 1 || rm.ScopeMetrics[0].Scope.Name != redsemotel.Scope {
+		t.Errorf("global meter provider: %+v", rm.ScopeMetrics)
 	}
-	for _, sm := range m.ScopeMetrics {
-		if sm.Scope.Name != redsemotel.Scope {
-			t.Errorf("scope %q, want %q", sm.Scope.Name, redsemotel.Scope)
-		}
-		for _, mt := range sm.Metrics {
-			want := map[string]string{"redsem.acquire.duration": "s", "redsem.hold.duration": "s", "redsem.slots.held": "{slot}",
-				"redsem.acquire.waiting": "{call}", "redsem.leases.lost": "{lease}"}[mt.Name]
-			if mt.Unit != want {
-				t.Errorf("%s: unit %q, want %q", mt.Name, mt.Unit, want)
-			}
+}
+
+// Outcome names each error as the spans do.
+func TestOutcome(t *testing.T) {
+	for err, want := range map[error]string{
+		nil:                                   "granted",
+		redsem.ErrNoSlot:                      "no_slot",
+		fmt.Errorf("x: %w", redsem.ErrNoSlot): "no_slot",
+		context.DeadlineExceeded:              "timeout",
+		context.Canceled:                      "canceled",
+		redsem.ErrClosed:                      "closed",
+		redsem.ErrWeight:                      "error",
+		errors.New("redis down"):              "error",
+	} {
+		if got := redsemotel.Outcome(err); got != want {
+			t.Errorf("Outcome(%v) = %q, want %q", err, got, want)
 		}
 	}
 }
 
 // Unwrap reaches the semaphore behind the wrapper; the rest passes through.
 func TestPassThrough(t *testing.T) {
-	s := newSetup(t, "unfair")
+	s := newSetup(t, "unfair", 0)
 	ctx := redistest.Ctx(t, 10*time.Second)
 	u, ok := s.sem.(interface{ Unwrap() redsem.Semaphore })
 	if !ok || u.Unwrap() == nil || u.Unwrap().Name() != s.sem.Name() {
 		t.Fatal("the wrapper has no Unwrap to the semaphore it wraps")
+	}
+	if _, ok := u.Unwrap().(*unfair.Semaphore); !ok {
+		t.Fatalf("Unwrap returned a %T", u.Unwrap())
+	}
+	// redsemsql reaches the engine through it (and through a wrapper of
+	// the wrapper).
+	if core.EngineOf(s.sem) == nil || core.EngineOf(redsemotel.Wrap(s.sem)) == nil {
+		t.Fatal("core.EngineOf does not see through the wrapper")
 	}
 	if err := s.sem.SetLimit(ctx, 3); err != nil {
 		t.Fatal(err)
@@ -316,7 +638,7 @@ func collect(t *testing.T, s *setup) metricdata.ResourceMetrics {
 }
 
 // sumOf adds up the data points of the sum metric name.
-func sumOf(rm metricdata.ResourceMetrics, name string, _ []attribute.KeyValue) float64 {
+func sumOf(rm metricdata.ResourceMetrics, name string) float64 {
 	var total float64
 	for _, sm := range rm.ScopeMetrics {
 		for _, m := range sm.Metrics {
