@@ -3,6 +3,7 @@ package redsemotel
 import (
 	"context"
 	"errors"
+	"fmt"
 	"sync"
 	"time"
 
@@ -178,6 +179,20 @@ func (s *semaphore) Name() string { return s.sem.Name() }
 // Close passes through.
 func (s *semaphore) Close() error { return s.sem.Close() }
 
+// call runs an acquire call; if it panics, the call is no longer waiting
+// and its span ends (status Error) before the panic goes on.
+func (s *semaphore) call(ctx, actx context.Context, span trace.Span, call func(context.Context) (redsem.Lease, error)) (redsem.Lease, error) {
+	defer func() {
+		if r := recover(); r != nil {
+			s.waiting.Add(ctx, -1, s.only)
+			span.SetStatus(codes.Error, fmt.Sprint("panic: ", r))
+			span.End()
+			panic(r)
+		}
+	}()
+	return call(actx)
+}
+
 // acquire runs one acquire call inside its span and, if it granted a
 // lease, starts the lease's hold span.
 func (s *semaphore) acquire(ctx context.Context, n int, call func(context.Context) (redsem.Lease, error)) (redsem.Lease, error) {
@@ -185,7 +200,7 @@ func (s *semaphore) acquire(ctx context.Context, n int, call func(context.Contex
 	actx, span := s.tracer.Start(ctx, "redsem.acquire", trace.WithAttributes(s.name, weight))
 	s.waiting.Add(ctx, 1, s.only)
 	start := time.Now()
-	l, err := call(actx)
+	l, err := s.call(ctx, actx, span, call)
 	took := time.Since(start)
 	s.waiting.Add(ctx, -1, s.only)
 	outcome := Outcome(err)

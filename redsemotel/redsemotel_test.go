@@ -30,6 +30,7 @@ type setup struct {
 	spans  *tracetest.SpanRecorder
 	reader *sdkmetric.ManualReader
 	tp     *sdktrace.TracerProvider
+	mp     *sdkmetric.MeterProvider
 }
 
 var variants = []string{"unfair", "fair"}
@@ -56,7 +57,7 @@ func newSetup(t *testing.T, variant string, ttl time.Duration) *setup {
 	t.Cleanup(func() { _ = tp.Shutdown(context.Background()); _ = mp.Shutdown(context.Background()) })
 	sem := redsemotel.Wrap(base, redsemotel.WithTracerProvider(tp), redsemotel.WithMeterProvider(mp))
 	t.Cleanup(func() { _ = sem.Close() })
-	return &setup{sem: sem, spans: spans, reader: reader, tp: tp}
+	return &setup{sem: sem, spans: spans, reader: reader, tp: tp, mp: mp}
 }
 
 func attrs(kvs []attribute.KeyValue) map[attribute.Key]attribute.Value {
@@ -674,4 +675,33 @@ func histCount(rm metricdata.ResourceMetrics, name, outcome string) uint64 {
 		}
 	}
 	return n
+}
+
+// panicking is a semaphore whose Acquire panics (a bug in a wrapped
+// implementation); the rest is a real semaphore's.
+type panicking struct{ redsem.Semaphore }
+
+func (panicking) Acquire(context.Context) (redsem.Lease, error) { panic("boom") }
+
+// A panic in the wrapped Acquire goes on to the caller, but leaves no call
+// counted as waiting and no acquire span open.
+func TestPanicInAcquire(t *testing.T) {
+	s := newSetup(t, "unfair", 0)
+	sem := redsemotel.Wrap(panicking{s.sem.(interface{ Unwrap() redsem.Semaphore }).Unwrap()},
+		redsemotel.WithTracerProvider(s.tp), redsemotel.WithMeterProvider(s.mp))
+	func() {
+		defer func() {
+			if r := recover(); r != "boom" {
+				t.Fatalf("recovered %v, want the wrapped Acquire's panic", r)
+			}
+		}()
+		_, _ = sem.Acquire(context.Background())
+	}()
+	if got := sumOf(collect(t, s), "redsem.acquire.waiting"); got != 0 {
+		t.Fatalf("redsem.acquire.waiting = %v after a panicking Acquire, want 0", got)
+	}
+	acq := s.ended("redsem.acquire")
+	if len(acq) != 1 || acq[0].Status().Code != codes.Error {
+		t.Fatalf("%d ended acquire spans (%v), want one with status Error", len(acq), acq)
+	}
 }
