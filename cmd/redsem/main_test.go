@@ -843,3 +843,40 @@ func TestFamilyMembers(t *testing.T) {
 		t.Fatalf("members after purge --key: %s", out)
 	}
 }
+
+// A family name with glob characters lists its own members only: the
+// SCAN pattern escapes them (a family "f*" must not list "fx"'s members).
+func TestFamilyListingEscapes(t *testing.T) {
+	ctx := redistest.Ctx(t, 20*time.Second)
+	base := redistest.Name(t)
+	var leases []redsem.Lease
+	defer func() {
+		for _, l := range leases {
+			_ = l.Release(context.Background())
+		}
+	}()
+	for _, fam := range []string{base + "-f*?[ab]", base + "-fx?a", base + "-fzzb"} {
+		f, err := fair.NewFamily(redistest.Client(t), fam, 2, fair.FamilyOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer f.Close()
+		s, err := f.Get("key-of-" + fam[len(base):])
+		if err != nil {
+			t.Fatal(err)
+		}
+		l, err := s.TryAcquire(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		leases = append(leases, l)
+	}
+	code, out, errs := runCmd(t, "status", base+"-f*?[ab]", "--json")
+	var js snapshot
+	if code != exitOK || json.Unmarshal([]byte(out), &js) != nil {
+		t.Fatalf("exit %d, stderr %q: %s", code, errs, out)
+	}
+	if js.MemberCount != 1 || len(js.Members) != 1 || js.Members[0].Key != "key-of--f*?[ab]" {
+		t.Fatalf("the family with glob characters lists %d members %+v; want its own one", js.MemberCount, js.Members)
+	}
+}

@@ -14,6 +14,7 @@ import (
 	"net"
 	"net/url"
 	"os"
+	"strconv"
 	"strings"
 	"time"
 
@@ -99,7 +100,7 @@ func (c *Command) Parse(args []string, nargs int, argNames string) (pos []string
 	const neg = "\x00neg:"
 	args = append([]string(nil), args...)
 	for i, a := range args {
-		if len(a) > 1 && a[0] == '-' && (a[1] >= '0' && a[1] <= '9' || a[1] == '.') && !c.takesValue(args, i) {
+		if isNegativeNumber(a) && !c.takesValue(args, i) {
 			args[i] = neg + a
 		}
 	}
@@ -131,6 +132,16 @@ func (c *Command) Parse(args []string, nargs int, argNames string) (pos []string
 		return nil, c.UsageError("too many arguments: want %s", argNames), true
 	}
 	return pos, 0, false
+}
+
+// isNegativeNumber reports whether a is a number below zero ("-1",
+// "-0.5", "-1e3"): an argument, where "-1x" stays an unknown flag.
+func isNegativeNumber(a string) bool {
+	if len(a) < 2 || a[0] != '-' || !(a[1] >= '0' && a[1] <= '9' || a[1] == '.') {
+		return false
+	}
+	_, err := strconv.ParseFloat(a, 64)
+	return err == nil
 }
 
 // takesValue reports whether args[i] is the value of the flag before it
