@@ -16,16 +16,28 @@ type FamilyOptions struct {
 	// minute. A dropped member keeps working for whoever still holds it
 	// (and for its leases); Get makes a new one for its key.
 	IdleAfter time.Duration
+	// Shards is how many hash slots the members are spread over (a
+	// member's shard is a stable hash of its key); each shard has its own
+	// sessions key and channel, and a process keeps at most one session,
+	// subscription and heartbeat per shard it uses. Zero: 16 when client
+	// is a *redis.ClusterClient (enough to cover 16 masters, 5 or 6 shards
+	// per master of 3), else 1; at most 1024. The first process that uses
+	// the family records its shard count in Redis; a client built with
+	// another gets a *redsem.ConfigError from Acquire and TryAcquire, so
+	// every process of a family must use the same (see docs/operations.md,
+	// "Families on a cluster").
+	Shards int
 }
 
 // Family is a keyed family of fair semaphores: one semaphore per key (per
 // tenant, API key, ...), made on demand by Get, all with the same limit and
-// options. In one process, the members share one pub/sub subscription and
-// one queue session whose one heartbeat keeps the waiters of every member
-// alive, so that the cost of waiting grows with processes, not with keys;
-// members are dropped from memory once idle. In Redis, every member has
-// its own keys (which expire when unused, as a semaphore's do) under the
-// family's hash tag, so a cluster keeps a family in one slot. Keys are
+// options. In one process, the members of a shard share one pub/sub
+// subscription and one queue session whose one heartbeat keeps the waiters
+// of every member alive, so that the cost of waiting grows with processes
+// and shards, not with keys; members are dropped from memory once idle. In
+// Redis, every member has its own keys (which expire when unused, as a
+// semaphore's do) under its shard's hash tag, so a cluster spreads a
+// family's members over FamilyOptions.Shards slots. Keys are
 // independent: a full key never blocks another. A Family is safe for
 // concurrent use; make one per name and process.
 type Family struct {
@@ -34,9 +46,9 @@ type Family struct {
 
 // NewFamily returns a family called name of fair semaphores that each admit
 // at most limit holders at once, in arrival order. It does no I/O and
-// validates like New (and a negative IdleAfter).
+// validates like New (and a negative IdleAfter, Shards outside [0, 1024]).
 func NewFamily(client redis.UniversalClient, name string, limit int, opts FamilyOptions) (*Family, error) {
-	f, err := core.NewFamily(config(client, name, limit, opts.Options), opts.IdleAfter)
+	f, err := core.NewFamily(config(client, name, limit, opts.Options), opts.IdleAfter, opts.Shards)
 	if err != nil {
 		return nil, err
 	}

@@ -357,7 +357,8 @@ func TestFamilyClose(t *testing.T) {
 
 // The members of a family share the sessions key but not their horizons: a
 // member whose keys expire soon must not shorten the sessions key's TTL
-// below what another member set, and every key of the family has a TTL.
+// below what another member set, and every key of the family has a TTL
+// (but its shard record).
 func TestFamilySessionsTTLNeverShortened(t *testing.T) {
 	ctx := context.Background()
 	c := redistest.Client(t)
@@ -384,12 +385,134 @@ func TestFamilySessionsTTLNeverShortened(t *testing.T) {
 		t.Fatalf("sessions key TTL %v after a short-lived member (%v), was %v", after, err, before)
 	}
 	keys, err := c.Keys(ctx, core.DefaultPrefix+":{"+name+"}:*").Result()
-	if err != nil || len(keys) != 11 {
+	if err != nil || len(keys) != 12 {
 		t.Fatalf("family keys %v (%v)", keys, err)
 	}
 	for _, k := range keys {
+		if k == core.ShardsKey(core.DefaultPrefix, name) {
+			// The family's shard count: a record that outlives every member,
+			// so that a client built with another count is refused.
+			if v, err := c.Get(ctx, k).Result(); err != nil || v != "1" {
+				t.Errorf("shard record %q (%v), want 1", v, err)
+			}
+			continue
+		}
 		if ttl, err := c.PTTL(ctx, k).Result(); err != nil || ttl < 0 {
 			t.Errorf("key %s: TTL %v (%v)", k, ttl, err)
 		}
+	}
+}
+
+// keysInShards returns one key per shard of a family of shards shards.
+func keysInShards(shards int) []string {
+	keys := make([]string, shards)
+	for i, found := 0, 0; found < shards; i++ {
+		k := fmt.Sprint("tenant-", i)
+		if s := core.ShardOf(k, shards); keys[s] == "" {
+			keys[s] = k
+			found++
+		}
+	}
+	return keys
+}
+
+// A family of several shards keeps each member's keys under its shard's
+// tag, and a process keeps one session and one subscription per shard it
+// uses (not per member, not one for all): waiters on the members of four
+// shards make four pub/sub connections and four sessions, one in each
+// shard's sessions key; Close ends the waiters of every shard.
+func TestFamilyShards(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	srv := redistest.Start(t)
+	c, admin := srv.Client(t), srv.Client(t)
+	const shards = 4
+	f := newFamily(t, c, "fam", 1, fair.FamilyOptions{Shards: shards, Options: fair.Options{LeaseTTL: time.Minute}})
+	keys := keysInShards(shards)
+	keys = append(keys, keys[0]+"x", keys[1]+"y") // more members, some in the same shards
+	var waits []<-chan acquired
+	var leases []redsem.Lease
+	for _, key := range keys {
+		s := member(t, f, key)
+		l, err := s.TryAcquire(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		leases = append(leases, l)
+		k := core.MemberKeys(core.DefaultPrefix, "fam", shards, key)
+		if n, err := admin.Exists(ctx, k.List[core.KeyHolders]).Result(); err != nil || n != 1 {
+			t.Fatalf("member %q: holders key %s exists %d (%v)", key, k.List[core.KeyHolders], n, err)
+		}
+		waits = append(waits, waitAcquire(ctx, s))
+		waitWaiters(t, ctx, s, 1)
+	}
+	if n := pubsubClients(t, ctx, admin); n != shards {
+		t.Errorf("%d pub/sub connections for waiters in %d shards, want one per shard", n, shards)
+	}
+	for i, key := range keysInShards(shards) {
+		sessions := core.MemberKeys(core.DefaultPrefix, "fam", shards, key).List[core.KeySessions]
+		if n, err := admin.ZCard(ctx, sessions).Result(); err != nil || n != 2 { // the session and the sentinel
+			t.Errorf("shard %d: %s holds %d members (%v), want one session", i, sessions, n, err)
+		}
+	}
+	if v, err := admin.Get(ctx, core.ShardsKey(core.DefaultPrefix, "fam")).Result(); err != nil || v != "4" {
+		t.Errorf("shard record %q (%v), want 4", v, err)
+	}
+	if err := f.Close(); err != nil {
+		t.Fatal(err)
+	}
+	for i, w := range waits {
+		if r := <-w; !errors.Is(r.err, redsem.ErrClosed) {
+			t.Errorf("waiter %d (%q) after Close: %v", i, keys[i], r.err)
+		}
+	}
+	for _, l := range leases {
+		if err := l.Release(ctx); err != nil {
+			t.Errorf("a lease after Close: %v", err)
+		}
+	}
+}
+
+// Every client of a family must spread it over the same shards, or one key
+// would be two semaphores with the whole limit each: the first user records
+// its shard count, and a client built with another gets a ConfigError from
+// Acquire and TryAcquire, at once and writing nothing. A family left at
+// the default on a plain client records one shard.
+func TestFamilyShardsMismatch(t *testing.T) {
+	ctx := redistest.Ctx(t, 20*time.Second)
+	srv := redistest.Start(t)
+	c := srv.Client(t)
+	for _, n := range []int{-1, core.MaxShards + 1} {
+		if _, err := fair.NewFamily(c, "x", 1, fair.FamilyOptions{Shards: n}); !errors.Is(err, redsem.ErrInvalidConfig) {
+			t.Errorf("Shards %d: %v, want ErrInvalidConfig", n, err)
+		}
+	}
+	def := newFamily(t, c, "fam", 1, fair.FamilyOptions{})
+	l, err := member(t, def, "a").TryAcquire(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = l.Release(ctx) }()
+	one := newFamily(t, srv.Client(t), "fam", 1, fair.FamilyOptions{Shards: 1})
+	if _, err := member(t, one, "a").TryAcquire(ctx); !errors.Is(err, redsem.ErrNoSlot) {
+		t.Fatalf("an explicit Shards: 1 next to the default: %v, want ErrNoSlot (the same semaphore)", err)
+	}
+	before, err := c.DBSize(ctx).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	four := newFamily(t, srv.Client(t), "fam", 1, fair.FamilyOptions{Shards: 4})
+	var ce *redsem.ConfigError
+	if _, err := member(t, four, "a").TryAcquire(ctx); !errors.As(err, &ce) || ce.Field != "FamilyOptions.Shards" ||
+		!strings.Contains(err.Error(), "over 1 shards") || !strings.Contains(err.Error(), "built with 4") {
+		t.Fatalf("TryAcquire with 4 shards where 1 is recorded: %v", err)
+	}
+	start := time.Now()
+	if _, err := member(t, four, "b").Acquire(ctx); !errors.Is(err, redsem.ErrInvalidConfig) || time.Since(start) > 2*time.Second {
+		t.Fatalf("Acquire with 4 shards where 1 is recorded: %v after %v", err, time.Since(start))
+	}
+	if after, err := c.DBSize(ctx).Result(); err != nil || after != before {
+		keys, _ := c.Keys(ctx, "*").Result()
+		t.Fatalf("%d keys after the refused calls, %d before (%v): %v", after, before, err, keys)
 	}
 }

@@ -2,6 +2,7 @@ package unfair_test
 
 import (
 	"errors"
+	"fmt"
 	"testing"
 	"time"
 
@@ -72,10 +73,18 @@ func TestFamilyLimitsPerKey(t *testing.T) {
 // minute away), b's must go on waiting. Before the notice named its
 // member, the one wake-up went to b's older waiter, whose attempt failed,
 // and a's waiter slept until its fallback.
+// With four shards, a and b are in different shards: each shard has its
+// own freed-slot channel and subscription.
 func TestFamilyWakesOwnMember(t *testing.T) {
+	for _, shards := range []int{1, 4} {
+		t.Run(fmt.Sprint("shards=", shards), func(t *testing.T) { testWakesOwnMember(t, shards) })
+	}
+}
+
+func testWakesOwnMember(t *testing.T, shards int) {
 	ctx := redistest.Ctx(t, 20*time.Second)
 	name := redistest.Name(t)
-	o := unfair.FamilyOptions{Options: unfair.Options{FallbackInterval: time.Minute, LeaseTTL: time.Minute}}
+	o := unfair.FamilyOptions{Shards: shards, Options: unfair.Options{FallbackInterval: time.Minute, LeaseTTL: time.Minute}}
 	other := newFamily(t, name, 1, o) // another process: its own client and hub
 	waiting := newFamily(t, name, 1, o)
 	holders := map[string]redsem.Lease{}
@@ -98,7 +107,7 @@ func TestFamilyWakesOwnMember(t *testing.T) {
 				ch <- l
 			}
 		}()
-		meta := core.KeysForMember(core.DefaultPrefix, name, key).List[core.KeyMeta]
+		meta := core.MemberKeys(core.DefaultPrefix, name, shards, key).List[core.KeyMeta]
 		redistest.WaitFor(t, 5*time.Second, key+"'s waiter asked for notices", func() (bool, error) {
 			n, err := c.HExists(ctx, meta, "_want").Result()
 			return n, err

@@ -46,7 +46,17 @@ func (c *command) open(name string) (client redis.UniversalClient, t *cli.Target
 	cfg := core.Config{Client: client, Name: name, Limit: 1, Prefix: c.Prefix, Logger: slog.New(slog.DiscardHandler)}
 	if key := c.member(); key != "" {
 		cfg.Fair = true // either variant: the scripts and the keys are the same
-		if c.fam, err = core.NewFamily(cfg, 0); err == nil {
+		// The family's shard count decides the member's keys: the one its
+		// first user recorded (none: one shard, the layout of families made
+		// before shards existed).
+		ctx, cancel := cli.OpContext(context.Background())
+		shards, _, err := core.ReadShards(ctx, client, c.Prefix, name)
+		cancel()
+		if err != nil {
+			c.done(client)
+			return nil, nil, nil, c.Fail(cli.ReachErr(t, err)), true
+		}
+		if c.fam, err = core.NewFamily(cfg, 0, shards); err == nil {
 			e, err = c.fam.Get(key)
 		}
 	} else {

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
 	"errors"
 	"os"
 	"os/exec"
@@ -707,10 +708,18 @@ func TestCluster(t *testing.T) {
 // The commands address a member of a keyed family with --key, and status
 // FAMILY lists its busiest members (issue 20: status said "idle, no live
 // state" while tenants were busy, and no flag addressed a member).
+// With four shards, the members are under several tags: status lists them
+// all (reading the family's shard record), and --key finds the member's.
 func TestFamilyMembers(t *testing.T) {
+	for _, shards := range []int{1, 4} {
+		t.Run(fmt.Sprint("shards=", shards), func(t *testing.T) { testFamilyMembers(t, shards) })
+	}
+}
+
+func testFamilyMembers(t *testing.T, shards int) {
 	ctx := redistest.Ctx(t, 30*time.Second)
 	fam := redistest.Name(t) + "{x}%" // braces and '%' in the name: escaped in the keys
-	f, err := fair.NewFamily(redistest.Client(t), fam, 3, fair.FamilyOptions{})
+	f, err := fair.NewFamily(redistest.Client(t), fam, 3, fair.FamilyOptions{Shards: shards})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -820,11 +829,11 @@ func TestFamilyMembers(t *testing.T) {
 	// purge --key deletes that member's keys, not the family's sessions
 	// key nor the other members'.
 	client := redistest.Client(t)
-	sessions := core.KeysForMember("redsem", fam, "acme").List[core.KeySessions]
+	sessions := core.MemberKeys("redsem", fam, shards, "b:c{d}").List[core.KeySessions]
 	if code, out, errs = runCmd(t, "purge", fam, "--key", "b:c{d}", "--yes"); code != exitOK {
 		t.Fatalf("purge --key: exit %d, stderr %q", code, errs)
 	}
-	for _, k := range core.KeysForMember("redsem", fam, "b:c{d}").List {
+	for _, k := range core.MemberKeys("redsem", fam, shards, "b:c{d}").List {
 		if k == sessions {
 			continue
 		}
@@ -833,7 +842,7 @@ func TestFamilyMembers(t *testing.T) {
 		}
 	}
 	if n, _ := client.Exists(ctx, sessions).Result(); n != 1 {
-		t.Errorf("purge --key deleted the family's sessions key %s", sessions)
+		t.Errorf("purge --key deleted the shard's sessions key %s", sessions)
 	}
 	if st, err := a.Status(ctx); err != nil || len(st.Holders) != 4 {
 		t.Fatalf("another member after purge --key: %d holders, %v", len(st.Holders), err)

@@ -7,6 +7,7 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -67,42 +68,64 @@ var globSpecial = strings.NewReplacer(`\`, `\\`, "*", `\*`, "?", `\?`, "[", `\[`
 var tagUnescaper = strings.NewReplacer("%7B", "{", "%7D", "}", "%25", "%")
 
 // familyMembers finds the members of the keyed family name (by SCAN of
-// their meta keys, on the node that owns the family's hash slot) and
-// returns the top busiest (most slots held, then most queued), and how
-// many there are (up to maxMembers).
+// their meta keys, on every master of a cluster: a family of several
+// shards spreads over slots) and returns the top busiest (most slots held,
+// then most queued), and how many there are (up to maxMembers).
 func familyMembers(ctx context.Context, client redis.UniversalClient, prefix, name string, top int) ([]memberInfo, int, error) {
-	tag := prefix + ":{" + core.EscapeTag(name) + "}:m:"
-	node := redis.Cmdable(client)
-	if cc, ok := client.(*redis.ClusterClient); ok {
-		n, err := cc.MasterForKey(ctx, tag+"x:meta")
-		if err != nil {
-			return nil, 0, err
-		}
-		node = n
+	shards, _, err := core.ReadShards(ctx, client, prefix, name)
+	if err != nil {
+		return nil, 0, err
 	}
-	var metas []string
-	seen := map[string]bool{}
-	var cursor uint64
-	for {
-		keys, next, err := node.Scan(ctx, cursor, globSpecial.Replace(tag)+"*:meta", 1000).Result()
-		if err != nil {
-			return nil, 0, err
-		}
-		for _, k := range keys {
-			if !seen[k] && len(metas) < maxMembers {
-				seen[k] = true
-				metas = append(metas, k)
+	// The shards' tags: a meta key counts only under one of them (the
+	// pattern's '*' could match more than a shard's number).
+	tags := map[string]bool{}
+	for i := 0; i < shards; i++ {
+		tags[prefix+":{"+core.ShardTag(name, i, shards)+"}:m:"] = true
+	}
+	pattern := globSpecial.Replace(prefix+":{"+core.EscapeTag(name)+"}:m:") + "*:meta"
+	if shards > 1 {
+		pattern = globSpecial.Replace(prefix+":{"+core.EscapeTag(name)+"%s") + "*}:m:*:meta"
+	}
+	var (
+		mu    sync.Mutex
+		metas []string
+		seen  = map[string]bool{}
+	)
+	scan := func(ctx context.Context, node redis.Cmdable) error {
+		var cursor uint64
+		for {
+			keys, next, err := node.Scan(ctx, cursor, pattern, 1000).Result()
+			if err != nil {
+				return err
+			}
+			mu.Lock()
+			for _, k := range keys {
+				if i := memberAt(prefix, k); i >= 0 && tags[k[:i]] && !seen[k] && len(metas) < maxMembers {
+					seen[k] = true
+					metas = append(metas, k)
+				}
+			}
+			full := len(metas) >= maxMembers
+			mu.Unlock()
+			cursor = next
+			if cursor == 0 || full {
+				return nil
 			}
 		}
-		cursor = next
-		if cursor == 0 || len(metas) >= maxMembers {
-			break
-		}
 	}
+	if cc, ok := client.(*redis.ClusterClient); ok {
+		err = cc.ForEachMaster(ctx, func(ctx context.Context, c *redis.Client) error { return scan(ctx, c) })
+	} else {
+		err = scan(ctx, client)
+	}
+	if err != nil {
+		return nil, 0, err
+	}
+	sort.Strings(metas) // the same members listed whatever the order of the masters
 	if len(metas) == 0 {
 		return nil, 0, nil
 	}
-	pipe := node.Pipeline()
+	pipe := client.Pipeline()
 	cmds := make([]*redis.SliceCmd, len(metas))
 	for i, k := range metas {
 		cmds[i] = pipe.HMGet(ctx, k, "_used", "_q", "_fixed", "_limit")
@@ -120,7 +143,7 @@ func familyMembers(ctx context.Context, client redis.UniversalClient, prefix, na
 	}
 	out := make([]memberInfo, 0, len(metas))
 	for i, k := range metas {
-		m := memberInfo{Key: tagUnescaper.Replace(strings.TrimSuffix(strings.TrimPrefix(k, tag), ":meta"))}
+		m := memberInfo{Key: tagUnescaper.Replace(strings.TrimSuffix(k[memberAt(prefix, k):], ":meta"))}
 		v := cmds[i].Val()
 		if len(v) == 4 {
 			m.Held, _ = atoi(v[0])
@@ -148,6 +171,19 @@ func familyMembers(ctx context.Context, client redis.UniversalClient, prefix, na
 		out = out[:top]
 	}
 	return out, n, nil
+}
+
+// memberAt is where the escaped member key starts in k, a key of a family
+// member (after prefix:{tag}:m:), or -1.
+func memberAt(prefix, k string) int {
+	if !strings.HasPrefix(k, prefix+":{") {
+		return -1
+	}
+	i := strings.Index(k[len(prefix):], "}:m:")
+	if i < 0 {
+		return -1
+	}
+	return len(prefix) + i + 4
 }
 
 type holderInfo struct {

@@ -127,6 +127,11 @@ func (c *call) attempt(mode, sid string) (attempt, error) {
 		return attempt{}, err // nothing sent
 	}
 	c.tried = true
+	if f := c.e.fam; f != nil {
+		if err := f.checkShards(c.ctx); err != nil {
+			return attempt{}, err // nothing sent that writes a member's keys
+		}
+	}
 	refuseAfter, err := c.e.refuseAfter(c.ctx)
 	if err != nil {
 		return attempt{}, err // nothing sent that writes

@@ -59,16 +59,17 @@ type Engine struct {
 	// idle: no call in flight and no live lease (active), for the family's
 	// idle period since used (unix ns).
 	fam    *Family
+	shard  *famShard // the member's shard: its hub
 	active atomic.Int64
 	used   atomic.Int64
 }
 
 // hubSlot returns where the engine's waiting machinery lives: the mutex,
 // the hub pointer and the closed flag it guards; the engine's own, or its
-// family's.
+// family shard's.
 func (e *Engine) hubSlot() (*sync.Mutex, **hub, *bool) {
-	if e.fam != nil {
-		return &e.fam.mu, &e.fam.hub, &e.fam.closed
+	if e.shard != nil {
+		return &e.shard.mu, &e.shard.hub, &e.shard.closed
 	}
 	return &e.hubMu, &e.hub, &e.closed
 }
@@ -93,7 +94,8 @@ func New(cfg Config) (*Engine, error) {
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
-	e := &Engine{cfg: cfg, keys: KeysFor(cfg.Prefix, cfg.Name), pub: "PUBLISH", alerts: alertsFor(cfg.Client), lib: libFor(cfg.Client)}
+	keys := KeysFor(cfg.Prefix, cfg.Name)
+	e := &Engine{cfg: cfg, keys: keys, pub: "PUBLISH", alerts: alertsFor(cfg.Client, keys), lib: libFor(cfg.Client)}
 	e.stopped, e.stop = context.WithCancel(context.Background())
 	if _, ok := cfg.Client.(*redis.ClusterClient); ok {
 		e.pub = "SPUBLISH"

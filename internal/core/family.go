@@ -1,7 +1,10 @@
 package core
 
 import (
+	"context"
+	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/redsem/redsem"
@@ -11,28 +14,46 @@ import (
 const DefaultIdleAfter = time.Minute
 
 // Family is a keyed family of semaphores: members made on demand per key,
-// with the keys of KeysForMember, sharing one hub (one subscription, one
-// fair session and its heartbeat) per process, and dropped from the
-// family's map once idle. Dropping only forgets the Engine: one still
-// referenced (by a caller or a live lease) keeps working, and Get makes a
-// new one for the key.
+// with the keys of MemberKeys, spread over shards (hash tags) by ShardOf.
+// The members of one shard share one hub per process (one subscription,
+// one fair session and its heartbeat), so a process has at most one per
+// shard it uses; members are dropped from the family's map once idle.
+// Dropping only forgets the Engine: one still referenced (by a caller or a
+// live lease) keeps working, and Get makes a new one for the key.
 type Family struct {
 	root      *Engine // the family's validated settings; checks the eviction policy once
 	idleAfter time.Duration
+	shards    []*famShard // len: the shard count
+
+	mu     sync.Mutex // guards closed
+	closed bool
+
+	// shardsOK: the shard count recorded in Redis was found equal to ours
+	// (checkShards, once per Family).
+	shardsOK atomic.Bool
+
+	mmu     sync.Mutex // guards members, sweep and the shards' tags; never held with mu
+	members map[string]*Engine
+	sweep   *time.Timer
+}
+
+// famShard is one shard of a family: its hash tag and the waiting
+// machinery (hub) that its members share in this process.
+type famShard struct {
+	tag    string  // ShardTag; "" until its first member is made (under mmu)
+	alerts *alerts // its members' (per slot on a cluster); set with tag
 
 	mu     sync.Mutex // guards hub and closed (the members' hubSlot)
 	hub    *hub
 	closed bool
-
-	mmu     sync.Mutex // guards members and sweep; never held with mu
-	members map[string]*Engine
-	sweep   *time.Timer
 }
 
 // NewFamily validates cfg (Name is the family's name) and returns a
 // Family whose members have cfg's settings. idleAfter is how long a member
 // with no call in flight and no live lease is kept; zero: DefaultIdleAfter.
-func NewFamily(cfg Config, idleAfter time.Duration) (*Family, error) {
+// shards is how many hash tags the members are spread over, at most
+// MaxShards; zero: DefaultShards of cfg's client.
+func NewFamily(cfg Config, idleAfter time.Duration, shards int) (*Family, error) {
 	root, err := New(cfg)
 	if err != nil {
 		return nil, err
@@ -43,7 +64,53 @@ func NewFamily(cfg Config, idleAfter time.Duration) (*Family, error) {
 	if idleAfter == 0 {
 		idleAfter = DefaultIdleAfter
 	}
-	return &Family{root: root, idleAfter: idleAfter, members: map[string]*Engine{}}, nil
+	if shards < 0 || shards > MaxShards {
+		return nil, cfgErr("Shards", "%d is not in [0, %d] (0: the default, %d on a cluster client, else 1)", shards, MaxShards, DefaultClusterShards)
+	}
+	if shards == 0 {
+		shards = DefaultShards(cfg.Client)
+	}
+	f := &Family{root: root, idleAfter: idleAfter, members: map[string]*Engine{}, shards: make([]*famShard, shards)}
+	for i := range f.shards {
+		f.shards[i] = &famShard{}
+	}
+	return f, nil
+}
+
+// Shards is the family's shard count.
+func (f *Family) Shards() int { return len(f.shards) }
+
+// checkShards makes sure that every process of the family spreads its
+// members over the same shards (else one key would be two semaphores,
+// each with the whole limit): the first to use the family records its
+// shard count (SET NX, no expiry), the others compare theirs, once per
+// Family. A mismatch is a *redsem.ConfigError; a failure to reach Redis
+// is returned raw (the acquire rides it out) and the check runs again at
+// the next call.
+func (f *Family) checkShards(ctx context.Context) error {
+	if f.shardsOK.Load() {
+		return nil
+	}
+	key := ShardsKey(f.root.cfg.Prefix, f.root.cfg.Name)
+	want := strconv.Itoa(len(f.shards))
+	var got string
+	_, err := bounded(ctx, func() ([]any, error) {
+		pipe := f.root.cfg.Client.Pipeline()
+		pipe.SetNX(ctx, key, want, 0)
+		get := pipe.Get(ctx, key)
+		_, err := pipe.Exec(ctx)
+		got = get.Val()
+		return nil, err
+	})
+	if err != nil {
+		return err
+	}
+	if got != want {
+		return cfgErr("FamilyOptions.Shards", "family %q spreads its members over %s shards (recorded in Redis by its first user, key %s); "+
+			"this client was built with %s: give every client of the family the same Shards", f.root.cfg.Name, got, key, want)
+	}
+	f.shardsOK.Store(true)
+	return nil
 }
 
 // Name is the family's name.
@@ -70,9 +137,15 @@ func (f *Family) Get(key string) (*Engine, error) {
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
+	i := ShardOf(key, len(f.shards))
+	sh := f.shards[i]
+	if sh.tag == "" {
+		sh.tag = ShardTag(f.root.cfg.Name, i, len(f.shards))
+		sh.alerts = alertsFor(cfg.Client, memberKeys(cfg.Prefix, sh.tag, key))
+	}
 	e := &Engine{
-		cfg: cfg, keys: KeysForMember(cfg.Prefix, f.root.cfg.Name, key), pub: f.root.pub,
-		fam: f, stopped: f.root.stopped, stop: f.root.stop, alerts: f.root.alerts, lib: f.root.lib,
+		cfg: cfg, keys: memberKeys(cfg.Prefix, sh.tag, key), pub: f.root.pub,
+		fam: f, shard: sh, stopped: f.root.stopped, stop: f.root.stop, alerts: sh.alerts, lib: f.root.lib,
 	}
 	e.used.Store(time.Now().UnixNano())
 	f.members[key] = e
@@ -116,12 +189,20 @@ func (f *Family) dropIdle() {
 // working.
 func (f *Family) Close() error {
 	f.mu.Lock()
-	h := f.hub
-	f.hub = nil
 	f.closed = true
 	f.mu.Unlock()
-	f.root.stop() // the members' calls and undo retries, before the hub's wait
-	if h != nil {
+	var hubs []*hub
+	for _, sh := range f.shards {
+		sh.mu.Lock()
+		if sh.hub != nil {
+			hubs = append(hubs, sh.hub)
+			sh.hub = nil
+		}
+		sh.closed = true
+		sh.mu.Unlock()
+	}
+	f.root.stop() // the members' calls and undo retries, before the hubs' wait
+	for _, h := range hubs {
 		h.shutdown()
 	}
 	f.mmu.Lock()

@@ -95,6 +95,11 @@ func (e *Engine) register(ctx context.Context, id string, n int) (*waiter, error
 	if err := ctx.Err(); err != nil {
 		return nil, err // no hub started (its session would be made) for a call that ended
 	}
+	if e.fam != nil {
+		if err := e.fam.checkShards(ctx); err != nil {
+			return nil, err // no session made in a shard of a layout that is not the family's
+		}
+	}
 	mu, slot, closed := e.hubSlot()
 	mu.Lock()
 	if *closed {

@@ -43,23 +43,33 @@ func KeysFor(prefix, name string) Keys {
 }
 
 // KeysForMember returns the keys of the member key of the family called
-// family under prefix. The member's own keys are
-// prefix:{family}:m:<key>:<suffix> (key with '%', '{' and '}'
-// percent-encoded); its sessions key and channel base are the family's,
-// prefix:{family}:f:sessions and prefix:{family}:f:ch, shared by every
-// member, so that one heartbeat keeps a process's session alive for all of
-// them and one subscription receives all of their grants. Every key
-// carries the family's hash tag, so the whole family lives in one cluster
-// slot; none can equal a key of a plain semaphore, whose suffix follows the
-// tag directly.
-func KeysForMember(prefix, family, key string) Keys {
-	tag := prefix + ":{" + EscapeTag(family) + "}:"
-	base := tag + "m:" + EscapeTag(key) + ":"
-	k := Keys{List: make([]string, len(keySuffixes)), Chan: tag + "f:ch"}
+// family (of one shard) under prefix; MemberKeys is the general form.
+func KeysForMember(prefix, family, key string) Keys { return MemberKeys(prefix, family, 1, key) }
+
+// MemberKeys returns the keys of the member key of the family called
+// family, of shards shards, under prefix. With tag the member's shard's
+// tag (ShardTag of ShardOf(key)), the member's own keys are
+// prefix:{tag}:m:<key>:<suffix> (key with '%', '{' and '}'
+// percent-encoded); its sessions key and channel base are its shard's,
+// prefix:{tag}:f:sessions and prefix:{tag}:f:ch, shared by every member of
+// the shard, so that one heartbeat keeps a process's session alive for all
+// of them and one subscription receives all of their grants. Every key of
+// a shard carries the shard's tag, so a shard lives in one cluster slot
+// (a family of one shard: the family's own tag, so the whole family); none
+// can equal a key of a plain semaphore, whose suffix follows the tag
+// directly.
+func MemberKeys(prefix, family string, shards int, key string) Keys {
+	return memberKeys(prefix, ShardTag(family, ShardOf(key, shards), shards), key)
+}
+
+func memberKeys(prefix, tag, key string) Keys {
+	t := prefix + ":{" + tag + "}:"
+	base := t + "m:" + EscapeTag(key) + ":"
+	k := Keys{List: make([]string, len(keySuffixes)), Chan: t + "f:ch"}
 	for i, s := range keySuffixes {
 		k.List[i] = base + s
 	}
-	k.List[KeySessions] = tag + "f:sessions"
+	k.List[KeySessions] = t + "f:sessions"
 	k.Free = k.Chan + ":free"
 	k.Want = base + "want"
 	return k

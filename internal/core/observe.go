@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -80,7 +81,7 @@ type alerts struct {
 	mu     sync.Mutex
 	on     [nConditions]bool
 	logged [nConditions]time.Time
-	dials  dialWatch
+	dials  *dialWatch // the client's (one hook per client)
 }
 
 // dialWatch is a go-redis hook, added once to each client an engine uses,
@@ -123,18 +124,29 @@ func (d *dialWatch) failedSince(t time.Time) error {
 }
 
 // alertsByClient maps a client's address ("%p", so that no client is kept
-// alive by the map) to its alerts.
-var alertsByClient sync.Map
+// alive by the map), and on a cluster client the slot of the semaphore's
+// keys, to its alerts: a cluster's masters fail one by one, so whether
+// Redis answers is a matter of the slot (a per-client state would flap
+// between "unreachable" and "reachable again" while one master is down).
+// dialsByClient maps a client's address to its dial hook.
+var alertsByClient, dialsByClient sync.Map
 
-func alertsFor(c redis.UniversalClient) *alerts {
+func alertsFor(c redis.UniversalClient, keys Keys) *alerts {
 	key := fmt.Sprintf("%p", c)
+	d, ok := dialsByClient.Load(key)
+	if !ok {
+		var loaded bool
+		if d, loaded = dialsByClient.LoadOrStore(key, &dialWatch{}); !loaded {
+			c.AddHook(d.(*dialWatch))
+		}
+	}
+	if _, ok := c.(*redis.ClusterClient); ok {
+		key += "/" + strconv.Itoa(Slot(keys.List[0]))
+	}
 	if a, ok := alertsByClient.Load(key); ok {
 		return a.(*alerts)
 	}
-	a, loaded := alertsByClient.LoadOrStore(key, &alerts{})
-	if !loaded {
-		c.AddHook(&a.(*alerts).dials)
-	}
+	a, _ := alertsByClient.LoadOrStore(key, &alerts{dials: d.(*dialWatch)})
 	return a.(*alerts)
 }
 
@@ -187,7 +199,16 @@ func (e *Engine) clear(cond condition, msg string) {
 }
 
 // unreachable records that a call could not reach Redis.
+//
+// On a cluster client it also asks go-redis to reload the cluster's
+// topology: go-redis learns of a new master only from a MOVED reply or its
+// reload interval (a minute by default), so after a master died and its
+// replica took over, the calls for its slots would keep dialling the dead
+// node. go-redis runs one reload at a time, at most every 200 ms.
 func (e *Engine) unreachable(err error) {
+	if cc, ok := e.cfg.Client.(*redis.ClusterClient); ok {
+		cc.ReloadState(context.Background())
+	}
 	e.raise(condUnreachable, "redsem: Redis unreachable", slog.String("error", err.Error()))
 }
 

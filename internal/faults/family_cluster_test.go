@@ -10,8 +10,8 @@ import (
 	"github.com/redsem/redsem/internal/redistest"
 )
 
-// A keyed family works on a cluster: the keys of every member and the
-// family's shared sessions key and channels hash to one slot, and a member's
+// A keyed family works on a cluster: the keys of every member and its
+// shard's shared sessions key and channels hash to one slot, and a member's
 // waiter is woken by the sharded pub/sub grant of a release that another
 // client (another process's family) made.
 func TestClusterFamily(t *testing.T) {
@@ -25,15 +25,22 @@ func TestClusterFamily(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	if got, err := cc.ClusterKeySlot(ctx, core.ShardsKey(core.DefaultPrefix, name)).Result(); err != nil || got != slot {
+		t.Fatalf("shard record in slot %d (%v), the family's tag in %d", got, err, slot)
+	}
+	// On a cluster client a family has DefaultClusterShards shards: each
+	// member's keys, its shard's sessions key and channels are in its
+	// shard's slot (as Slot computes it).
 	for _, key := range []string{"a", "b{", "}c", "%7B"} {
-		k := core.KeysForMember(core.DefaultPrefix, name, key)
-		for _, rk := range append(append([]string(nil), k.List...), k.Chan, k.Chan+":s:0123456789abcdef") {
+		k := core.MemberKeys(core.DefaultPrefix, name, core.DefaultClusterShards, key)
+		want := int64(core.Slot(k.List[0]))
+		for _, rk := range append(append([]string(nil), k.List...), k.Chan, k.Free, k.Want, k.Chan+":s:0123456789abcdef") {
 			got, err := cc.ClusterKeySlot(ctx, rk).Result()
 			if err != nil {
 				t.Fatal(err)
 			}
-			if got != slot {
-				t.Fatalf("%s in slot %d, the family's tag in %d", rk, got, slot)
+			if got != want {
+				t.Fatalf("%s in slot %d, its shard's tag in %d", rk, got, want)
 			}
 		}
 	}

@@ -61,10 +61,10 @@ func (v variant) new(t testing.TB, c redis.UniversalClient, name string, limit i
 
 // checkLeaks makes the test fail if goroutines started during it are still
 // running after its cleanups (call it first, so that its cleanup runs last).
-func checkLeaks(t *testing.T) {
+func checkLeaks(t *testing.T, opts ...goleak.Option) {
 	t.Helper()
-	before := goleak.IgnoreCurrent()
-	t.Cleanup(func() { goleak.VerifyNone(t, before) })
+	opts = append(opts, goleak.IgnoreCurrent())
+	t.Cleanup(func() { goleak.VerifyNone(t, opts...) })
 }
 
 // keysOf lists the Redis keys of semaphore name that exist now.

@@ -239,6 +239,75 @@ func (c *Cluster) Failover(t testing.TB, slot int) *Server {
 	return rep
 }
 
+// KillPrimary kills primary idx (SIGKILL: no goodbye to the cluster),
+// makes its first replica take over (CLUSTER FAILOVER FORCE: the other
+// primaries vote, the dead one is not asked) and waits until every live
+// node agrees and reports cluster_state:ok. It returns the new primary;
+// the killed node is left dead (the test's end stops it).
+func (c *Cluster) KillPrimary(t testing.TB, idx int) *Server {
+	t.Helper()
+	if len(c.Replicas[idx]) == 0 {
+		t.Fatalf("redistest: primary %s has no replica to take over", c.Primaries[idx].Addr)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 40*time.Second)
+	defer cancel()
+	old, rep := c.Primaries[idx], c.Replicas[idx][0]
+	old.Kill(t)
+	rc := redis.NewClient(rep.Options())
+	defer rc.Close()
+	var live []*Server
+	for _, n := range c.Nodes() {
+		if n != old {
+			live = append(live, n)
+		}
+	}
+	settled := func() (bool, error) {
+		for _, n := range live {
+			cl := redis.NewClient(n.Options())
+			nodes, err := cl.Do(ctx, "CLUSTER", "NODES").Text()
+			info, ierr := cl.Do(ctx, "CLUSTER", "INFO").Text()
+			_ = cl.Close()
+			if err != nil || ierr != nil {
+				return false, nil // a node busy with the election: ask again
+			}
+			if !strings.Contains(info, "cluster_state:ok") {
+				return false, nil
+			}
+			for _, line := range strings.Split(nodes, "\n") {
+				if strings.HasPrefix(line, c.ids[rep]+" ") && !strings.Contains(line, "master") {
+					return false, nil
+				}
+			}
+		}
+		return true, nil
+	}
+	var err error
+	for attempt := 0; attempt < 4; attempt++ {
+		// FORCE needs the replica to know its primary failed or to be
+		// told: it starts an election at once; TAKEOVER (no vote) if it
+		// did not settle.
+		how := "FORCE"
+		if attempt > 1 {
+			how = "TAKEOVER"
+		}
+		if err = rc.Do(ctx, "CLUSTER", "FAILOVER", how).Err(); err != nil {
+			t.Fatalf("redistest: CLUSTER FAILOVER %s on %s: %v", how, rep.Addr, err)
+		}
+		actx, cancel := context.WithTimeout(ctx, 8*time.Second)
+		err = waitFor(actx, settled)
+		cancel()
+		if err == nil {
+			break
+		}
+	}
+	if err != nil {
+		t.Fatalf("redistest: takeover by %s did not settle: %v", rep.Addr, err)
+	}
+	c.Primaries[idx] = rep
+	c.Replicas[idx][0] = old
+	return rep
+}
+
 func splitAddr(addr string) (string, string) {
 	i := strings.LastIndexByte(addr, ':')
 	return addr[:i], addr[i+1:]

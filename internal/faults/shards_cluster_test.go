@@ -1,0 +1,281 @@
+package faults_test
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/redsem/redsem/fair"
+	"github.com/redsem/redsem/internal/core"
+	"github.com/redsem/redsem/internal/redistest"
+	"go.uber.org/goleak"
+)
+
+// primaryOf returns, for each primary of cl, whether it owns slot (from
+// CLUSTER SLOTS as the primary itself reports it).
+func primaryOfSlot(t *testing.T, ctx context.Context, cl *redistest.Cluster) func(slot int) int {
+	t.Helper()
+	type span struct{ lo, hi, idx int }
+	var spans []span
+	for i, p := range cl.Primaries {
+		c := redis.NewClient(p.Options())
+		slots, err := c.ClusterSlots(ctx).Result()
+		_ = c.Close()
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, s := range slots {
+			if len(s.Nodes) > 0 && s.Nodes[0].Addr == p.Addr {
+				spans = append(spans, span{int(s.Start), int(s.End), i})
+			}
+		}
+	}
+	return func(slot int) int {
+		for _, s := range spans {
+			if slot >= s.lo && slot <= s.hi {
+				return s.idx
+			}
+		}
+		t.Fatalf("slot %d owned by no primary", slot)
+		return -1
+	}
+}
+
+// scriptCallsOn sums the script calls (FCALL, FCALL_RO, EVALSHA, EVAL) in
+// a node's INFO commandstats.
+func scriptCallsOn(t *testing.T, ctx context.Context, c *redis.Client) int {
+	t.Helper()
+	info, err := c.Info(ctx, "commandstats").Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := 0
+	for _, line := range strings.Split(info, "\n") {
+		for _, cmd := range []string{"fcall", "fcall_ro", "evalsha", "eval"} {
+			if rest, ok := strings.CutPrefix(line, "cmdstat_"+cmd+":calls="); ok {
+				v, _ := strconv.Atoi(rest[:strings.IndexByte(rest, ',')])
+				n += v
+			}
+		}
+	}
+	return n
+}
+
+// A family on a 3-master cluster (default shards) spreads over the
+// masters: with 3 000 keys held, each master holds at least 20% of the
+// members' keys and ran at least 20% of the script calls. Three processes
+// (three clients, three families) then share 90 keys of limit 2, and no key
+// ever has more than 2 holders; one master is killed and its replica takes
+// over: keys on the other masters keep being granted throughout (no call
+// on them waits for the failover), and keys on the failed master are
+// granted again after it.
+func TestClusterFamilyShards(t *testing.T) {
+	// go-redis keeps dialling a dead node from a goroutine of its pool
+	// that notices the client's Close only after its next second of sleep.
+	checkLeaks(t, goleak.IgnoreAnyFunction("github.com/redis/go-redis/v9/internal/pool.(*ConnPool).tryDial"))
+	cl := redistest.StartCluster(t, 3, 1)
+	ctx := redistest.Ctx(t, 120*time.Second)
+	name := redistest.Name(t)
+	owner := primaryOfSlot(t, ctx, cl)
+	opts := fair.FamilyOptions{Options: fair.Options{LeaseTTL: 5 * time.Second, QueueTTL: 3 * time.Second, FallbackInterval: 300 * time.Millisecond}}
+	var fams []*fair.Family
+	for range 3 {
+		f, err := fair.NewFamily(cl.Client(t), name, 2, opts)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer f.Close()
+		fams = append(fams, f)
+	}
+	primaries := make([]*redis.Client, 3)
+	for i, p := range cl.Primaries {
+		primaries[i] = redis.NewClient(p.Options())
+		defer primaries[i].Close()
+		if err := primaries[i].ConfigResetStat(ctx).Err(); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	// 1. Spread: 3 000 keys held at once, over the three families.
+	const keys = 3000
+	leases := make([]interface{ Release(context.Context) error }, keys)
+	var wg sync.WaitGroup
+	errs := make(chan error, keys)
+	for w := range 12 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := w; i < keys; i += 12 {
+				s, err := fams[i%3].Get(fmt.Sprint("tenant-", i))
+				if err == nil {
+					leases[i], err = s.TryAcquire(ctx)
+				}
+				if err != nil {
+					errs <- err
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Fatal(err)
+	}
+	metas := make([]int, 3)
+	calls := make([]int, 3)
+	totalMetas, totalCalls := 0, 0
+	for i, c := range primaries {
+		var cursor uint64
+		for {
+			ks, next, err := c.Scan(ctx, cursor, core.DefaultPrefix+":{"+name+"%s*:meta", 1000).Result()
+			if err != nil {
+				t.Fatal(err)
+			}
+			metas[i] += len(ks)
+			if cursor = next; cursor == 0 {
+				break
+			}
+		}
+		calls[i] = scriptCallsOn(t, ctx, c)
+		totalMetas += metas[i]
+		totalCalls += calls[i]
+	}
+	t.Logf("3 000 members over 3 masters (%d shards): members %v, script calls %v", core.DefaultClusterShards, metas, calls)
+	if totalMetas != keys {
+		t.Fatalf("%d member records on the masters, want %d", totalMetas, keys)
+	}
+	for i := range primaries {
+		if 5*metas[i] < totalMetas || 5*calls[i] < totalCalls {
+			t.Errorf("master %d holds %d of %d members and ran %d of %d script calls: under 20%%", i, metas[i], totalMetas, calls[i], totalCalls)
+		}
+	}
+	for _, l := range leases {
+		if err := l.Release(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	// 2. Three processes on 90 keys of limit 2, and a master killed.
+	const hot = 90
+	onMaster := make([]int, hot)
+	for i := range hot {
+		onMaster[i] = owner(core.Slot(core.MemberKeys(core.DefaultPrefix, name, core.DefaultClusterShards, fmt.Sprint("hot-", i)).List[0]))
+	}
+	var (
+		inUse     [hot]atomic.Int32
+		overLimit atomic.Int32
+		mu        sync.Mutex
+		killAt    time.Time // set when the kill starts
+		settledAt time.Time // set when the replica took over
+		// Per master: the slowest call and the failures on the healthy
+		// masters while the failover ran; grants after it on the failed one.
+		slowest   [3]time.Duration
+		failures  [3]int
+		grants    [3]int
+		afterOnce [3]int // grants that started after the takeover
+	)
+	byMaster := make([][]int, 3)
+	for k, m := range onMaster {
+		byMaster[m] = append(byMaster[m], k)
+	}
+	stop := make(chan struct{})
+	// Per process, four workers per master, each on that master's keys, so
+	// that calls stuck on the failed master take no worker from the others.
+	for p := range 3 {
+		for m := range 3 {
+			for w := range 4 {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					rng := rand.New(rand.NewPCG(uint64(p), uint64(10*m+w)))
+					for {
+						select {
+						case <-stop:
+							return
+						default:
+						}
+						k := byMaster[m][rng.IntN(len(byMaster[m]))]
+						s, err := fams[p].Get(fmt.Sprint("hot-", k))
+						if err != nil {
+							t.Error(err)
+							return
+						}
+						cctx, cancel := context.WithTimeout(ctx, 3*time.Second)
+						start := time.Now()
+						l, err := s.Acquire(cctx)
+						d := time.Since(start)
+						cancel()
+						mu.Lock()
+						during := !killAt.IsZero() && settledAt.IsZero()
+						after := !settledAt.IsZero() && start.After(settledAt)
+						if d > slowest[m] && (killAt.IsZero() || !start.Before(killAt)) {
+							slowest[m] = d
+						}
+						if err != nil && during {
+							failures[m]++
+						}
+						if err == nil {
+							grants[m]++
+							if after {
+								afterOnce[m]++
+							}
+						}
+						mu.Unlock()
+						if err != nil {
+							time.Sleep(10 * time.Millisecond)
+							continue
+						}
+						if n := inUse[k].Add(1); n > 2 {
+							overLimit.Add(1)
+							t.Errorf("key hot-%d: %d holders at once", k, n)
+						}
+						time.Sleep(2 * time.Millisecond)
+						inUse[k].Add(-1)
+						_ = l.Release(ctx) // may fail on the killed master: its lease expires
+					}
+				}()
+			}
+		}
+	}
+	time.Sleep(1500 * time.Millisecond)
+	mu.Lock()
+	before := grants
+	slowest = [3]time.Duration{}
+	killAt = time.Now()
+	mu.Unlock()
+	const victim = 0
+	cl.KillPrimary(t, victim)
+	mu.Lock()
+	settledAt = time.Now()
+	during := grants
+	mu.Unlock()
+	time.Sleep(3 * time.Second)
+	close(stop)
+	wg.Wait()
+	t.Logf("grants per master before the kill %v, by the takeover (%v later) %v, in all %v; after it on each %v",
+		before, settledAt.Sub(killAt).Round(time.Millisecond), during, grants, afterOnce)
+	t.Logf("slowest call per master from the kill on: %v; failed calls while it ran: %v", slowest, failures)
+	if overLimit.Load() > 0 {
+		t.Errorf("%d grants over a key's limit", overLimit.Load())
+	}
+	for m := range 3 {
+		if m == victim {
+			if afterOnce[m] == 0 {
+				t.Errorf("keys on the failed master were not granted again after the takeover")
+			}
+			continue
+		}
+		if failures[m] > 0 || during[m] == before[m] || slowest[m] > time.Second {
+			t.Errorf("master %d (healthy) while master %d failed over: %d failed calls, %d grants, slowest call %v",
+				m, victim, failures[m], during[m]-before[m], slowest[m])
+		}
+	}
+}
