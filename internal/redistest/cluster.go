@@ -198,7 +198,7 @@ func (c *Cluster) Failover(t testing.TB, slot int) *Server {
 	if len(c.Replicas[idx]) == 0 {
 		t.Fatalf("redistest: primary %s has no replica to fail over to", c.Primaries[idx].Addr)
 	}
-	old, rep := c.Primaries[idx], c.Replicas[idx][0]
+	rep := c.Replicas[idx][0]
 	rc := redis.NewClient(rep.Options())
 	defer rc.Close()
 	promoted := func() (bool, error) {
@@ -219,13 +219,24 @@ func (c *Cluster) Failover(t testing.TB, slot int) *Server {
 	}
 	// A manual failover that does not complete in 5s (a replica slow to
 	// catch up on a loaded machine) is aborted by Redis: ask again.
+	c.promote(t, ctx, idx, rc, 7*time.Second, promoted, func(int) []any { return []any{"CLUSTER", "FAILOVER"} })
+	return rep
+}
+
+// promote sends the failover command that args gives for each attempt to
+// the replica's client rc, up to four times, until settled holds (each
+// attempt waits at most wait), then swaps the replica in as primary idx.
+func (c *Cluster) promote(t testing.TB, ctx context.Context, idx int, rc *redis.Client, wait time.Duration,
+	settled func() (bool, error), args func(attempt int) []any) {
+	t.Helper()
+	old, rep := c.Primaries[idx], c.Replicas[idx][0]
 	var err error
 	for attempt := 0; attempt < 4; attempt++ {
-		if err = rc.Do(ctx, "CLUSTER", "FAILOVER").Err(); err != nil {
-			t.Fatalf("redistest: CLUSTER FAILOVER on %s: %v", rep.Addr, err)
+		if err = rc.Do(ctx, args(attempt)...).Err(); err != nil {
+			t.Fatalf("redistest: %v on %s: %v", args(attempt), rep.Addr, err)
 		}
-		actx, cancel := context.WithTimeout(ctx, 7*time.Second)
-		err = waitFor(actx, promoted)
+		actx, cancel := context.WithTimeout(ctx, wait)
+		err = waitFor(actx, settled)
 		cancel()
 		if err == nil {
 			break
@@ -236,7 +247,6 @@ func (c *Cluster) Failover(t testing.TB, slot int) *Server {
 	}
 	c.Primaries[idx] = rep
 	c.Replicas[idx][0] = old
-	return rep
 }
 
 // KillPrimary kills primary idx (SIGKILL: no goodbye to the cluster),
@@ -281,30 +291,14 @@ func (c *Cluster) KillPrimary(t testing.TB, idx int) *Server {
 		}
 		return true, nil
 	}
-	var err error
-	for attempt := 0; attempt < 4; attempt++ {
-		// FORCE needs the replica to know its primary failed or to be
-		// told: it starts an election at once; TAKEOVER (no vote) if it
-		// did not settle.
-		how := "FORCE"
+	// FORCE: the replica starts an election at once, without its dead
+	// primary; TAKEOVER (no vote) if that did not settle twice.
+	c.promote(t, ctx, idx, rc, 8*time.Second, settled, func(attempt int) []any {
 		if attempt > 1 {
-			how = "TAKEOVER"
+			return []any{"CLUSTER", "FAILOVER", "TAKEOVER"}
 		}
-		if err = rc.Do(ctx, "CLUSTER", "FAILOVER", how).Err(); err != nil {
-			t.Fatalf("redistest: CLUSTER FAILOVER %s on %s: %v", how, rep.Addr, err)
-		}
-		actx, cancel := context.WithTimeout(ctx, 8*time.Second)
-		err = waitFor(actx, settled)
-		cancel()
-		if err == nil {
-			break
-		}
-	}
-	if err != nil {
-		t.Fatalf("redistest: takeover by %s did not settle: %v", rep.Addr, err)
-	}
-	c.Primaries[idx] = rep
-	c.Replicas[idx][0] = old
+		return []any{"CLUSTER", "FAILOVER", "FORCE"}
+	})
 	return rep
 }
 
