@@ -31,7 +31,7 @@ func TestMeasureFamily(t *testing.T) {
 	}
 	keys, waiters := envInt(t, "REDSEM_MEASURE_KEYS", 10000), envInt(t, "REDSEM_MEASURE_WAITERS", 1000)
 	var rows []string
-	for _, mode := range []string{"family", "separate"} {
+	for _, mode := range []string{"family", "family, 16 shards", "separate"} {
 		for _, r := range measure(t, mode, keys, waiters) {
 			rows = append(rows, r)
 		}
@@ -107,7 +107,7 @@ func measure(t *testing.T, mode string, keys, waiters int) []string {
 	var sems []*fair.Semaphore
 	get := func(i int) *fair.Semaphore {
 		key := fmt.Sprint("tenant-", i)
-		if mode == "family" {
+		if fam != nil {
 			s, err := fam.Get(key)
 			if err != nil {
 				t.Fatal(err)
@@ -124,9 +124,13 @@ func measure(t *testing.T, mode string, keys, waiters int) []string {
 		sems = append(sems, s)
 		return s
 	}
-	if mode == "family" {
+	if strings.HasPrefix(mode, "family") {
+		shards := 1
+		if mode == "family, 16 shards" {
+			shards = 16
+		}
 		var err error
-		if fam, err = fair.NewFamily(client, "measure", 1, fair.FamilyOptions{}); err != nil {
+		if fam, err = fair.NewFamily(client, "measure", 1, fair.FamilyOptions{Shards: shards}); err != nil {
 			t.Fatal(err)
 		}
 	}
