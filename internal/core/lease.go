@@ -148,7 +148,11 @@ func (l *Lease) Renew(ctx context.Context) error {
 
 // Release stops the watchdog, then frees the slots. A second call returns
 // nil. It returns ErrLeaseLost if the lease was lost before it. On a Redis
-// error the lease stays held (not renewed) and Release may be called again.
+// error the lease stays held (not renewed) and Release may be called again;
+// after a transient error (Redis unreachable, a timeout) the release is
+// also retried in the background until it succeeds or the lease's
+// deadline, so that a slot whose release met a failover or a blip comes
+// back soon after instead of at its deadline.
 // If the reply is lost and go-redis retries, the rerun finds the tombstone
 // the first run left and still reports success.
 func (l *Lease) Release(ctx context.Context) error {
@@ -176,6 +180,9 @@ func (l *Lease) Release(ctx context.Context) error {
 			l.timer.Reset(time.Until(l.deadline))
 		}
 		l.mu.Unlock()
+		if Transient(err) {
+			l.releaseLater()
+		}
 		return err
 	}
 	l.mu.Lock()
@@ -187,6 +194,56 @@ func (l *Lease) Release(ctx context.Context) error {
 	}
 	l.finish(lost, called)
 	return redsem.ErrLeaseLost
+}
+
+// releaseLater retries a Release that failed with a transient error, with
+// backoff, until it succeeds, the lease ends (released by another call,
+// lost, or its deadline passed) or the semaphore is closed.
+func (l *Lease) releaseLater() {
+	e := l.e
+	l.mu.Lock()
+	deadline := l.deadline
+	l.mu.Unlock()
+	e.undos.Add(1)
+	go func() {
+		defer e.undos.Done()
+		ctx, cancel := context.WithDeadline(context.Background(), deadline)
+		defer cancel()
+		stop := context.AfterFunc(e.stopped, cancel)
+		defer stop()
+		for wait := 20 * time.Millisecond; ; wait = min(2*wait, time.Second) {
+			t := time.NewTimer(jitter(wait))
+			select {
+			case <-t.C:
+			case <-ctx.Done():
+				t.Stop()
+				return
+			}
+			l.mu.Lock()
+			over := l.released || l.state != held
+			l.mu.Unlock()
+			if over {
+				return
+			}
+			called := time.Now()
+			kind, _, err := e.release(ctx, l.id, "owner")
+			if err != nil {
+				if Transient(err) {
+					continue
+				}
+				return
+			}
+			l.mu.Lock()
+			l.released = true
+			l.mu.Unlock()
+			if kind == ReleasedLease {
+				l.finish(released, called)
+			} else {
+				l.finish(lost, called)
+			}
+			return
+		}
+	}()
 }
 
 // stopWatchdog stops the renewals and waits for one in progress to end.

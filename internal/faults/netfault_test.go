@@ -8,6 +8,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -184,6 +185,67 @@ func TestReleaseReplyLost(t *testing.T) {
 			}
 			_ = s.Close()
 			expectCleanState(t, direct, name, 10*time.Second)
+		})
+	}
+}
+
+// A Release that fails because Redis does not answer (a black hole, as
+// through a failover or a network blip) is retried in the background: once
+// Redis answers again the slot comes back long before the lease's deadline
+// (it stayed held until the deadline before), the lease ends as released
+// (one EventReleased, Err nil) and a second Release returns nil.
+func TestReleaseRetriedAfterFailure(t *testing.T) {
+	for _, v := range variants {
+		t.Run(v.name, func(t *testing.T) {
+			checkLeaks(t)
+			p, viaProxy, direct := proxied(t)
+			ctx := redistest.Ctx(t, 60*time.Second)
+			name := redistest.Name(t)
+			var released atomic.Int32
+			const ttl = 20 * time.Second
+			s := v.new(t, viaProxy, name, 1, opts{LeaseTTL: ttl, QueueTTL: time.Second, Fallback: 200 * time.Millisecond,
+				Observer: func(ev redsem.Event) {
+					if ev.Kind == redsem.EventReleased {
+						released.Add(1)
+					}
+				}})
+			check := v.new(t, direct, name, 1, opts{LeaseTTL: ttl, QueueTTL: time.Second})
+			l, err := s.TryAcquire(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			p.SetBlackhole(true)
+			rctx, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
+			err = l.Release(rctx)
+			cancel()
+			if err == nil {
+				t.Fatal("Release through a black hole succeeded")
+			}
+			if _, err := check.TryAcquire(ctx); !errors.Is(err, redsem.ErrNoSlot) {
+				t.Fatalf("while the release cannot reach Redis: %v, want ErrNoSlot (the slot still held)", err)
+			}
+			p.SetBlackhole(false)
+			start := time.Now()
+			var other redsem.Lease
+			redistest.WaitFor(t, 10*time.Second, "the slot back after the failed Release", func() (bool, error) {
+				other, err = check.TryAcquire(ctx)
+				return err == nil, nil
+			})
+			t.Logf("slot back %v after Redis answered again (lease deadline %v away)", time.Since(start).Round(time.Millisecond), time.Until(l.Deadline()).Round(time.Second))
+			if err := other.Release(ctx); err != nil {
+				t.Fatal(err)
+			}
+			select {
+			case <-l.Done():
+			case <-time.After(5 * time.Second):
+				t.Fatal("the lease did not end after its background release")
+			}
+			if l.Err() != nil || released.Load() != 1 {
+				t.Fatalf("after the background release: Err %v, %d EventReleased", l.Err(), released.Load())
+			}
+			if err := l.Release(ctx); err != nil {
+				t.Fatalf("a second Release: %v", err)
+			}
 		})
 	}
 }

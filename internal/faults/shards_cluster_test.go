@@ -12,9 +12,11 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+	"github.com/redsem/redsem"
 	"github.com/redsem/redsem/fair"
 	"github.com/redsem/redsem/internal/core"
 	"github.com/redsem/redsem/internal/redistest"
+	"github.com/redsem/redsem/unfair"
 	"go.uber.org/goleak"
 )
 
@@ -68,7 +70,7 @@ func scriptCallsOn(t *testing.T, ctx context.Context, c *redis.Client) int {
 	return n
 }
 
-// A family on a 3-master cluster (default shards) spreads over the
+// A family of either variant on a 3-master cluster (default shards) spreads over the
 // masters: with 3 000 keys held, each master holds at least 20% of the
 // members' keys and ran at least 20% of the script calls. Three processes
 // (three clients, three families) then share 90 keys of limit 2, and no key
@@ -77,6 +79,12 @@ func scriptCallsOn(t *testing.T, ctx context.Context, c *redis.Client) int {
 // on them waits for the failover), and keys on the failed master are
 // granted again after it.
 func TestClusterFamilyShards(t *testing.T) {
+	for _, variant := range []string{"fair", "unfair"} {
+		t.Run(variant, func(t *testing.T) { testClusterFamilyShards(t, variant) })
+	}
+}
+
+func testClusterFamilyShards(t *testing.T, variant string) {
 	// go-redis keeps dialling a dead node from a goroutine of its pool
 	// that notices the client's Close only after its next second of sleep.
 	checkLeaks(t, goleak.IgnoreAnyFunction("github.com/redis/go-redis/v9/internal/pool.(*ConnPool).tryDial"))
@@ -84,15 +92,28 @@ func TestClusterFamilyShards(t *testing.T) {
 	ctx := redistest.Ctx(t, 120*time.Second)
 	name := redistest.Name(t)
 	owner := primaryOfSlot(t, ctx, cl)
-	opts := fair.FamilyOptions{Options: fair.Options{LeaseTTL: 5 * time.Second, QueueTTL: 3 * time.Second, FallbackInterval: 300 * time.Millisecond}}
-	var fams []*fair.Family
+	// get returns process p's member for key.
+	var gets []func(key string) (redsem.Semaphore, error)
 	for range 3 {
-		f, err := fair.NewFamily(cl.Client(t), name, 2, opts)
-		if err != nil {
-			t.Fatal(err)
+		var get func(key string) (redsem.Semaphore, error)
+		if variant == "fair" {
+			f, err := fair.NewFamily(cl.Client(t), name, 2, fair.FamilyOptions{Options: fair.Options{
+				LeaseTTL: 5 * time.Second, QueueTTL: 3 * time.Second, FallbackInterval: 300 * time.Millisecond}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer f.Close()
+			get = func(key string) (redsem.Semaphore, error) { return f.Get(key) }
+		} else {
+			f, err := unfair.NewFamily(cl.Client(t), name, 2, unfair.FamilyOptions{Options: unfair.Options{
+				LeaseTTL: 5 * time.Second, FallbackInterval: 300 * time.Millisecond}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer f.Close()
+			get = func(key string) (redsem.Semaphore, error) { return f.Get(key) }
 		}
-		defer f.Close()
-		fams = append(fams, f)
+		gets = append(gets, get)
 	}
 	primaries := make([]*redis.Client, 3)
 	for i, p := range cl.Primaries {
@@ -105,7 +126,7 @@ func TestClusterFamilyShards(t *testing.T) {
 
 	// 1. Spread: 3 000 keys held at once, over the three families.
 	const keys = 3000
-	leases := make([]interface{ Release(context.Context) error }, keys)
+	leases := make([]redsem.Lease, keys)
 	var wg sync.WaitGroup
 	errs := make(chan error, keys)
 	for w := range 12 {
@@ -113,7 +134,7 @@ func TestClusterFamilyShards(t *testing.T) {
 		go func() {
 			defer wg.Done()
 			for i := w; i < keys; i += 12 {
-				s, err := fams[i%3].Get(fmt.Sprint("tenant-", i))
+				s, err := gets[i%3](fmt.Sprint("tenant-", i))
 				if err == nil {
 					leases[i], err = s.TryAcquire(ctx)
 				}
@@ -181,6 +202,7 @@ func TestClusterFamilyShards(t *testing.T) {
 		failures  [3]int
 		grants    [3]int
 		afterOnce [3]int // grants that started after the takeover
+		debugN    int
 	)
 	byMaster := make([][]int, 3)
 	for k, m := range onMaster {
@@ -203,7 +225,7 @@ func TestClusterFamilyShards(t *testing.T) {
 						default:
 						}
 						k := byMaster[m][rng.IntN(len(byMaster[m]))]
-						s, err := fams[p].Get(fmt.Sprint("hot-", k))
+						s, err := gets[p](fmt.Sprint("hot-", k))
 						if err != nil {
 							t.Error(err)
 							return
@@ -221,6 +243,10 @@ func TestClusterFamilyShards(t *testing.T) {
 						}
 						if err != nil && during {
 							failures[m]++
+						}
+						if err != nil && after && debugN < 8 {
+							debugN++
+							t.Logf("DEBUG after takeover, master %d, %v: %v", m, d, err)
 						}
 						if err == nil {
 							grants[m]++
