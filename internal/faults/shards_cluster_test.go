@@ -202,7 +202,7 @@ func testClusterFamilyShards(t *testing.T, variant string) {
 		failures  [3]int
 		grants    [3]int
 		afterOnce [3]int // grants that started after the takeover
-		debugN    int
+		loggedN    int
 	)
 	byMaster := make([][]int, 3)
 	for k, m := range onMaster {
@@ -244,9 +244,9 @@ func testClusterFamilyShards(t *testing.T, variant string) {
 						if err != nil && during {
 							failures[m]++
 						}
-						if err != nil && after && debugN < 8 {
-							debugN++
-							t.Logf("DEBUG after takeover, master %d, %v: %v", m, d, err)
+						if err != nil && after && loggedN < 8 {
+							loggedN++
+							t.Logf("after the takeover, a call on master %d failed after %v: %v", m, d, err)
 						}
 						if err == nil {
 							grants[m]++
