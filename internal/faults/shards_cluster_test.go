@@ -202,7 +202,7 @@ func testClusterFamilyShards(t *testing.T, variant string) {
 		failures  [3]int
 		grants    [3]int
 		afterOnce [3]int // grants that started after the takeover
-		loggedN    int
+		loggedN   int
 	)
 	byMaster := make([][]int, 3)
 	for k, m := range onMaster {
