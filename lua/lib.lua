@@ -23,7 +23,8 @@
 --                          rate's window
 --   KEYS[9] rate     STRING the rate set by SetRate, "limit/per_ms" ("0/0":
 --                          none); never expires
--- The six sets each keep a sentinel member "~" scored +inf, so that none
+-- The six sets each keep a sentinel member "~" scored +inf (the window from
+-- the first grant under a rate on), so that none
 -- of them ever becomes empty (Redis would delete it and its TTL with it):
 -- every key but "limit" expires at the horizon "_hz", which is extended
 -- only when an entry outlives it, so a key's TTL is set about once per
@@ -365,13 +366,17 @@ end
 
 -- init creates a semaphore's keys when meta is missing (first use, or all
 -- keys expired after an idle period): the sentinels, and the limit that
--- SetLimit fixed, which outlives everything else.
+-- SetLimit fixed, which outlives everything else. The window key is made
+-- by the first grant under a rate (rate_record), so a semaphore without a
+-- rate has none.
 local function init(now)
   if get('_hz') then
     return
   end
   for _, k in ipairs(SETS) do
-    redis.call('ZADD', k, 'inf', SENTINEL)
+    if k ~= W then
+      redis.call('ZADD', k, 'inf', SENTINEL)
+    end
   end
   local o = META['_o']
   if o == nil then
@@ -712,8 +717,9 @@ local function rate_record(token, n, now)
   end
   local old = get('_rold')
   if not old then
-    -- The semaphore's keys were made by a version without the window key:
-    -- give it its sentinel, and every key its TTL again.
+    -- The first grant under a rate since the keys were made (init makes
+    -- no window key): the window key's sentinel, and its TTL (every key's
+    -- is set again).
     redis.call('ZADD', W, 'inf', SENTINEL)
     HZ_MOVED = true
   end
