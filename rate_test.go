@@ -3,6 +3,7 @@ package redsem_test
 import (
 	"context"
 	"errors"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -432,3 +433,80 @@ func TestRateFairArrivalOrder(t *testing.T) {
 }
 
 var rateVariants = []string{"unfair", "fair"}
+
+// The "done when": limit 10, Rate{20, 1s}, 30 workers over two
+// processes (two clients and semaphores) that each hold a slot 10 ms, for
+// 3.5 s. No window of 1 s of grant times (tokens) holds more than 20
+// grants, and at least 80% of the grants the rate allows are made: the
+// waiters are woken when the window has room.
+func TestRateDoneWhen(t *testing.T) {
+	if testing.Short() {
+		t.Skip("3.5 s per variant")
+	}
+	for _, variant := range rateVariants {
+		t.Run(variant, func(t *testing.T) {
+			ctx := redistest.Ctx(t, 30*time.Second)
+			name := redistest.Name(t)
+			rate := redsem.Rate{Limit: 20, Per: time.Second}
+			procs := []rated{
+				mustRated(t, variant, redistest.Client(t), name, 10, rate),
+				mustRated(t, variant, redistest.Client(t), name, 10, rate),
+			}
+			const run = 3500 * time.Millisecond
+			end := time.Now().Add(run)
+			wctx, cancel := context.WithDeadline(ctx, end)
+			defer cancel()
+			var mu sync.Mutex
+			var tokens []int64
+			var wg sync.WaitGroup
+			for i := 0; i < 30; i++ {
+				wg.Add(1)
+				go func(s rated) {
+					defer wg.Done()
+					for {
+						l, err := s.Acquire(wctx)
+						if err != nil {
+							if wctx.Err() == nil {
+								t.Error(err)
+							}
+							return
+						}
+						mu.Lock()
+						tokens = append(tokens, l.Token())
+						mu.Unlock()
+						time.Sleep(10 * time.Millisecond)
+						if err := l.Release(ctx); err != nil {
+							t.Error(err)
+						}
+					}
+				}(procs[i%2])
+			}
+			wg.Wait()
+			if len(tokens) == 0 {
+				t.Fatal("no grant")
+			}
+			slices.Sort(tokens)
+			per := rate.Per.Microseconds()
+			peak := 0
+			for i := range tokens {
+				n := 0
+				for j := i; j < len(tokens) && tokens[j] < tokens[i]+per; j++ {
+					n++
+				}
+				peak = max(peak, n)
+			}
+			// The rate allows Limit grants from the first one on and
+			// Limit more each Per after it, up to the end of the run.
+			span := time.Duration(end.UnixMicro()-tokens[0]) * time.Microsecond
+			allowed := rate.Limit * int((span+rate.Per-1)/rate.Per)
+			t.Logf("%s: %d grants of %d allowed in %v (%.0f%%), the busiest 1 s window held %d",
+				variant, len(tokens), allowed, span.Round(time.Millisecond), 100*float64(len(tokens))/float64(allowed), peak)
+			if peak > rate.Limit {
+				t.Errorf("a window of %v held %d grants, rate %v", rate.Per, peak, rate)
+			}
+			if len(tokens) < allowed*8/10 {
+				t.Errorf("%d grants, want at least 80%% of the %d the rate allows", len(tokens), allowed)
+			}
+		})
+	}
+}

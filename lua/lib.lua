@@ -38,7 +38,9 @@
 --   lower bound of every holder deadline (expiry work runs only once it has
 --   passed), _want until when unfair waiters want freed-slot notices, _prune
 --   when tombstones and dead sessions are pruned next. Rate (all absent
---   while no rate was ever used): _rate the rate established by live
+--   while no rate was ever used; _rx "1" once any of the others may be
+--   set, so that a call without a rate reads that one field only, and the
+--   others are read by rate_load when needed): _rate the rate established by live
 --   clients ("limit/per_ms"; absent: none), _frate SetRate's rate (mirror of
 --   KEYS[9]), _rsum the slots of the window's records not trimmed yet, _rold
 --   a lower bound of the window records' times ("inf": none), _rwake the
@@ -171,7 +173,7 @@ end
 local CRL, CRP
 local function client_arg()
   local s = ARGV[3]
-  if type(s) == 'string' and not string.find(s, '^%d+$') then
+  if type(s) == 'string' and string.find(s, ':', 1, true) then
     local l, r = string.match(s, '^(%d+):(%d+:%d+)$')
     local rl, rp
     if l and #l <= 8 then
@@ -204,8 +206,7 @@ end
 -- The meta hash is read once per script (HMGET of the counters and of the
 -- records a script needs) and written once at the end (flush).
 local META, DIRTY, GONE
-local COUNTERS = {'_hz', '_limit', '_fixed', '_token', '_used', '_hw', '_seq', '_q', '_next', '_want', '_prune',
-  '_rate', '_frate', '_rsum', '_rold', '_rwake'}
+local COUNTERS = {'_hz', '_limit', '_fixed', '_token', '_used', '_hw', '_seq', '_q', '_next', '_want', '_prune', '_rx'}
 
 -- load reads the counters (in COUNTERS' order, spelled out: building the
 -- argument list in a table on every call cost more than the HMGET) and,
@@ -213,15 +214,31 @@ local COUNTERS = {'_hz', '_limit', '_fixed', '_token', '_used', '_hw', '_seq', '
 local function load(id)
   local v
   if id then
-    v = redis.call('HMGET', M, '_hz', '_limit', '_fixed', '_token', '_used', '_hw', '_seq', '_q', '_next', '_want', '_prune',
-      '_rate', '_frate', '_rsum', '_rold', '_rwake', id)
-    META[id] = v[17]
+    v = redis.call('HMGET', M, '_hz', '_limit', '_fixed', '_token', '_used', '_hw', '_seq', '_q', '_next', '_want', '_prune', '_rx', id)
+    META[id] = v[13]
   else
-    v = redis.call('HMGET', M, '_hz', '_limit', '_fixed', '_token', '_used', '_hw', '_seq', '_q', '_next', '_want', '_prune',
-      '_rate', '_frate', '_rsum', '_rold', '_rwake')
+    v = redis.call('HMGET', M, '_hz', '_limit', '_fixed', '_token', '_used', '_hw', '_seq', '_q', '_next', '_want', '_prune', '_rx')
   end
-  for i = 1, 16 do
+  for i = 1, 12 do
     META[COUNTERS[i]] = v[i]
+  end
+end
+
+-- rate_load reads the rate's counters (_rate, _frate, _rsum, _rold,
+-- _rwake), once per call, if the semaphore may have any (_rx) or force;
+-- fields this call set already keep their value.
+local RATE_LOADED
+local function rate_load(force)
+  if RATE_LOADED or not (force or META['_rx']) then
+    return
+  end
+  RATE_LOADED = true
+  local v = redis.call('HMGET', M, '_rate', '_frate', '_rsum', '_rold', '_rwake')
+  local f = {'_rate', '_frate', '_rsum', '_rold', '_rwake'}
+  for i = 1, 5 do
+    if META[f[i]] == nil then
+      META[f[i]] = v[i]
+    end
   end
 end
 
@@ -230,6 +247,7 @@ end
 -- is not an integer in [1, MAX_LIMIT]; scripts call it after load and
 -- before their first write, and SetLimit, which overwrites them, does not.
 local function check_limits()
+  rate_load()
   local fixed, frate = META['_fixed'], META['_frate']
   if not META['_hz'] then
     fixed = redis.call('GET', O)
@@ -391,6 +409,7 @@ local function init(now)
   end
   if r and stored_rate(r) then
     set('_frate', r)
+    set('_rx', '1')
   end
   set('_hz', '0')
   set('_next', 'inf')
@@ -596,6 +615,11 @@ local function rate()
   if RL then
     return RL
   end
+  if CRL == 0 and not META['_rx'] then
+    RL, RP_US = 0, 0 -- no rate anywhere: nothing to read
+    return 0
+  end
+  rate_load(true)
   local l, p = stored_rate(get('_frate'))
   if not l then
     l, p = stored_rate(get('_rate'))
@@ -615,6 +639,10 @@ end
 -- client's while slots are held or waiters queued. An idle semaphore takes
 -- the client's rate (its window's records still count).
 local function establish_rate()
+  if CRL == 0 and not META['_rx'] then
+    return true -- no rate here, none established or set
+  end
+  rate_load(true)
   if stored_rate(get('_frate')) then
     return true
   end
@@ -630,6 +658,7 @@ local function establish_rate()
       del('_rate')
     else
       set('_rate', fmt(CRL) .. '/' .. fmt(CRP))
+      set('_rx', '1')
     end
     RL = nil -- rate() reads it again
   end
@@ -898,7 +927,7 @@ local function bind(keys, argv)
   SETS = {H, Q, S, F, E, W}
   CLOCK_MS, CLOCK_US = 0, 0
   CRL, CRP = 0, 0
-  RL, RP_US, RATE_AT = nil, nil, nil
+  RL, RP_US, RATE_AT, RATE_LOADED = nil, nil, nil, false
   META, DIRTY, GONE = {}, {}, {}
   HZ_MOVED = false
   SDL = {}

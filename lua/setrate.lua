@@ -27,10 +27,12 @@ init(now)
 if get(call) then
   return finish({now}) -- this call ran already
 end
+rate_load(true)
 tombstone(call, 'S', now, now + TOMB_MS)
 local v = fmt(rl) .. '/' .. fmt(rp)
 redis.call('SET', R, v)
 set('_frate', v)
+set('_rx', '1')
 expire(now)
 -- Waiters heavier than the new rate's limit can never be admitted.
 if rl > 0 and num('_q') > 0 then
