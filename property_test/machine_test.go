@@ -60,6 +60,7 @@ func runMachine(t *testing.T, isFair bool) {
 			"sleep":           m.sleep,
 			"setLimit":        m.setLimit,
 			"restart":         m.restart,
+			"tryAtEdge":       m.tryAtEdge,
 		}
 		if isFair {
 			actions["enqueue"] = m.enqueue
@@ -692,6 +693,45 @@ func (m *machine) tryAcquire(rt *rapid.T, crash bool) {
 	}
 	e := m.takeLease(rt, l, n, ttl, floor, w, m.arrive())
 	m.noJump(rt, e, w)
+}
+
+// tryAtEdge (with a rate): when the window is full, a TryAcquire timed
+// just before its oldest grant leaves it (0.7 ms before, by the tokens):
+// the window must still refuse it. A window that lets grants go a little
+// early passes every other action, which comes at random times.
+func (m *machine) tryAtEdge(rt *rapid.T) {
+	if m.rate.IsZero() {
+		rt.Skip("no rate")
+	}
+	per := m.rate.Per.Microseconds()
+	now := time.Now().UnixMicro()
+	var in []*entity
+	sum := 0
+	for _, g := range m.grants {
+		if g.token > now-per {
+			in = append(in, g)
+			sum += g.weight
+		}
+	}
+	if sum < m.rate.Limit {
+		rt.Skip("the window has room")
+	}
+	slices.SortFunc(in, func(x, y *entity) int { return int(x.token - y.token) })
+	// The oldest grant whose leaving makes room for one slot.
+	edge, left := int64(0), sum
+	for _, g := range in {
+		left -= g.weight
+		if left < m.rate.Limit {
+			edge = g.token + per
+			break
+		}
+	}
+	d := time.Duration(edge-700-time.Now().UnixMicro()) * time.Microsecond
+	if d < 0 {
+		rt.Skip("too late")
+	}
+	time.Sleep(d)
+	m.tryAcquire(rt, false)
 }
 
 func (m *machine) arrive() int {
