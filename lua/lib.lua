@@ -211,9 +211,22 @@ local COUNTERS = {'_hz', '_limit', '_fixed', '_token', '_used', '_hw', '_seq', '
 -- load reads the counters (in COUNTERS' order, spelled out: building the
 -- argument list in a table on every call cost more than the HMGET) and,
 -- if given, the record of one id.
+local RATE_LOADED
 local function load(id)
   local v
-  if id then
+  if CRL > 0 then
+    -- A client with a rate: the rate's counters too, in the same call.
+    v = redis.call('HMGET', M, '_hz', '_limit', '_fixed', '_token', '_used', '_hw', '_seq', '_q', '_next', '_want', '_prune', '_rx',
+      '_rate', '_frate', '_rsum', '_rold', '_rwake', id or '_')
+    local f = {'_rate', '_frate', '_rsum', '_rold', '_rwake'}
+    for i = 1, 5 do
+      META[f[i]] = v[12 + i]
+    end
+    RATE_LOADED = true
+    if id then
+      META[id] = v[18]
+    end
+  elseif id then
     v = redis.call('HMGET', M, '_hz', '_limit', '_fixed', '_token', '_used', '_hw', '_seq', '_q', '_next', '_want', '_prune', '_rx', id)
     META[id] = v[13]
   else
@@ -225,9 +238,9 @@ local function load(id)
 end
 
 -- rate_load reads the rate's counters (_rate, _frate, _rsum, _rold,
--- _rwake), once per call, if the semaphore may have any (_rx) or force;
--- fields this call set already keep their value.
-local RATE_LOADED
+-- _rwake), once per call, if the semaphore may have any (_rx) or force
+-- (load read them already for a client with a rate); fields this call set
+-- already keep their value.
 local function rate_load(force)
   if RATE_LOADED or not (force or META['_rx']) then
     return
@@ -699,10 +712,15 @@ end
 
 -- rate_fits reports whether the rate lets n more slots be granted now: the
 -- window's records younger than the period, plus n, stay within the rate's
--- limit. When not, it sets RATE_AT to when they will (the time of the
--- record whose leaving makes room, plus the period).
+-- limit. Records are trimmed only when the sum of all of them (an upper
+-- bound) would not let n in, so a window with room costs no command. When
+-- n does not fit, it sets RATE_AT to when it will (the time of the record
+-- whose leaving makes room, plus the period).
 local function rate_fits(n, now_us)
   if rate() == 0 then
+    return true
+  end
+  if num('_rsum') + n <= RL then
     return true
   end
   rate_trim(now_us)
@@ -710,9 +728,12 @@ local function rate_fits(n, now_us)
   if sum + n <= RL then
     return true
   end
+  -- Each record holds at least one slot: the first `need` records may be
+  -- enough (one, for the usual single slot), then more in batches.
   local need, acc, from = sum + n - RL, 0, 0
+  local batch = math.min(need, 64)
   while true do
-    local recs = redis.call('ZRANGE', W, from, from + 63, 'WITHSCORES')
+    local recs = redis.call('ZRANGE', W, from, from + batch - 1, 'WITHSCORES')
     for i = 1, #recs, 2 do
       if recs[i] == SENTINEL then
         break
@@ -723,10 +744,11 @@ local function rate_fits(n, now_us)
         return false
       end
     end
-    if #recs < 128 then
+    if #recs < 2 * batch then
       break
     end
-    from = from + 64
+    from = from + batch
+    batch = 64
   end
   -- The records hold fewer slots than _rsum says (it drifted): it is
   -- corrected to what they hold.
