@@ -19,7 +19,9 @@ var (
 	// ErrLimitMismatch is returned by Acquire and TryAcquire when this client
 	// was built with a limit other than the one that live clients of the same
 	// name established in Redis, and no SetLimit settled it. The error is a
-	// *LimitMismatchError that names both limits.
+	// *LimitMismatchError that names both limits; or, for a client built
+	// with another rate (Options.Rate) that no SetRate settled, a
+	// *RateMismatchError that names both rates.
 	ErrLimitMismatch = errors.New("redsem: limit mismatch")
 	// ErrInvalidConfig is matched by every error that New returns for bad
 	// input; the concrete error is a *ConfigError naming the field.
