@@ -19,7 +19,9 @@ var (
 	// ErrLimitMismatch is returned by Acquire and TryAcquire when this client
 	// was built with a limit other than the one that live clients of the same
 	// name established in Redis, and no SetLimit settled it. The error is a
-	// *LimitMismatchError that names both limits.
+	// *LimitMismatchError that names both limits; or, for a client built
+	// with another rate (Options.Rate) that no SetRate settled, a
+	// *RateMismatchError that names both rates.
 	ErrLimitMismatch = errors.New("redsem: limit mismatch")
 	// ErrInvalidConfig is matched by every error that New returns for bad
 	// input; the concrete error is a *ConfigError naming the field.
@@ -53,6 +55,51 @@ var (
 	// nothing, when Options.MaxWaiters waiters are queued already.
 	ErrQueueFull = errors.New("redsem: queue full")
 )
+
+// ErrRateLimited is matched by the error of a TryAcquire refused because
+// the rate's window (Options.Rate) was full although a slot was free. An
+// error matching it also matches ErrNoSlot, and errors.As to a
+// *RateLimitedError gives RetryAfter.
+var ErrRateLimited = errors.New("redsem: rate limit reached")
+
+// RateLimitedError is the error of a TryAcquire that the rate refused. It
+// matches ErrRateLimited and ErrNoSlot.
+type RateLimitedError struct {
+	Name string // the semaphore's name
+	Rate Rate   // the rate in force
+	// RetryAfter is when the window will have room for the request, as
+	// seen by Redis (from the time of its reply): a TryAcquire made after
+	// it finds room, unless others took it first or no slot is free then.
+	RetryAfter time.Duration
+}
+
+func (e *RateLimitedError) Error() string {
+	return fmt.Sprintf("redsem: %q: rate limit reached (%v granted): retry after %v", e.Name, e.Rate, e.RetryAfter)
+}
+
+// Is reports whether target is ErrRateLimited or ErrNoSlot.
+func (e *RateLimitedError) Is(target error) bool {
+	return target == ErrRateLimited || target == ErrNoSlot
+}
+
+// RateMismatchError tells which rates disagree: this client was built with
+// a rate (Options.Rate) other than the one live clients of the same name
+// established in Redis, and no SetRate settled it. Acquire and TryAcquire
+// return it; it matches ErrLimitMismatch.
+type RateMismatchError struct {
+	Name        string // the semaphore's name
+	Client      Rate   // the rate this client was built with
+	Established Rate   // the rate live clients established in Redis
+}
+
+func (e *RateMismatchError) Error() string {
+	return fmt.Sprintf("redsem: rate mismatch for %q: this client was built with rate %v, "+
+		"but live clients established rate %v (use SetRate to change it for all)",
+		e.Name, e.Client, e.Established)
+}
+
+// Is reports whether target is ErrLimitMismatch.
+func (e *RateMismatchError) Is(target error) bool { return target == ErrLimitMismatch }
 
 // LimitMismatchError tells which limits disagree. It matches ErrLimitMismatch.
 type LimitMismatchError struct {

@@ -16,6 +16,7 @@ func TestSharedOptionDocsAgree(t *testing.T) {
 	differ := map[string]string{
 		"DisableAutoRenew": "fair adds how a grant from the queue lasts until its first renewal",
 		"FallbackInterval": "fair's waiters rely on their session; unfair's retry on their own",
+		"Rate":             "fair's head waits for both bounds and is never overtaken; unfair grants whoever fits",
 	}
 	fair := optionDocs(t, "fair/fair.go")
 	unfair := optionDocs(t, "unfair/unfair.go")

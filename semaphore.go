@@ -82,6 +82,12 @@ type Status struct {
 	Limit   int      // the limit in force (SetLimit's, else the established one)
 	Holders []Holder // ordered by deadline
 	Waiters []Waiter // fair only: in admission order; empty for unfair
+	// Rate is the rate in force (SetRate's, else the one live clients
+	// established); zero: none.
+	Rate Rate
+	// RateGranted is how many slots were granted in the window of length
+	// Rate.Per that ends now (0 without a rate).
+	RateGranted int
 }
 
 // Holder is one live lease as seen in Redis.

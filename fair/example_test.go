@@ -2,11 +2,13 @@ package fair_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log"
 	"time"
 
 	"github.com/redis/go-redis/v9"
+	"github.com/redsem/redsem"
 	"github.com/redsem/redsem/fair"
 	"github.com/redsem/redsem/internal/redistest"
 )
@@ -64,4 +66,47 @@ func waitForWaiters(ctx context.Context, sem *fair.Semaphore, n int) {
 		}
 		time.Sleep(time.Millisecond)
 	}
+}
+
+// At most 5 calls in flight and at most 60 started a minute, in one
+// admission: a call waits for a free slot and room in the rate's window,
+// in arrival order.
+func Example_rate() {
+	ctx := context.Background()
+	client := redis.NewClient(&redis.Options{Addr: redisAddr(), ContextTimeoutEnabled: true})
+	defer client.Close()
+
+	// An LLM API that allows 5 calls in flight and 60 a minute.
+	name := fmt.Sprintf("example:llm-%d", time.Now().UnixNano()) // a window of its own
+	sem, err := fair.New(client, name, 5, fair.Options{
+		Rate: redsem.Rate{Limit: 60, Per: time.Minute},
+	})
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer sem.Close()
+
+	started := 0
+	for {
+		l, err := sem.TryAcquire(ctx) // Acquire would wait for the window instead
+		var rl *redsem.RateLimitedError
+		if errors.As(err, &rl) {
+			fmt.Println("started:", started)
+			fmt.Println("rate limited:", errors.Is(err, redsem.ErrRateLimited), errors.Is(err, redsem.ErrNoSlot))
+			fmt.Println("retry within a minute:", rl.RetryAfter > 0 && rl.RetryAfter <= time.Minute)
+			break
+		}
+		if err != nil {
+			log.Fatal(err)
+		}
+		started++ // ... call the API ...
+		_ = l.Release(ctx)
+	}
+	st, _ := sem.Status(ctx)
+	fmt.Printf("rate %v, %d granted in the window\n", st.Rate, st.RateGranted)
+	// Output:
+	// started: 60
+	// rate limited: true true
+	// retry within a minute: true
+	// rate 60/1m0s, 60 granted in the window
 }

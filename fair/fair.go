@@ -71,6 +71,23 @@ type Options struct {
 	// are queued (load shedding). Entries of dead processes count until
 	// they reach the head of the queue and are evicted. Zero: no bound.
 	MaxWaiters int
+
+	// Rate, if not zero, bounds how many slots are granted in any window of
+	// Rate.Per, by the Redis server's clock, besides the limit on slots held
+	// at once: a grant needs a free slot and room in the window (a sliding
+	// window over grant times; a weighted grant counts its weight). The
+	// head of the queue waits for both, and nobody behind it overtakes it.
+	// When the window is what holds a waiter back, it is woken when the
+	// window has room, not by polling. TryAcquire refused by the rate
+	// while a slot was free returns a *redsem.RateLimitedError (matching
+	// redsem.ErrRateLimited and redsem.ErrNoSlot) that says when to retry;
+	// AcquireN with n above Rate.Limit returns redsem.ErrWeight at once.
+	// Like the limit, the rate is stored in Redis: a client built with
+	// another rate than live clients established gets an error matching
+	// redsem.ErrLimitMismatch (a *redsem.RateMismatchError) until SetRate
+	// sets one for all. Per is rounded up to whole milliseconds; Limit in
+	// [1, 2^20], Per at most 366 days. Zero: no rate bound.
+	Rate redsem.Rate
 }
 
 // Semaphore is the fair (FIFO) semaphore. It is safe for concurrent use;
@@ -114,7 +131,7 @@ func config(client redis.UniversalClient, name string, limit int, opts Options) 
 		DisableAutoRenew: opts.DisableAutoRenew, Fallback: opts.FallbackInterval,
 		Observer: opts.Observer, Logger: opts.Logger,
 		MinReplicas: opts.MinReplicas, ReplicaTimeout: opts.ReplicaTimeout,
-		Owner: opts.Owner, MaxHold: opts.MaxHold, MaxWaiters: opts.MaxWaiters,
+		Owner: opts.Owner, MaxHold: opts.MaxHold, MaxWaiters: opts.MaxWaiters, Rate: opts.Rate,
 	}
 }
 
@@ -148,6 +165,17 @@ func (s *Semaphore) Status(ctx context.Context) (redsem.Status, error) {
 // admits the head waiters at once; lowering it revokes no lease.
 func (s *Semaphore) SetLimit(ctx context.Context, limit int) error {
 	return s.e.SetLimit(ctx, limit)
+}
+
+// SetRate sets the rate (see Options.Rate) for every client of this name,
+// overriding the rate each was built with, until set again; it never
+// expires. The zero Rate removes the bound for every client. Slots granted
+// before the call still count in the window of the new rate. Raising or
+// removing it admits waiters at once; lowering it below a queued waiter's
+// weight ends that waiter's AcquireN with redsem.ErrWeight. An invalid rate
+// returns a *redsem.ConfigError and changes nothing.
+func (s *Semaphore) SetRate(ctx context.Context, rate redsem.Rate) error {
+	return s.e.SetRate(ctx, rate)
 }
 
 // Name is the semaphore's name as given to New.

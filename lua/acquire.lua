@@ -1,7 +1,7 @@
 -- acquire.lua: one attempt to take n slots at once; in queue mode (fair) it
 -- also joins the queue, or reports the place it already has.
--- KEYS: the seven keys of lib.lua.
--- ARGV: [1] channel base, [2] publish command, [3] client limit,
+-- KEYS: the nine keys of lib.lua.
+-- ARGV: [1] channel base, [2] publish command, [3] client limit (and rate),
 --       [4] id (lease/waiter UUID, reused on retries: the script is idempotent),
 --       [5] n: slots wanted (>= 1), [6] lease_ms (>= 1),
 --       [7] mode: "try" (one attempt), "wait" (one attempt of an unfair
@@ -16,17 +16,30 @@
 --           nothing and replies -2, however long ago its undo's
 --           cancellation record was pruned.
 -- Reply: {1, now, token, deadline_ms, slot, ...}  granted (or held already)
---        {0, now, hint_ms, position}             not granted; hint_ms is the
+--        {0, now, hint_ms, position, rate_ms}    not granted; hint_ms is the
 --                                                time until the earliest
---                                                holder may expire (-1: none);
---                                                position in the queue (0 =
---                                                head) or -1 if not queued
+--                                                holder may expire, or the
+--                                                rate lets in the request
+--                                                (or head waiter) it held
+--                                                back, if sooner (-1:
+--                                                neither); position in the
+--                                                queue (0 = head) or -1 if
+--                                                not queued; rate_ms: n
+--                                                slots were free and nobody
+--                                                queued, but the rate's
+--                                                window was full: ms until
+--                                                it has room (-1: not so);
+--                                                with rate_ms >= 0 the reply
+--                                                goes on with the rate in
+--                                                force: rate_limit, per_ms
 --        {-1, now, established}                  the client's limit disagrees
 --        {-2, now}                               the id was cancelled (undo
 --                                                ran first) or released, or
 --                                                the request came after
 --                                                refuse_after
---        {-3, now, limit}                        n is above the limit in force
+--        {-3, now, limit, rate_limit}            n is above the limit in
+--                                                force, or above the rate's
+--                                                limit (0: no rate)
 --        {-4, now, entries}                      the queue is full
 --        {-5, now}                               queue mode: the session is
 --                                                not live (it expired while
@@ -34,9 +47,13 @@
 --                                                paused); nothing written:
 --                                                make a new session, then
 --                                                ask again
+--        {-6, now, established}                  the client's rate disagrees
+--                                                with the one live clients
+--                                                established ("limit/per_ms",
+--                                                "0/0": none)
 -- Errors: "ERR redsem: ..." for bad arguments, a wrong number of keys, or a
 -- stored limit that is not an integer in [1, 2^20], before any write.
-local client_limit, err = int_arg(3, 'limit', 1, MAX_LIMIT)
+local client_limit, err = client_arg()
 if err then return err end
 local id; id, err = id_arg(4, 'id')
 if err then return err end
@@ -100,7 +117,7 @@ if rec then
     local pos = redis.call('ZRANK', Q, id)
     if mode == 'queue' and qsid == sid and pos then
       if session_deadline(sid, now) then
-        return finish({0, now, hint(now), pos})
+        return finish({0, now, hint(now), pos, -1})
       end
       drop_waiter(id) -- its session died: the entry would be evicted unseen
       return finish({-5, now})
@@ -130,26 +147,41 @@ local limit, established = establish(client_limit)
 if not limit then
   return finish({-1, now, established})
 end
-if n > limit then
-  return finish({-3, now, limit})
+local ok; ok, established = establish_rate()
+if not ok then
+  return finish({-6, now, established})
+end
+if n > limit or (rate() > 0 and n > RL) then
+  return finish({-3, now, limit, RL})
 end
 if num('_q') > 0 then
   admit(now, now_us, limit)
 end
 
--- Free slots with nobody queued: nobody is jumped.
+-- Free slots with nobody queued: nobody is jumped. The rate may still hold
+-- the request back (rate_ms tells for how long).
+local wait_ms = -1
 if num('_q') == 0 and limit - num('_used') >= n then
-  local token, slots = grant(id, n, now, now_us, now + lease_ms, owner)
-  return granted(token, now + lease_ms, slots)
+  if rate_fits(n, now_us) then
+    local token, slots = grant(id, n, now, now_us, now + lease_ms, owner)
+    return granted(token, now + lease_ms, slots)
+  end
+  wait_ms = rate_ms(now_us)
 end
 
+local function refused(pos)
+  if wait_ms < 0 then
+    return finish({0, now, hint(now), pos, -1})
+  end
+  return finish({0, now, hint(now), pos, wait_ms, RL, RP_US / 1000})
+end
 if mode == 'try' then
-  return finish({0, now, hint(now), -1})
+  return refused(-1)
 elseif mode == 'wait' then
   if num('_want') < now + want_ms / 2 then -- refreshed at most twice per want_ms
     set('_want', fmt(now + want_ms))
   end
-  return finish({0, now, hint(now), -1})
+  return refused(-1)
 end
 -- Queueing under a dead session would leave an entry that admit and prune
 -- evict without telling its process: refuse, and let the process make a
@@ -165,4 +197,4 @@ set('_seq', seq)
 redis.call('ZADD', Q, seq, id)
 set(id, 'W|' .. sid .. '|' .. fmt(n) .. '|' .. fmt(lease_ms) .. '|' .. owner)
 set('_q', num('_q') + 1)
-return finish({0, now, hint(now), num('_q') - 1})
+return refused(num('_q') - 1)

@@ -133,6 +133,64 @@ func BenchmarkScripts(b *testing.B) {
 				p.EvalShaRO(ctx, lua.Status.Hash(), k.List, k.Chan, "PUBLISH", 5)
 			}
 		})
+
+		// The same under a rate (Options.Rate). "5:R:P" is the client's
+		// limit 5 with a rate of R slots per P ms (lib.lua's client_arg).
+		//
+		// rate-*-release: a rate that always has room (a million per 100
+		// ms), so every grant is checked against, and recorded in, a window
+		// of a few thousand records that each call also trims.
+		const roomy = "5:1000000:100"
+		bench("rate-unfair-try-release", nil, func(p redis.Pipeliner, k core.Keys, i int) {
+			call(p, k, lua.Acquire, roomy, id(i), 1, 30000, "try", "-", 0, "bench", 0)
+			call(p, k, lua.Release, roomy, id(i), "owner", 15000)
+		})
+		bench("rate-fair-queue-release", func(k core.Keys) {
+			if _, err := run1(ctx, c, lua.Heartbeat, k, roomy, "sess", 600000, "new"); err != nil {
+				b.Fatal(err)
+			}
+		}, func(p redis.Pipeliner, k core.Keys, i int) {
+			call(p, k, lua.Acquire, roomy, id(i), 1, 30000, "queue", "sess", 0, "bench", 0)
+			call(p, k, lua.Release, roomy, id(i), "owner", 15000)
+		})
+		// rate-try-refused: a slot is free but the window is full (2 of 2
+		// per minute granted): TryAcquire is refused by the rate and told
+		// when the window has room.
+		const full = "5:2:60000"
+		bench("rate-try-refused", func(k core.Keys) {
+			if _, err := run1(ctx, c, lua.Acquire, k, full, "held", 2, 600000, "try", "-", 0, "bench", 0); err != nil {
+				b.Fatal(err)
+			}
+		}, func(p redis.Pipeliner, k core.Keys, i int) {
+			call(p, k, lua.Acquire, full, id(i), 1, 30000, "try", "-", 0, "bench", 0)
+		})
+		// rate-heartbeat: the head waiter fits the free slots but the
+		// window is full: each beat checks the window and keeps it queued.
+		bench("rate-heartbeat", func(k core.Keys) {
+			if _, err := run1(ctx, c, lua.Heartbeat, k, full, "sess", 600000, "new"); err != nil {
+				b.Fatal(err)
+			}
+			if _, err := run1(ctx, c, lua.Acquire, k, full, "holder", 2, 600000, "queue", "sess", 0, "bench", 0); err != nil {
+				b.Fatal(err)
+			}
+			if _, err := run1(ctx, c, lua.Acquire, k, full, "waiter", 1, 600000, "queue", "sess", 0, "bench", 0); err != nil {
+				b.Fatal(err)
+			}
+		}, func(p redis.Pipeliner, k core.Keys, i int) {
+			call(p, k, lua.Heartbeat, full, "sess", 600000, "old")
+		})
+		// rate-status: Status sums the window's records (2 here).
+		bench("rate-status", func(k core.Keys) {
+			if _, err := run1(ctx, c, lua.Acquire, k, full, "held", 2, 600000, "try", "-", 0, "bench", 0); err != nil {
+				b.Fatal(err)
+			}
+		}, func(p redis.Pipeliner, k core.Keys, i int) {
+			if mode == "fcall" {
+				p.FCallRO(ctx, lua.Status.Function(), k.List, k.Chan, "PUBLISH", full)
+			} else {
+				p.EvalShaRO(ctx, lua.Status.Hash(), k.List, k.Chan, "PUBLISH", full)
+			}
+		})
 	}
 }
 

@@ -1,8 +1,8 @@
 -- heartbeat.lua: one call per process session keeps all of its fair waiters
 -- alive, and admits waiters whose turn came (e.g. after a holder expired).
 -- Its cost does not depend on how many waiters the process has.
--- KEYS: the seven keys of lib.lua.
--- ARGV: [1] channel base, [2] publish command, [3] client limit,
+-- KEYS: the nine keys of lib.lua.
+-- ARGV: [1] channel base, [2] publish command, [3] client limit (and rate),
 --       [4] session id, [5] queue_ms (>= 1): the session lives that long
 --       from now, [6] "new" for a session's first beat, else "old".
 -- Reply: {now, alive, hint_ms, grants...}: alive is 1 when the session was
@@ -11,7 +11,7 @@
 --        queue its waiters again under a new session. hint_ms is the time
 --        until the earliest holder may expire (-1: none); grants as in
 --        release.lua.
-local client_limit, err = int_arg(3, 'limit', 1, MAX_LIMIT)
+local client_limit, err = client_arg()
 if err then return err end
 local sid; sid, err = id_arg(4, 'session')
 if err then return err end

@@ -3,7 +3,7 @@
 -- lua.go). It defines no reply of its own; every script first calls
 -- bind(KEYS, ARGV) (the end of this file).
 --
--- KEYS (the same seven for every script, all in one {hash-tag} slot):
+-- KEYS (the same nine for every script, all in one {hash-tag} slot):
 --   KEYS[1] holders  ZSET  lease id -> deadline (server ms)
 --   KEYS[2] queue    ZSET  waiter id -> arrival number (fair)
 --   KEYS[3] sessions ZSET  session id -> deadline (server ms) (fair); the
@@ -16,7 +16,15 @@
 --   KEYS[6] meta     HASH  counters (fields that start with "_") and one
 --                          record per id (see below)
 --   KEYS[7] limit    STRING the limit set by SetLimit; never expires
--- The five sets each keep a sentinel member "~" scored +inf, so that none
+--   KEYS[8] window   ZSET  "token:n" -> token: one record per grant made
+--                          under a rate (Options.Rate), n slots at server
+--                          time token (µs; tokens are never below the
+--                          server clock), while it may still count in the
+--                          rate's window
+--   KEYS[9] rate     STRING the rate set by SetRate, "limit/per_ms" ("0/0":
+--                          none); never expires
+-- The six sets each keep a sentinel member "~" scored +inf (the window from
+-- the first grant under a rate on), so that none
 -- of them ever becomes empty (Redis would delete it and its TTL with it):
 -- every key but "limit" expires at the horizon "_hz", which is extended
 -- only when an entry outlives it, so a key's TTL is set about once per
@@ -29,7 +37,15 @@
 --   number, _q queue entries (dead ones included until evicted), _next a
 --   lower bound of every holder deadline (expiry work runs only once it has
 --   passed), _want until when unfair waiters want freed-slot notices, _prune
---   when tombstones and dead sessions are pruned next.
+--   when tombstones and dead sessions are pruned next. Rate (all absent
+--   while no rate was ever used; _rx "1" once any of the others may be
+--   set, so that a call without a rate reads that one field only, and the
+--   others are read by rate_load when needed): _rate the rate established by live
+--   clients ("limit/per_ms"; absent: none), _frate SetRate's rate (mirror of
+--   KEYS[9]), _rsum the slots of the window's records not trimmed yet, _rold
+--   a lower bound of the window records' times ("inf": none), _rwake the
+--   latest time (server µs) at which the rate frees room for the head waiter
+--   that its session was told of.
 -- meta records, one field per lease or waiter id (ids never start with "_"):
 --   "L|token|s1,s2,...|owner"           a holder entry's lease
 --   "W|session|weight|lease_ms|owner"   a queue entry's waiter
@@ -44,7 +60,8 @@
 --   ARGV[1] channel base ("prefix:{name}:ch"); grants go to
 --           base..":s:"..session, freed-slot notices to base..":free"
 --   ARGV[2] publish command: "PUBLISH", or "SPUBLISH" on a cluster
---   ARGV[3] the calling client's limit (integer >= 1)
+--   ARGV[3] the calling client's limit (integer >= 1), and its rate if it
+--           has one: "limit" or "limit:rate_limit:per_ms" (client_arg)
 
 -- Per-call state. lib.lua is loaded two ways (lua.go): prepended to each
 -- script for EVAL, where it runs on every call, and as a FUNCTION library,
@@ -54,7 +71,7 @@
 -- the clock) is declared here and set by bind(), which every script runs
 -- first (see the end of this file).
 local KEYS, ARGV
-local H, Q, S, F, E, M, O
+local H, Q, S, F, E, M, O, W, R
 local CHAN, PUB
 local SETS
 local SENTINEL = '~'
@@ -105,6 +122,42 @@ local function stored_limit(v)
   return n
 end
 
+-- The longest rate period, ms (core.MaxRatePer): about a year, so that
+-- times plus a period stay exact in Lua's doubles.
+local MAX_PER_MS = 31622400000
+
+-- parse_rate returns the rate limit and period (ms) of "limit/per_ms", or
+-- nil when v is not one: both zero (no rate), or limit in [1, MAX_LIMIT]
+-- and per_ms in [1, MAX_PER_MS].
+local function parse_rate(v, sep)
+  local l, p = string.match(v, '^(%d+)' .. sep .. '(%d+)$')
+  if not l or #l > 8 or #p > 12 then
+    return nil
+  end
+  l, p = tonumber(l), tonumber(p)
+  if (l == 0) ~= (p == 0) or l > MAX_LIMIT or p > MAX_PER_MS then
+    return nil
+  end
+  return l, p
+end
+
+-- stored_rate is stored_limit for a rate read from Redis (the SetRate
+-- override, or the meta counters _frate and _rate): nil when absent, false
+-- when malformed, else its limit and period (0, 0: no rate).
+local function stored_rate(v)
+  if v == nil or v == false then
+    return nil
+  end
+  if type(v) ~= 'string' then
+    return false
+  end
+  local l, p = parse_rate(v, '/')
+  if not l then
+    return false
+  end
+  return l, p
+end
+
 -- id_arg returns ARGV[i] as a lease, waiter or session id.
 local function id_arg(i, name)
   local v = ARGV[i]
@@ -114,13 +167,36 @@ local function id_arg(i, name)
   return v
 end
 
+-- client_arg returns the calling client's limit from ARGV[3] ("limit", or
+-- "limit:rate_limit:per_ms" for a client built with a rate), or nil and an
+-- error reply; it keeps the client's rate in CRL, CRP (0, 0: none).
+local CRL, CRP
+local function client_arg()
+  local s = ARGV[3]
+  if type(s) == 'string' and string.find(s, ':', 1, true) then
+    local l, r = string.match(s, '^(%d+):(%d+:%d+)$')
+    local rl, rp
+    if l and #l <= 8 then
+      rl, rp = parse_rate(r, ':')
+    end
+    if not rl then
+      return nil, fail('bad limit: ' .. s)
+    end
+    CRL, CRP = rl, rp
+    ARGV[3] = l
+  end
+  return int_arg(3, 'limit', 1, MAX_LIMIT)
+end
+
 -- clock returns the server time in milliseconds and in microseconds.
 local CLOCK_MS -- the server time of the latest clock() call
+local CLOCK_US
 local function clock()
   local t = redis.call('TIME')
   local s, us = tonumber(t[1]), tonumber(t[2])
   CLOCK_MS = s * 1000 + math.floor(us / 1000)
-  return CLOCK_MS, s * 1000000 + us
+  CLOCK_US = s * 1000000 + us
+  return CLOCK_MS, CLOCK_US
 end
 
 local function fmt(n)
@@ -130,21 +206,52 @@ end
 -- The meta hash is read once per script (HMGET of the counters and of the
 -- records a script needs) and written once at the end (flush).
 local META, DIRTY, GONE
-local COUNTERS = {'_hz', '_limit', '_fixed', '_token', '_used', '_hw', '_seq', '_q', '_next', '_want', '_prune'}
+local COUNTERS = {'_hz', '_limit', '_fixed', '_token', '_used', '_hw', '_seq', '_q', '_next', '_want', '_prune', '_rx'}
 
 -- load reads the counters (in COUNTERS' order, spelled out: building the
 -- argument list in a table on every call cost more than the HMGET) and,
 -- if given, the record of one id.
+local RATE_LOADED
 local function load(id)
   local v
-  if id then
-    v = redis.call('HMGET', M, '_hz', '_limit', '_fixed', '_token', '_used', '_hw', '_seq', '_q', '_next', '_want', '_prune', id)
-    META[id] = v[12]
+  if CRL > 0 then
+    -- A client with a rate: the rate's counters too, in the same call.
+    v = redis.call('HMGET', M, '_hz', '_limit', '_fixed', '_token', '_used', '_hw', '_seq', '_q', '_next', '_want', '_prune', '_rx',
+      '_rate', '_frate', '_rsum', '_rold', '_rwake', id or '_')
+    local f = {'_rate', '_frate', '_rsum', '_rold', '_rwake'}
+    for i = 1, 5 do
+      META[f[i]] = v[12 + i]
+    end
+    RATE_LOADED = true
+    if id then
+      META[id] = v[18]
+    end
+  elseif id then
+    v = redis.call('HMGET', M, '_hz', '_limit', '_fixed', '_token', '_used', '_hw', '_seq', '_q', '_next', '_want', '_prune', '_rx', id)
+    META[id] = v[13]
   else
-    v = redis.call('HMGET', M, '_hz', '_limit', '_fixed', '_token', '_used', '_hw', '_seq', '_q', '_next', '_want', '_prune')
+    v = redis.call('HMGET', M, '_hz', '_limit', '_fixed', '_token', '_used', '_hw', '_seq', '_q', '_next', '_want', '_prune', '_rx')
   end
-  for i = 1, 11 do
+  for i = 1, 12 do
     META[COUNTERS[i]] = v[i]
+  end
+end
+
+-- rate_load reads the rate's counters (_rate, _frate, _rsum, _rold,
+-- _rwake), once per call, if the semaphore may have any (_rx) or force
+-- (load read them already for a client with a rate); fields this call set
+-- already keep their value.
+local function rate_load(force)
+  if RATE_LOADED or not (force or META['_rx']) then
+    return
+  end
+  RATE_LOADED = true
+  local v = redis.call('HMGET', M, '_rate', '_frate', '_rsum', '_rold', '_rwake')
+  local f = {'_rate', '_frate', '_rsum', '_rold', '_rwake'}
+  for i = 1, 5 do
+    if META[f[i]] == nil then
+      META[f[i]] = v[i]
+    end
   end
 end
 
@@ -153,10 +260,13 @@ end
 -- is not an integer in [1, MAX_LIMIT]; scripts call it after load and
 -- before their first write, and SetLimit, which overwrites them, does not.
 local function check_limits()
-  local fixed = META['_fixed']
+  rate_load()
+  local fixed, frate = META['_fixed'], META['_frate']
   if not META['_hz'] then
     fixed = redis.call('GET', O)
     META['_o'] = fixed or false -- init reads it from here
+    frate = redis.call('GET', R)
+    META['_r'] = frate or false
   end
   if stored_limit(fixed) == false then
     return fail('the stored limit ' .. O .. ' is ' .. string.format('%q', fixed) ..
@@ -165,6 +275,14 @@ local function check_limits()
   if META['_hz'] and stored_limit(META['_limit']) == false then
     return fail('the stored counter _limit of ' .. M .. ' is ' .. string.format('%q', META['_limit']) ..
       ', not an integer in [1, ' .. MAX_LIMIT .. ']')
+  end
+  if frate and stored_rate(frate) == false then
+    return fail('the stored rate ' .. R .. ' is ' .. string.format('%q', frate) ..
+      ', not "limit/per_ms": set it again with SetRate')
+  end
+  if META['_hz'] and META['_rate'] and stored_rate(META['_rate']) == false then
+    return fail('the stored counter _rate of ' .. M .. ' is ' .. string.format('%q', META['_rate']) ..
+      ', not "limit/per_ms"')
   end
   return nil
 end
@@ -279,13 +397,17 @@ end
 
 -- init creates a semaphore's keys when meta is missing (first use, or all
 -- keys expired after an idle period): the sentinels, and the limit that
--- SetLimit fixed, which outlives everything else.
+-- SetLimit fixed, which outlives everything else. The window key is made
+-- by the first grant under a rate (rate_record), so a semaphore without a
+-- rate has none.
 local function init(now)
   if get('_hz') then
     return
   end
   for _, k in ipairs(SETS) do
-    redis.call('ZADD', k, 'inf', SENTINEL)
+    if k ~= W then
+      redis.call('ZADD', k, 'inf', SENTINEL)
+    end
   end
   local o = META['_o']
   if o == nil then
@@ -293,6 +415,14 @@ local function init(now)
   end
   if stored_limit(o) then
     set('_fixed', o)
+  end
+  local r = META['_r']
+  if r == nil then
+    r = redis.call('GET', R)
+  end
+  if r and stored_rate(r) then
+    set('_frate', r)
+    set('_rx', '1')
   end
   set('_hz', '0')
   set('_next', 'inf')
@@ -485,6 +615,181 @@ local function take_slots(n)
   return slots
 end
 
+-- The rate in force for this call (rate()): at most RL slots granted in any
+-- RP_US µs (RL 0: no rate); and RATE_AT: the server time (µs) at which the
+-- window has room for the request or head waiter that the rate held back in
+-- this call (nil: none).
+local RL, RP_US, RATE_AT
+
+-- rate returns the rate limit in force (0: none) and sets RL and RP_US,
+-- once per call: SetRate's rate, else the one live clients established
+-- (none, once they established a limit without a rate), else the client's.
+local function rate()
+  if RL then
+    return RL
+  end
+  if CRL == 0 and not META['_rx'] then
+    RL, RP_US = 0, 0 -- no rate anywhere: nothing to read
+    return 0
+  end
+  rate_load(true)
+  local l, p = stored_rate(get('_frate'))
+  if not l then
+    l, p = stored_rate(get('_rate'))
+    if not l and stored_limit(get('_limit')) then
+      l, p = 0, 0
+    end
+  end
+  if not l then
+    l, p = CRL, CRP
+  end
+  RL, RP_US = l, p * 1000
+  return RL
+end
+
+-- establish_rate is establish for the rate: true, or nil and the rate
+-- that live clients established ("limit/per_ms") when it differs from the
+-- client's while slots are held or waiters queued. An idle semaphore takes
+-- the client's rate (its window's records still count).
+local function establish_rate()
+  if CRL == 0 and not META['_rx'] then
+    return true -- no rate here, none established or set
+  end
+  rate_load(true)
+  if stored_rate(get('_frate')) then
+    return true
+  end
+  local el, ep = stored_rate(get('_rate'))
+  if not el then
+    el, ep = 0, 0
+  end
+  if el ~= CRL or ep ~= CRP then
+    if num('_used') > 0 or num('_q') > 0 then
+      return nil, fmt(el) .. '/' .. fmt(ep)
+    end
+    if CRL == 0 then
+      del('_rate')
+    else
+      set('_rate', fmt(CRL) .. '/' .. fmt(CRP))
+      set('_rx', '1')
+    end
+    RL = nil -- rate() reads it again
+  end
+  return true
+end
+
+-- rec_weight is the slots of a window record "token:n".
+local function rec_weight(m)
+  return tonumber(string.match(m, ':(%d+)$')) or 0
+end
+
+-- rate_trim drops the window's records that no longer count (their time
+-- is at most now_us - period), once the oldest may have left (_rold is a
+-- lower bound of their times): at most CHUNK per call, the sum staying an
+-- upper bound meanwhile.
+local function rate_trim(now_us)
+  local cutoff = now_us - RP_US
+  local old = get('_rold')
+  if not old or old == 'inf' or tonumber(old) > cutoff then
+    return
+  end
+  local gone = redis.call('ZRANGE', W, '-inf', cutoff, 'BYSCORE', 'LIMIT', 0, CHUNK)
+  if #gone > 0 then
+    local sum = 0
+    for _, m in ipairs(gone) do
+      sum = sum + rec_weight(m)
+    end
+    redis.call('ZREM', W, unpack(gone))
+    set('_rsum', math.max(num('_rsum') - sum, 0))
+  end
+  if #gone == CHUNK then
+    set('_rold', fmt(cutoff)) -- more may be due: the next call goes on
+  else
+    local first = redis.call('ZRANGE', W, 0, 0, 'WITHSCORES')
+    set('_rold', first[2] or 'inf')
+  end
+end
+
+-- rate_fits reports whether the rate lets n more slots be granted now: the
+-- window's records younger than the period, plus n, stay within the rate's
+-- limit. Records are trimmed only when the sum of all of them (an upper
+-- bound) would not let n in, so a window with room costs no command. When
+-- n does not fit, it sets RATE_AT to when it will (the time of the record
+-- whose leaving makes room, plus the period).
+local function rate_fits(n, now_us)
+  if rate() == 0 then
+    return true
+  end
+  if num('_rsum') + n <= RL then
+    return true
+  end
+  rate_trim(now_us)
+  local sum = num('_rsum')
+  if sum + n <= RL then
+    return true
+  end
+  -- Each record holds at least one slot: the first `need` records may be
+  -- enough (one, for the usual single slot), then more in batches.
+  local need, acc, from = sum + n - RL, 0, 0
+  local batch = math.min(need, 64)
+  while true do
+    local recs = redis.call('ZRANGE', W, from, from + batch - 1, 'WITHSCORES')
+    for i = 1, #recs, 2 do
+      if recs[i] == SENTINEL then
+        break
+      end
+      acc = acc + rec_weight(recs[i])
+      if acc >= need then
+        RATE_AT = math.max(tonumber(recs[i + 1]) + RP_US, now_us)
+        return false
+      end
+    end
+    if #recs < 2 * batch then
+      break
+    end
+    from = from + batch
+    batch = 64
+  end
+  -- The records hold fewer slots than _rsum says (it drifted): it is
+  -- corrected to what they hold.
+  set('_rsum', acc)
+  if acc + n <= RL then
+    return true
+  end
+  RATE_AT = now_us
+  return false
+end
+
+-- rate_record adds a grant of n slots with token to the window, when a
+-- rate is in force (rate_fits ran before every grant).
+local function rate_record(token, n, now)
+  if not RL or RL == 0 then
+    return
+  end
+  local old = get('_rold')
+  if not old then
+    -- The first grant under a rate since the keys were made (init makes
+    -- no window key): the window key's sentinel, and its TTL (every key's
+    -- is set again).
+    redis.call('ZADD', W, 'inf', SENTINEL)
+    HZ_MOVED = true
+  end
+  redis.call('ZADD', W, token, fmt(token) .. ':' .. n)
+  set('_rsum', num('_rsum') + n)
+  if not old or old == 'inf' then
+    set('_rold', fmt(token))
+  end
+  extend(now, now + RP_US / 1000)
+end
+
+-- rate_ms is RATE_AT as ms from now_us (rounded up), -1 when not set.
+local function rate_ms(now_us)
+  if not RATE_AT then
+    return -1
+  end
+  return math.max(math.ceil((RATE_AT - now_us) / 1000), 0)
+end
+
 -- grant makes id a holder of n slots until deadline, with the next fencing
 -- token: never less than the server clock in microseconds, so tokens keep
 -- increasing even when the counter is lost. Returns token and slots.
@@ -498,6 +803,7 @@ local function grant(id, n, now, now_us, deadline, owner)
     set('_next', fmt(deadline))
   end
   extend(now, deadline)
+  rate_record(token, n, now)
   return token, slots
 end
 
@@ -527,15 +833,19 @@ end
 
 -- admit grants free slots to the earliest live waiters in arrival order,
 -- evicting dead ones (their session is gone) it meets at the head, and
--- waiters heavier than the limit (told with an "x" message). A head waiter
--- that needs more slots than are free keeps its place and stops admission:
--- nobody overtakes it. A grant lasts until now + lease_ms, but no longer
+-- waiters heavier than the limit or the rate's limit (told with an "x"
+-- message). A head waiter that needs more slots than are free, or than the
+-- rate allows now, keeps its place and stops admission: nobody overtakes
+-- it. When the rate holds it back, its session is told when the rate will
+-- let it in ("w id ms", once per head and time), so that its process runs
+-- the admission again then. A grant lasts until now + lease_ms, but no longer
 -- than the grantee's session until the grantee renews it, so that it dies
 -- with a process that never learned of it. Each grantee's session is told
 -- "g id token deadline slots". Returns the grants as a flat list
 -- (id, token, deadline, "slots", ...).
 local function admit(now, now_us, limit)
   local out = {}
+  rate()
   while num('_q') > 0 and limit - num('_used') > 0 do
     local head = redis.call('ZPOPMIN', Q)
     local id, seq = head[1], head[2]
@@ -554,12 +864,24 @@ local function admit(now, now_us, limit)
     if not sdl then
       del(id) -- a dead waiter: evicted
       set('_q', num('_q') - 1)
-    elseif n > limit then
+    elseif n > limit or (RL > 0 and n > RL) then
       del(id)
       set('_q', num('_q') - 1)
-      publish(CHAN .. ':s:' .. sid, 'x ' .. id .. ' ' .. limit)
+      if n > limit then
+        publish(CHAN .. ':s:' .. sid, 'x ' .. id .. ' ' .. limit)
+      else
+        publish(CHAN .. ':s:' .. sid, 'x ' .. id .. ' ' .. RL .. ' rate')
+      end
     elseif n > limit - num('_used') then
       redis.call('ZADD', Q, seq, id) -- not enough free yet: keep the place
+      break
+    elseif not rate_fits(n, now_us) then
+      redis.call('ZADD', Q, seq, id) -- the rate's window is full: keep the place
+      local wake = fmt(RATE_AT) .. ' ' .. id
+      if get('_rwake') ~= wake then
+        set('_rwake', wake)
+        publish(CHAN .. ':s:' .. sid, 'w ' .. id .. ' ' .. rate_ms(now_us))
+      end
       break
     else
       set('_q', num('_q') - 1)
@@ -586,13 +908,22 @@ local function notify_free(now, limit)
   end
 end
 
--- hint returns ms until the earliest holder may expire, or -1 with none.
+-- hint returns ms until the earliest holder may expire, or until the rate
+-- lets in what it held back in this call (RATE_AT) if that is sooner; -1
+-- with neither.
 local function hint(now)
   local n = next_expiry()
-  if n == math.huge then
-    return -1
+  local h = -1
+  if n ~= math.huge then
+    h = math.max(n - now, 0)
   end
-  return math.max(n - now, 0)
+  if RATE_AT then
+    local r = rate_ms(CLOCK_US)
+    if h < 0 or r < h then
+      h = r
+    end
+  end
+  return h
 end
 
 local function append(dst, src)
@@ -607,16 +938,18 @@ end
 -- have the shape every script needs (nil when they do).
 local function bind(keys, argv)
   KEYS, ARGV = keys, argv
-  if #keys ~= 7 then
-    return fail('want 7 keys, got ' .. #keys)
+  if #keys ~= 9 then
+    return fail('want 9 keys, got ' .. #keys)
   end
-  H, Q, S, F, E, M, O = keys[1], keys[2], keys[3], keys[4], keys[5], keys[6], keys[7]
+  H, Q, S, F, E, M, O, W, R = keys[1], keys[2], keys[3], keys[4], keys[5], keys[6], keys[7], keys[8], keys[9]
   CHAN, PUB = argv[1], argv[2]
   if PUB ~= 'PUBLISH' and PUB ~= 'SPUBLISH' then
     return fail('bad publish command: ' .. tostring(PUB))
   end
-  SETS = {H, Q, S, F, E}
-  CLOCK_MS = 0
+  SETS = {H, Q, S, F, E, W}
+  CLOCK_MS, CLOCK_US = 0, 0
+  CRL, CRP = 0, 0
+  RL, RP_US, RATE_AT, RATE_LOADED = nil, nil, nil, false
   META, DIRTY, GONE = {}, {}, {}
   HZ_MOVED = false
   SDL = {}

@@ -36,6 +36,8 @@ var (
 	statusSrc string
 	//go:embed setlimit.lua
 	setLimitSrc string
+	//go:embed setrate.lua
+	setRateSrc string
 	//go:embed fence_lib.lua
 	fenceLib string
 	//go:embed fence.lua
@@ -68,11 +70,13 @@ const (
 	Fence
 	// FenceSet is Fence plus a SET of one data key, only when not stale.
 	FenceSet
+	// SetRate sets the rate (Options.Rate) for every client of a name.
+	SetRate
 )
 
 // Scripts lists every script, in the order of their constants.
 func Scripts() []Script {
-	return []Script{Acquire, Renew, Release, Heartbeat, Status, SetLimit, Fence, FenceSet}
+	return []Script{Acquire, Renew, Release, Heartbeat, Status, SetLimit, Fence, FenceSet, SetRate}
 }
 
 type script struct {
@@ -96,6 +100,7 @@ var bodies = []struct {
 	{Heartbeat, "heartbeat.lua", heartbeatSrc, "heartbeat", false},
 	{Status, "status.lua", statusSrc, "status", true},
 	{SetLimit, "setlimit.lua", setLimitSrc, "setlimit", false},
+	{SetRate, "setrate.lua", setRateSrc, "setrate", false},
 }
 
 const (
@@ -144,8 +149,8 @@ func (s Script) Function() string {
 	return ""
 }
 
-var table = func() [FenceSet + 1]script {
-	var t [FenceSet + 1]script
+var table = func() [SetRate + 1]script {
+	var t [SetRate + 1]script
 	add := func(s Script, file, src string) {
 		sum := sha1.Sum([]byte(src))
 		t[s] = script{file: file, src: src, sha: hex.EncodeToString(sum[:])}
@@ -175,7 +180,7 @@ func (s Script) Source() string { return s.entry().src }
 func (s Script) Hash() string { return s.entry().sha }
 
 func (s Script) entry() script {
-	if s < Acquire || s > FenceSet {
+	if s < Acquire || s > SetRate {
 		return script{}
 	}
 	return table[s]

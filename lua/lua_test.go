@@ -66,19 +66,26 @@ func TestBadArgumentsWriteNothing(t *testing.T) {
 	c := redistest.Client(t)
 	k := core.KeysFor("redsem", redistest.Name(t))
 	cases := map[string][]any{
-		"zero limit":    {0, "id", 1, 1000, "try", "-", 1000, "", 0},
-		"float limit":   {1.5, "id", 1, 1000, "try", "-", 1000, "", 0},
-		"empty id":      {1, "", 1, 1000, "try", "-", 1000, "", 0},
-		"sentinel id":   {1, "~", 1, 1000, "try", "-", 1000, "", 0},
-		"meta field id": {1, "_limit", 1, 1000, "try", "-", 1000, "", 0},
-		"zero weight":   {1, "id", 0, 1000, "try", "-", 1000, "", 0},
-		"zero lease":    {1, "id", 1, 0, "try", "-", 1000, "", 0},
-		"bad mode":      {1, "id", 1, 1000, "grab", "-", 1000, "", 0},
-		"no session":    {1, "id", 1, 1000, "queue", "", 1000, "", 0},
-		"bad session":   {1, "id", 1, 1000, "queue", "a|b", 1000, "", 0},
-		"zero want":     {1, "id", 1, 1000, "wait", "-", 0, "", 0},
-		"bad owner":     {1, "id", 1, 1000, "try", "-", 1000, "a|b", 0},
-		"bad max queue": {1, "id", 1, 1000, "queue", "s", 1000, "", -1},
+		"zero limit":        {0, "id", 1, 1000, "try", "-", 1000, "", 0},
+		"float limit":       {1.5, "id", 1, 1000, "try", "-", 1000, "", 0},
+		"empty id":          {1, "", 1, 1000, "try", "-", 1000, "", 0},
+		"sentinel id":       {1, "~", 1, 1000, "try", "-", 1000, "", 0},
+		"meta field id":     {1, "_limit", 1, 1000, "try", "-", 1000, "", 0},
+		"zero weight":       {1, "id", 0, 1000, "try", "-", 1000, "", 0},
+		"zero lease":        {1, "id", 1, 0, "try", "-", 1000, "", 0},
+		"bad mode":          {1, "id", 1, 1000, "grab", "-", 1000, "", 0},
+		"no session":        {1, "id", 1, 1000, "queue", "", 1000, "", 0},
+		"bad session":       {1, "id", 1, 1000, "queue", "a|b", 1000, "", 0},
+		"zero want":         {1, "id", 1, 1000, "wait", "-", 0, "", 0},
+		"bad owner":         {1, "id", 1, 1000, "try", "-", 1000, "a|b", 0},
+		"bad max queue":     {1, "id", 1, 1000, "queue", "s", 1000, "", -1},
+		"rate limit 0":      {"1:0:1000", "id", 1, 1000, "try", "-", 1000, "", 0},
+		"rate per 0":        {"1:5:0", "id", 1, 1000, "try", "-", 1000, "", 0},
+		"rate negative":     {"1:-5:1000", "id", 1, 1000, "try", "-", 1000, "", 0},
+		"rate float":        {"1:5:1.5", "id", 1, 1000, "try", "-", 1000, "", 0},
+		"rate huge":         {"1:5:99999999999999", "id", 1, 1000, "try", "-", 1000, "", 0},
+		"rate one part":     {"1:5", "id", 1, 1000, "try", "-", 1000, "", 0},
+		"rate limit 2^20+1": {"1:1048577:1000", "id", 1, 1000, "try", "-", 1000, "", 0},
 	}
 	for desc, args := range cases {
 		_, err := run(ctx, t, c, lua.Acquire, k, args...)
@@ -132,6 +139,10 @@ func TestEveryKeyExpires(t *testing.T) {
 	for i, key := range k.List {
 		ttl := c.PTTL(ctx, key).Val()
 		switch {
+		case i == core.KeyRate || i == core.KeyWindow:
+			if ttl != -2 {
+				t.Errorf("%s exists (TTL %v) without a rate, want no key", key, ttl)
+			}
 		case i == core.KeyOverride:
 			if ttl != -1 {
 				t.Errorf("override %s has TTL %v, want none", key, ttl)

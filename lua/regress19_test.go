@@ -42,7 +42,7 @@ func TestStoredLimitValidated(t *testing.T) {
 	}
 }
 
-// Every script checks that it got its seven keys. Before: a call with six
+// Every script checks that it got its nine keys. Before: a call with six
 // ran, with KEYS[7] nil, and failed half-way through with a Lua error.
 func TestKeysCounted(t *testing.T) {
 	ctx := redistest.Ctx(t, 10*time.Second)
@@ -51,7 +51,7 @@ func TestKeysCounted(t *testing.T) {
 	short := k
 	short.List = k.List[:6]
 	_, err := run(ctx, t, c, lua.Acquire, short, 2, "id-1", 1, 5000, "try", "-", 1000, "test", 0)
-	if err == nil || !strings.Contains(err.Error(), "want 7 keys, got 6") {
+	if err == nil || !strings.Contains(err.Error(), "want 9 keys, got 6") {
 		t.Fatalf("acquire with 6 keys: %v, want a refusal naming the count", err)
 	}
 }

@@ -1,8 +1,8 @@
 -- release.lua: give back a lease's slots or leave the queue, by id; then
 -- admit the waiters that may now enter and tell unfair waiters about free
 -- slots.
--- KEYS: the seven keys of lib.lua.
--- ARGV: [1] channel base, [2] publish command, [3] client limit,
+-- KEYS: the nine keys of lib.lua.
+-- ARGV: [1] channel base, [2] publish command, [3] client limit (and rate),
 --       [4] lease or waiter id,
 --       [5] mode: "owner" when the lease's holder releases it
 --           (Lease.Release): it leaves a tombstone, so that a rerun (go-redis
@@ -20,7 +20,7 @@
 --        entry was removed), 0 (nothing live had that id: the lease was
 --        lost), and grants is a flat list (id, token, deadline_ms, "slots")
 --        for each waiter admitted by this call.
-local client_limit, err = int_arg(3, 'limit', 1, MAX_LIMIT)
+local client_limit, err = client_arg()
 if err then return err end
 local id; id, err = id_arg(4, 'id')
 if err then return err end

@@ -1,10 +1,10 @@
 -- renew.lua: extend a lease to now + lease_ms. It never re-creates a lease
 -- that is gone (ZADD XX).
--- KEYS: the seven keys of lib.lua.
--- ARGV: [1] channel base, [2] publish command, [3] client limit,
+-- KEYS: the nine keys of lib.lua.
+-- ARGV: [1] channel base, [2] publish command, [3] client limit (and rate),
 --       [4] lease id, [5] lease_ms (>= 1).
 -- Reply: {1, now, deadline_ms} renewed; {0, now} the lease is gone (lost).
-local client_limit, err = int_arg(3, 'limit', 1, MAX_LIMIT)
+local client_limit, err = client_arg()
 if err then return err end
 local id; id, err = id_arg(4, 'id')
 if err then return err end

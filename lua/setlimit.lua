@@ -2,14 +2,15 @@
 -- never expires. Raising it admits waiters at once; lowering it below a
 -- queued waiter's weight ends that waiter's wait (an "x" message), wherever
 -- it stands in the queue (a scan of the queue: SetLimit is rare).
--- KEYS: the seven keys of lib.lua.
+-- KEYS: the nine keys of lib.lua.
 -- ARGV: [1] channel base, [2] publish command, [3] the new limit (>= 1),
+--           with the caller's rate as in lib.lua's client_arg,
 --       [4] call id (a UUID per SetLimit call): a copy of the call that runs
 --           again (go-redis re-sends a command whose reply was lost) finds
 --           its record and changes nothing, so it cannot undo a later
 --           SetLimit of another client.
 -- Reply: {now, grants...}: grants as in release.lua.
-local limit, err = int_arg(3, 'limit', 1, MAX_LIMIT)
+local limit, err = client_arg()
 if err then return err end
 local call; call, err = id_arg(4, 'call id')
 if err then return err end

@@ -1,12 +1,15 @@
 -- status.lua: read the live state; writes nothing (run it with EVALSHA_RO).
--- KEYS: the seven keys of lib.lua.
--- ARGV: [1] channel base, [2] publish command, [3] client limit.
+-- KEYS: the nine keys of lib.lua.
+-- ARGV: [1] channel base, [2] publish command, [3] client limit (and rate).
 -- Reply: {limit, now, n_holders, (id, "slots", token, deadline_ms, owner) x
---         n_holders, n_waiters, (id, weight, deadline_ms, owner) x n_waiters}
---        holders ordered by deadline, live waiters in admission order.
-local client_limit, err = int_arg(3, 'limit', 1, MAX_LIMIT)
+--         n_holders, n_waiters, (id, weight, deadline_ms, owner) x n_waiters,
+--         rate_limit, per_ms, granted}
+--        holders ordered by deadline, live waiters in admission order; the
+--        rate in force (0, 0: none) and the slots granted in the window
+--        that ends now.
+local client_limit, err = client_arg()
 if err then return err end
-local now = clock()
+local now, now_us = clock()
 load()
 err = check_limits()
 if err then return err end
@@ -46,4 +49,13 @@ for _, id in ipairs(ws) do
   end
 end
 out[#out + 1] = #live / 4
-return append(out, live)
+append(out, live)
+
+local granted = 0
+if rate() > 0 then
+  local recs = redis.call('ZRANGE', W, '(' .. fmt(now_us - RP_US), '(inf', 'BYSCORE')
+  for _, m in ipairs(recs) do
+    granted = granted + rec_weight(m)
+  end
+end
+return append(out, {RL, RP_US / 1000, granted})

@@ -60,6 +60,7 @@ func runMachine(t *testing.T, isFair bool) {
 			"sleep":           m.sleep,
 			"setLimit":        m.setLimit,
 			"restart":         m.restart,
+			"tryAtEdge":       m.tryAtEdge,
 		}
 		if isFair {
 			actions["enqueue"] = m.enqueue
@@ -82,6 +83,11 @@ type machine struct {
 
 	base  int // the limit the clients were built with
 	limit int // the limit in force
+	// rate: the clients' Options.Rate (zero in half the checks); grants
+	// lists every grant observed since the last restart (which loses the
+	// window), for the rate's invariant.
+	rate   redsem.Rate
+	grants []*entity
 
 	norm  redsem.Semaphore // normalTTL, no auto-renew; its Acquire queues live waiters
 	crash redsem.Semaphore // crashTTL, no auto-renew: holders that stop renewing
@@ -102,24 +108,32 @@ func newMachine(t *testing.T, rt *rapid.T, srv *redistest.Server, rdb *redis.Cli
 	m.base = rapid.IntRange(1, 3).Draw(rt, "limit")
 	m.limit = m.base
 	m.keys = core.KeysFor(core.DefaultPrefix, m.name)
+	if rapid.Bool().Draw(rt, "rated") {
+		// Few and short windows, so that the rate binds often within a
+		// check: weights up to the rate's limit, periods a few actions long.
+		m.rate = redsem.Rate{
+			Limit: rapid.IntRange(2, 5).Draw(rt, "rate_limit"),
+			Per:   time.Duration(rapid.SampledFrom([]int{200, 350, 500}).Draw(rt, "rate_per_ms")) * time.Millisecond,
+		}
+	}
 	var err error
 	if isFair {
 		var a, b *fair.Semaphore
 		a, err = fair.New(rdb, m.name, m.base, fair.Options{LeaseTTL: normalTTL, QueueTTL: queueTTL,
-			DisableAutoRenew: true, FallbackInterval: fallback})
+			DisableAutoRenew: true, FallbackInterval: fallback, Rate: m.rate})
 		if err == nil {
 			b, err = fair.New(rdb, m.name, m.base, fair.Options{LeaseTTL: crashTTL, QueueTTL: queueTTL,
-				DisableAutoRenew: true, FallbackInterval: fallback})
+				DisableAutoRenew: true, FallbackInterval: fallback, Rate: m.rate})
 		}
 		m.norm, m.crash = a, b
 		m.close = func() { _ = a.Close(); _ = b.Close() }
 	} else {
 		var a, b *unfair.Semaphore
 		a, err = unfair.New(rdb, m.name, m.base, unfair.Options{LeaseTTL: normalTTL,
-			DisableAutoRenew: true, FallbackInterval: fallback})
+			DisableAutoRenew: true, FallbackInterval: fallback, Rate: m.rate})
 		if err == nil {
 			b, err = unfair.New(rdb, m.name, m.base, unfair.Options{LeaseTTL: crashTTL,
-				DisableAutoRenew: true, FallbackInterval: fallback})
+				DisableAutoRenew: true, FallbackInterval: fallback, Rate: m.rate})
 		}
 		m.norm, m.crash = a, b
 		m.close = func() { _ = a.Close(); _ = b.Close() }
@@ -128,6 +142,71 @@ func newMachine(t *testing.T, rt *rapid.T, srv *redistest.Server, rdb *redis.Cli
 		fatalf(rt, "new: %v", err)
 	}
 	return m
+}
+
+// limitArg is ARGV[3] of a raw script call by a client of the machine's
+// limit and rate (lib.lua's client_arg).
+func (m *machine) limitArg() any {
+	if m.rate.IsZero() {
+		return m.base
+	}
+	return fmt.Sprintf("%d:%d:%d", m.base, m.rate.Limit, m.rate.Per.Milliseconds())
+}
+
+// maxWeight is the largest weight a request may have: the limit in force,
+// and the rate's limit if there is a rate.
+func (m *machine) maxWeight() int {
+	if !m.rate.IsZero() {
+		return min(m.limit, m.rate.Limit)
+	}
+	return m.limit
+}
+
+// checkRate asserts the rate's invariant on the grants observed since the
+// last restart: no window of length Per holds more than Limit granted
+// slots. Grant times are the tokens (server µs, never below the server
+// clock at the grant; a window (t - Per, t] ending at a grant's token is
+// the one that matters, each holding the grants with tokens in it).
+func (m *machine) checkRate(rt *rapid.T) {
+	if m.rate.IsZero() {
+		return
+	}
+	per := m.rate.Per.Microseconds()
+	for _, g := range m.grants {
+		sum := 0
+		var in []string
+		for _, o := range m.grants {
+			if o.token > g.token-per && o.token <= g.token {
+				sum += o.weight
+				in = append(in, fmt.Sprintf("%s(%d)@%d", o.label, o.weight, o.token))
+			}
+		}
+		if sum > m.rate.Limit {
+			fatalf(rt, "rate %v: the window (%d, %d] µs holds %d granted slots: %v", m.rate, g.token-per, g.token, sum, in)
+		}
+	}
+}
+
+// windowMayHold is how many slots may count in the rate's window of a
+// script that ran at server ms at or after from: every grant observed with
+// a token in the period before from, and every grant that may have been
+// made and not observed yet (a queued waiter's, but for the ids in
+// queued: waiters that a Status read after from lists as still queued).
+func (m *machine) windowMayHold(from int64, queued map[string]bool) int {
+	per := m.rate.Per.Microseconds()
+	sum := 0
+	for _, e := range m.ents {
+		switch {
+		case e.granted:
+			if e.token > from*1000-per && e.token >= m.restartUs {
+				sum += e.weight
+			}
+		case e.gone, queued[e.id]:
+		case e.kind == kRaw || (e.kind == kGo && e.pending):
+			sum += e.weight
+		}
+	}
+	return sum
 }
 
 func (m *machine) ctx() (context.Context, context.CancelFunc) {
@@ -201,6 +280,8 @@ func (m *machine) granted(rt *rapid.T, e *entity, slots []int, token int64, w wi
 	}
 	e.granted, e.slots, e.token = true, slices.Clone(slots), token
 	m.maxToken = max(m.maxToken, token)
+	m.grants = append(m.grants, e)
+	m.checkRate(rt)
 }
 
 // takeLease records a lease that Acquire or TryAcquire returned during w.
@@ -380,6 +461,9 @@ func (m *machine) check(rt *rapid.T) {
 	if st.Limit != m.limit {
 		fatalf(rt, "status limit %d, model %d", st.Limit, m.limit)
 	}
+	if st.Rate != m.rate || st.RateGranted > m.rate.Limit {
+		fatalf(rt, "status rate %v, %d granted in the window; model rate %v", st.Rate, st.RateGranted, m.rate)
+	}
 	hs := slices.Clone(st.Holders)
 	slices.SortFunc(hs, func(x, y redsem.Holder) int { return int(x.Token - y.Token) })
 	slots := map[int]string{}
@@ -470,7 +554,15 @@ func (m *machine) check(rt *rapid.T) {
 	// The head waiter never waits while as many slots as it wants are free,
 	// unless a holder may have ended after the last script that admits ran
 	// (then a heartbeat admits).
-	if len(st.Waiters) > 0 && heldSum+st.Waiters[0].Weight <= st.Limit {
+	// With a rate the head may also wait for room in the window: while it
+	// may have been full recently (the waiter's process beats when the
+	// window has room; guard covers the timer's delay).
+	queued := map[string]bool{}
+	for _, wt := range st.Waiters {
+		queued[wt.ID] = true
+	}
+	if len(st.Waiters) > 0 && heldSum+st.Waiters[0].Weight <= st.Limit &&
+		(m.rate.IsZero() || m.windowMayHold(w.b-guard, queued)+st.Waiters[0].Weight <= m.rate.Limit) {
 		maybe := 0
 		for _, e := range m.ents {
 			if !e.gone && (e.granted || e.kind == kRaw) && e.death.endsWithin(m.lastWrite, w.a) {
@@ -544,7 +636,7 @@ func (m *machine) drawWeight(rt *rapid.T) (n int, over bool) {
 	if rapid.IntRange(0, 9).Draw(rt, "over_die") == 9 { // shrinks away from it
 		return m.limit + 1, true
 	}
-	return rapid.IntRange(1, m.limit).Draw(rt, "weight"), false
+	return rapid.IntRange(1, m.maxWeight()).Draw(rt, "weight"), false
 }
 
 // tryAcquire: one TryAcquireN, by a holder that renews (never expires) or
@@ -572,6 +664,20 @@ func (m *machine) tryAcquire(rt *rapid.T, crash bool) {
 	}
 	m.lastWrite = w.b
 	certain, possible, queueEmpty := m.counts(w)
+	var rl *redsem.RateLimitedError
+	if errors.As(err, &rl) {
+		// Refused by the rate: a slot was free, nobody queued, and the
+		// window was full when the script ran.
+		if m.rate.IsZero() || rl.Rate != m.rate || rl.RetryAfter < 0 || rl.RetryAfter > m.rate.Per ||
+			!errors.Is(err, redsem.ErrRateLimited) || !errors.Is(err, redsem.ErrNoSlot) {
+			fatalf(rt, "TryAcquireN(%d) refused by rate %v: %v (RetryAfter %v; model rate %v)", n, rl.Rate, err, rl.RetryAfter, m.rate)
+		}
+		if held := m.windowMayHold(w.b, nil); held+n <= m.rate.Limit {
+			fatalf(rt, "TryAcquireN(%d) refused by the rate although at most %d slots were granted in the %v before", n, held, m.rate.Per)
+		}
+		rt.Logf("TryAcquireN(%d): rate limited, retry after %v", n, rl.RetryAfter)
+		return
+	}
 	if err != nil {
 		if !errors.Is(err, redsem.ErrNoSlot) {
 			fatalf(rt, "TryAcquireN(%d): %v", n, err)
@@ -587,6 +693,45 @@ func (m *machine) tryAcquire(rt *rapid.T, crash bool) {
 	}
 	e := m.takeLease(rt, l, n, ttl, floor, w, m.arrive())
 	m.noJump(rt, e, w)
+}
+
+// tryAtEdge (with a rate): when the window is full, a TryAcquire timed
+// just before its oldest grant leaves it (0.7 ms before, by the tokens):
+// the window must still refuse it. A window that lets grants go a little
+// early passes every other action, which comes at random times.
+func (m *machine) tryAtEdge(rt *rapid.T) {
+	if m.rate.IsZero() {
+		rt.Skip("no rate")
+	}
+	per := m.rate.Per.Microseconds()
+	now := time.Now().UnixMicro()
+	var in []*entity
+	sum := 0
+	for _, g := range m.grants {
+		if g.token > now-per {
+			in = append(in, g)
+			sum += g.weight
+		}
+	}
+	if sum < m.rate.Limit {
+		rt.Skip("the window has room")
+	}
+	slices.SortFunc(in, func(x, y *entity) int { return int(x.token - y.token) })
+	// The oldest grant whose leaving makes room for one slot.
+	edge, left := int64(0), sum
+	for _, g := range in {
+		left -= g.weight
+		if left < m.rate.Limit {
+			edge = g.token + per
+			break
+		}
+	}
+	d := time.Duration(edge-700-time.Now().UnixMicro()) * time.Microsecond
+	if d < 0 {
+		rt.Skip("too late")
+	}
+	time.Sleep(d)
+	m.tryAcquire(rt, false)
 }
 
 func (m *machine) arrive() int {
@@ -617,7 +762,8 @@ func (m *machine) acquireShort(rt *rapid.T) {
 	arrival := m.arrive()
 	b := callStart()
 	_, possible, queueEmpty := m.counts(window{b, b})
-	mustSucceed := possible+n <= m.limit && queueEmpty
+	mustSucceed := possible+n <= m.limit && queueEmpty &&
+		(m.rate.IsZero() || m.windowMayHold(b, nil)+n <= m.rate.Limit)
 	if mustSucceed {
 		// A slot is free now: the call must get it. It gets a generous
 		// bound, so that a stall of this busy machine is not taken for a
@@ -784,6 +930,7 @@ func (m *machine) restart(rt *rapid.T) {
 	m.restartUs = time.Now().UnixMicro()
 	m.srv.Restart(m.t)
 	m.limit = m.base
+	m.grants = nil // the window is lost with everything else
 	// The client's pool may have met refused dials while the server was
 	// down; wait until it talks to the new server again.
 	for deadline := time.Now().Add(waitBound); m.rdb.Ping(context.Background()).Err() != nil; {
@@ -861,7 +1008,7 @@ func (m *machine) enqueue(rt *rapid.T) {
 	if n >= maxPending {
 		rt.Skip("enough waiters")
 	}
-	wn := rapid.IntRange(1, m.limit).Draw(rt, "weight")
+	wn := rapid.IntRange(1, m.maxWeight()).Draw(rt, "weight")
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	e := &entity{kind: kGo, pending: true, cancel: cancel, result: make(chan goResult, 1), weight: wn,
 		floor: m.maxToken, limitAt: m.limit, arrival: m.arrive(), death: span{forever, forever},
@@ -905,7 +1052,7 @@ func (m *machine) enqueue(rt *rapid.T) {
 func (m *machine) enqueueDead(rt *rapid.T) {
 	ctx, cancel := m.ctx()
 	defer cancel()
-	wn := rapid.IntRange(1, m.limit).Draw(rt, "weight")
+	wn := rapid.IntRange(1, m.maxWeight()).Draw(rt, "weight")
 	e := &entity{kind: kRaw, id: uuid.NewString(), weight: wn, floor: m.maxToken, limitAt: m.limit, arrival: m.arrive(),
 		ttl: rawLeaseMs}
 	sid := "dead" + strings.ReplaceAll(uuid.NewString(), "-", "")
@@ -914,8 +1061,8 @@ func (m *machine) enqueueDead(rt *rapid.T) {
 	var hb, acq *redis.Cmd
 	w := window{b: callStart()}
 	_, err := m.rdb.TxPipelined(ctx, func(p redis.Pipeliner) error {
-		hb = core.Script(lua.Heartbeat).Eval(ctx, p, m.keys.List, m.keys.Chan, "PUBLISH", m.base, sid, rawQueueMs, "new")
-		acq = core.Script(lua.Acquire).Eval(ctx, p, m.keys.List, m.keys.Chan, "PUBLISH", m.base, e.id, wn, rawLeaseMs, "queue", sid, 0, "raw", 0)
+		hb = core.Script(lua.Heartbeat).Eval(ctx, p, m.keys.List, m.keys.Chan, "PUBLISH", m.limitArg(), sid, rawQueueMs, "new")
+		acq = core.Script(lua.Acquire).Eval(ctx, p, m.keys.List, m.keys.Chan, "PUBLISH", m.limitArg(), e.id, wn, rawLeaseMs, "queue", sid, 0, "raw", 0)
 		return nil
 	})
 	w.a = callEnd()
@@ -1039,7 +1186,7 @@ func (m *machine) drainAndCheckLeak(rt *rapid.T) {
 	}
 	// Any write script runs expire() and admit() (which evicts dead waiters
 	// while slots are free); a forced release of an unknown id is one.
-	eng, err := core.New(core.Config{Client: m.rdb, Name: m.name, Limit: m.base, Prefix: core.DefaultPrefix})
+	eng, err := core.New(core.Config{Client: m.rdb, Name: m.name, Limit: m.base, Prefix: core.DefaultPrefix, Rate: m.rate})
 	if err != nil {
 		fatalf(rt, "engine: %v", err)
 	}

@@ -33,7 +33,10 @@ type Options struct {
 	// answered 503 with Retry-After, and leaves nothing behind in Redis.
 	MaxWait time.Duration
 	// RetryAfter is the value of the Retry-After header of a 503 answer,
-	// rounded up to whole seconds; zero: 1s.
+	// rounded up to whole seconds; zero: 1s. An answer to a request refused
+	// by a rate (an error that is a *redsem.RateLimitedError, from a
+	// Semaphore whose Acquire does not wait for the rate's window) says
+	// when the window has room instead.
 	RetryAfter time.Duration
 	// FailOpen decides what happens when Acquire fails because Redis cannot
 	// be reached (its error matches redsem.ErrUnavailable: a failed dial, a
@@ -88,6 +91,9 @@ func LeaseFromContext(ctx context.Context) (redsem.Lease, bool) {
 //     could not be reached: Acquire rides that out until MaxWait): 503 with
 //     Retry-After (fail closed), or with Options.FailOpen the handler runs
 //     without a lease.
+//   - Acquire fails with a *redsem.RateLimitedError (the semaphore's rate
+//     refused it): 503 with Retry-After set from its RetryAfter (whole
+//     seconds, rounded up, at least 1).
 //   - Acquire fails otherwise (closed, limit mismatch, a Redis error): 503
 //     with Retry-After.
 //
@@ -117,6 +123,10 @@ func Middleware(opts Options) func(http.Handler) http.Handler {
 		w.Header().Set("Retry-After", retryAfterHeader)
 		http.Error(w, msg, http.StatusServiceUnavailable)
 	}
+	rateLimited := func(w http.ResponseWriter, rl *redsem.RateLimitedError) {
+		w.Header().Set("Retry-After", strconv.FormatInt(max(int64(math.Ceil(rl.RetryAfter.Seconds())), 1), 10))
+		http.Error(w, "redsemhttp: rate limit reached, try again later", http.StatusServiceUnavailable)
+	}
 	return func(next http.Handler) http.Handler {
 		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 			sem, err := opts.Semaphore(r)
@@ -135,8 +145,12 @@ func Middleware(opts Options) func(http.Handler) http.Handler {
 				defer cancel()
 			}
 			lease, err := sem.Acquire(waitCtx)
+			var rl *redsem.RateLimitedError
 			switch {
 			case err == nil:
+			case errors.As(err, &rl):
+				rateLimited(w, rl)
+				return
 			case errors.Is(err, redsem.ErrUnavailable):
 				// Acquire rode out Redis errors until MaxWait: Redis is
 				// unreachable, not busy.

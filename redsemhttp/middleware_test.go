@@ -222,6 +222,27 @@ func TestMiddlewareQueueFull(t *testing.T) {
 	}
 }
 
+// rateLimited is a real semaphore whose Acquire reports the refusal of a
+// rate that had room again in 2.2 s.
+type rateLimited struct{ redsem.Semaphore }
+
+func (rateLimited) Acquire(context.Context) (redsem.Lease, error) {
+	return nil, &redsem.RateLimitedError{Name: "x", Rate: redsem.Rate{Limit: 5, Per: time.Minute}, RetryAfter: 2200 * time.Millisecond}
+}
+
+// A request refused by a rate is answered 503 with the Retry-After the rate
+// gives (rounded up to whole seconds), not Options.RetryAfter.
+func TestMiddlewareRateLimited(t *testing.T) {
+	sem := newFair(t, redistest.Client(t), redistest.Name(t), 1, fair.Options{})
+	var called atomic.Bool
+	h := redsemhttp.Middleware(redsemhttp.Options{Semaphore: fixed(rateLimited{sem}), FailOpen: true, RetryAfter: 7 * time.Second})(
+		http.HandlerFunc(func(http.ResponseWriter, *http.Request) { called.Store(true) }))
+	want503(t, serve(h, context.Background()), "3")
+	if called.Load() {
+		t.Fatal("handler called")
+	}
+}
+
 // TestMiddlewareRedisUnreachable: with Redis down the middleware fails
 // closed (503) by default and runs the handler without a lease with
 // FailOpen.

@@ -30,6 +30,10 @@ type snapshot struct {
 	LimitSource string `json:"limit_source"` // "set-limit", "established" or "unknown"
 	Established *int   `json:"established_limit,omitempty"`
 	Override    *int   `json:"set_limit,omitempty"`
+	// Rate is the rate in force ("60/1m0s"; empty: none), RateGranted the
+	// slots granted in its window ending now.
+	Rate        string `json:"rate,omitempty"`
+	RateGranted int    `json:"rate_granted,omitempty"`
 
 	Holders []holderInfo `json:"holders"`
 	Waiters []waiterInfo `json:"waiters"`
@@ -278,7 +282,7 @@ func read(ctx context.Context, client redis.UniversalClient, e *core.Engine, pre
 	}
 	s := &snapshot{Name: e.Name(), Prefix: prefix, ServerTime: now, Holders: []holderInfo{}, Waiters: []waiterInfo{}, Warnings: []string{}}
 	for i, c := range exist {
-		if i != core.KeyOverride && c.Val() > 0 {
+		if i != core.KeyOverride && i != core.KeyRate && c.Val() > 0 {
 			s.Live = true
 		}
 	}
@@ -295,6 +299,9 @@ func read(ctx context.Context, client redis.UniversalClient, e *core.Engine, pre
 		s.Limit, s.LimitSource = s.Established, "established"
 	default:
 		s.LimitSource = "unknown"
+	}
+	if !st.Rate.IsZero() {
+		s.Rate, s.RateGranted = st.Rate.String(), st.RateGranted
 	}
 	nowMs := now.UnixMilli()
 	for _, h := range st.Holders {

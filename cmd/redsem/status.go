@@ -84,6 +84,9 @@ func render(w io.Writer, s *snapshot) {
 	default:
 		fmt.Fprintf(w, "limit:   %d (established by live clients)\n", *s.Limit)
 	}
+	if s.Rate != "" {
+		fmt.Fprintf(w, "rate:    %s (%d granted in the window ending now)\n", s.Rate, s.RateGranted)
+	}
 	if !s.Live && s.Limit != nil {
 		fmt.Fprintf(w, "state:   idle: no holders, no waiters\n")
 	}

@@ -66,6 +66,8 @@ func (e *Engine) TryAcquireN(ctx context.Context, n int) (redsem.Lease, error) {
 	case err != nil:
 	case a.code == codeGranted:
 		l = c.lease(a.slots, a.token, a.deadline)
+	case a.rateMs >= 0:
+		err = &redsem.RateLimitedError{Name: e.cfg.Name, Rate: a.rateInForce, RetryAfter: time.Duration(a.rateMs) * time.Millisecond}
 	default:
 		err = redsem.ErrNoSlot
 	}
@@ -340,6 +342,9 @@ func (e *Engine) waitFair(c *call) (*Lease, error) {
 				}
 				return c.lease(ev.grant.slots, ev.grant.token, ev.grant.deadline), nil
 			case evWeight:
+				if ev.rate {
+					return nil, fmt.Errorf("redsem: %q: %d slots wanted, the rate was set to %d per period: %w", e.cfg.Name, c.n, ev.limit, redsem.ErrWeight)
+				}
 				return nil, fmt.Errorf("redsem: %q: %d slots wanted, the limit was set to %d: %w", e.cfg.Name, c.n, ev.limit, redsem.ErrWeight)
 			case evRequeue:
 				if ev.evicted {
@@ -388,7 +393,7 @@ func (e *Engine) waitUnfair(c *call) (*Lease, error) {
 			}
 			continue
 		}
-		c.timer.Reset(e.waitFor(a.hint))
+		c.timer.Reset(e.waitFor(a.hint, a.rateMs))
 		select {
 		case <-w.events: // evFree
 		case <-c.timer.C:
@@ -408,9 +413,15 @@ func (e *Engine) waitUnfair(c *call) (*Lease, error) {
 }
 
 // waitFor is how long an unfair waiter sleeps without a message: until just
-// after the earliest holder deadline, at most Fallback, with ±20% jitter.
-func (e *Engine) waitFor(hint int64) time.Duration {
+// after the earliest holder deadline, at most Fallback, with ±20% jitter;
+// or, when the rate held it back (rateMs >= 0, a slot was free) and its
+// window has room before Fallback, exactly until then (and a millisecond),
+// so that the grant comes when the rate allows it.
+func (e *Engine) waitFor(hint, rateMs int64) time.Duration {
 	d := e.cfg.Fallback
+	if r := time.Duration(rateMs+1) * time.Millisecond; rateMs >= 0 && r <= d {
+		return r
+	}
 	if hint >= 0 {
 		if h := time.Duration(hint+1) * time.Millisecond; h < d {
 			d = h
@@ -469,6 +480,7 @@ const (
 	codeWeight      = -3
 	codeQueueFull   = -4
 	codeSessionDied = -5 // queue mode: the session is not live
+	codeRateDiffers = -6 // the client's rate disagrees with the established one
 )
 
 // attempt is one run of acquire.lua, decoded.
@@ -478,9 +490,14 @@ type attempt struct {
 	token    int64
 	slots    []int
 	deadline time.Time // granted: local estimate, never late
-	hint     int64     // not granted: ms until a holder may expire, -1 none
+	hint     int64     // not granted: ms until a holder may expire (or the rate lets a request in), -1 none
 	position int64     // not granted: place in the queue, -1 not queued
+	rateMs   int64     // not granted: a slot was free but the rate's window was full: ms until it has room; -1 not so
 	other    int64     // mismatch: established limit; weight: limit; queue full: entries
+	rateMax  int64     // weight: the rate's limit in force (0: none)
+	rate     string    // rate mismatch: the established rate, "limit/per_ms"
+	// rateInForce: not granted with rateMs >= 0: the rate in force
+	rateInForce redsem.Rate
 }
 
 // decodeAttempt checks and decodes an acquire.lua reply; sent is when the
@@ -500,9 +517,22 @@ func decodeAttempt(v []any, sent time.Time) (attempt, error) {
 		}
 		a.deadline = expiresBy(sent, dl-a.now)
 	case codeQueued:
-		a.hint, a.position = r.int(), r.int()
-	case codeMismatch, codeWeight, codeQueueFull:
+		a.hint, a.position, a.rateMs = r.int(), r.int(), -1
+		if r.more() {
+			a.rateMs = r.int()
+		}
+		if r.more() {
+			a.rateInForce = redsem.Rate{Limit: int(r.int()), Per: time.Duration(r.int()) * time.Millisecond}
+		}
+	case codeWeight:
 		a.other = r.int()
+		if r.more() {
+			a.rateMax = r.int()
+		}
+	case codeMismatch, codeQueueFull:
+		a.other = r.int()
+	case codeRateDiffers:
+		a.rate = r.str()
 	case codeCancelled, codeSessionDied:
 	default:
 		r.fail("unknown code")
@@ -558,7 +588,12 @@ func (e *Engine) acquireOnce(ctx context.Context, id string, n int, mode, sid st
 	switch a.code {
 	case codeMismatch:
 		return a, &redsem.LimitMismatchError{Name: e.cfg.Name, Client: e.cfg.Limit, Established: int(a.other)}
+	case codeRateDiffers:
+		return a, &redsem.RateMismatchError{Name: e.cfg.Name, Client: e.cfg.Rate, Established: parseRate(a.rate)}
 	case codeWeight:
+		if int64(n) <= a.other && a.rateMax > 0 {
+			return a, fmt.Errorf("redsem: %q: %d slots wanted, the rate in force grants %d per period: %w", e.cfg.Name, n, a.rateMax, redsem.ErrWeight)
+		}
 		return a, fmt.Errorf("redsem: %q: %d slots wanted, limit in force is %d: %w", e.cfg.Name, n, a.other, redsem.ErrWeight)
 	case codeQueueFull:
 		return a, fmt.Errorf("redsem: %q: %d waiters queued: %w", e.cfg.Name, a.other, redsem.ErrQueueFull)

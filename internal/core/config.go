@@ -24,6 +24,8 @@ const (
 	DefaultReplicaTimeout = time.Second
 	MaxLimit              = 1 << 20
 	MaxNameLen            = 512
+	// MaxRatePer is the longest Rate.Per (lib.lua's MAX_PER_MS): 366 days.
+	MaxRatePer = 366 * 24 * time.Hour
 )
 
 // Config is what an Engine is built from; fair.New and unfair.New fill it
@@ -56,6 +58,8 @@ type Config struct {
 	MaxHold time.Duration
 	// MaxWaiters, if positive, bounds the fair queue (ErrQueueFull).
 	MaxWaiters int
+	// Rate, if not zero, bounds how many slots are granted per Rate.Per.
+	Rate redsem.Rate
 }
 
 // MaxOwnerLen bounds Options.Owner.
@@ -122,6 +126,10 @@ func (c *Config) validate() error {
 	if c.MaxWaiters < 0 {
 		return cfgErr("Options.MaxWaiters", "negative count %d", c.MaxWaiters)
 	}
+	var err2 error
+	if c.Rate, err2 = CheckRate("Options.Rate", c.Rate); err2 != nil {
+		return err2
+	}
 	if c.MinReplicas < 0 {
 		return cfgErr("Options.MinReplicas", "negative count %d", c.MinReplicas)
 	}
@@ -133,6 +141,32 @@ func (c *Config) validate() error {
 		}
 	}
 	return nil
+}
+
+// CheckRate validates a rate (Options.Rate, or SetRate's argument) and
+// returns it with Per rounded up to whole milliseconds (the scripts'
+// resolution; up, so that the bound is never looser than asked).
+func CheckRate(field string, r redsem.Rate) (redsem.Rate, error) {
+	switch {
+	case r.IsZero():
+		return r, nil
+	case r.Limit < 0:
+		return r, cfgErr(field, "negative limit in %d/%v", r.Limit, r.Per)
+	case r.Per < 0:
+		return r, cfgErr(field, "negative period in %d/%v", r.Limit, r.Per)
+	case r.Limit == 0:
+		return r, cfgErr(field, "limit 0 with period %v: set both (the zero Rate means no rate)", r.Per)
+	case r.Per == 0:
+		return r, cfgErr(field, "period 0 with limit %d: set both (the zero Rate means no rate)", r.Limit)
+	case r.Limit > MaxLimit:
+		return r, cfgErr(field, "limit %d is outside [1, %d]", r.Limit, MaxLimit)
+	case r.Per > MaxRatePer:
+		return r, cfgErr(field, "period %v is longer than %v", r.Per, MaxRatePer)
+	}
+	if t := r.Per.Truncate(time.Millisecond); t != r.Per {
+		r.Per = t + time.Millisecond
+	}
+	return r, nil
 }
 
 func ttl(field string, d, def time.Duration) (time.Duration, error) {

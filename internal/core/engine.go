@@ -13,6 +13,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -44,7 +45,7 @@ type Engine struct {
 	alerts *alerts   // conditions logged at Warn (shared by every engine of the client)
 	lib    *libState // whether the client's calls use FCALL (functions.go)
 
-	sent [lua.FenceSet + 1]atomic.Bool // scripts sent whole once (see loaded)
+	sent [lua.SetRate + 1]atomic.Bool // scripts sent whole once (see loaded)
 
 	hubMu  sync.Mutex
 	hub    *hub
@@ -174,7 +175,7 @@ func (e *Engine) runOn(ctx context.Context, c redis.Scripter, s lua.Script, limi
 // the acquire path, which classifies its errors once at its end.
 func (e *Engine) script(ctx context.Context, c redis.Scripter, s lua.Script, limit int, args ...any) ([]any, time.Time, error) {
 	argv := make([]any, 0, 3+len(args))
-	argv = append(argv, e.keys.Chan, e.pub, limit)
+	argv = append(argv, e.keys.Chan, e.pub, e.limitArg(limit))
 	argv = append(argv, args...)
 	sent := time.Now()
 	call := func() ([]any, error) {
@@ -212,6 +213,15 @@ func (e *Engine) script(ctx context.Context, c redis.Scripter, s lua.Script, lim
 		e.loadLibrary()
 	}
 	return v, sent, err
+}
+
+// limitArg is ARGV[3] of a script call: the limit, and the client's rate
+// if it has one ("limit:rate_limit:per_ms", lib.lua's client_arg).
+func (e *Engine) limitArg(limit int) any {
+	if r := e.cfg.Rate; !r.IsZero() {
+		return strconv.Itoa(limit) + ":" + strconv.Itoa(r.Limit) + ":" + strconv.FormatInt(ms(r.Per), 10)
+	}
+	return limit
 }
 
 // loaded is the flag that says the engine (its family, for a member) sent
@@ -418,6 +428,10 @@ func decodeStatus(v []any) (redsem.Status, error) {
 			ID: r.str(), Position: k, Weight: int(r.int()), Deadline: time.UnixMilli(r.int()), Owner: r.str(),
 		})
 	}
+	if r.more() {
+		st.Rate = redsem.Rate{Limit: int(r.int()), Per: time.Duration(r.int()) * time.Millisecond}
+		st.RateGranted = int(r.int())
+	}
 	return st, r.err
 }
 
@@ -437,6 +451,32 @@ func (e *Engine) SetLimit(ctx context.Context, limit int) error {
 	}
 	e.deliverGrants("setlimit", v, 1, now, sent)
 	return nil
+}
+
+// SetRate sets the rate for every client of this name (the zero Rate
+// removes the bound for all).
+func (e *Engine) SetRate(ctx context.Context, rate redsem.Rate) error {
+	rate, err := CheckRate("rate", rate)
+	if err != nil {
+		return err
+	}
+	v, sent, err := e.run(ctx, lua.SetRate, e.cfg.Limit, uuid.NewString(), rate.Limit, ms(rate.Per))
+	if err != nil {
+		return err
+	}
+	r := reader{script: "setrate", v: v}
+	now := r.int()
+	if r.err != nil {
+		return e.wrap(r.err)
+	}
+	e.deliverGrants("setrate", v, 1, now, sent)
+	return nil
+}
+
+// parseRate reads a rate as the scripts store it, "limit/per_ms".
+func parseRate(s string) redsem.Rate {
+	l, p, _ := strings.Cut(s, "/")
+	return redsem.Rate{Limit: int(toInt(l)), Per: time.Duration(toInt(p)) * time.Millisecond}
 }
 
 // deliverGrants wakes local waiters named in a script reply's grant list,

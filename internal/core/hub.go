@@ -18,14 +18,17 @@ const (
 	evFree    evKind = iota // unfair: slots may be free, try again
 	evGrant                 // fair: this waiter was granted its slots
 	evRequeue               // fair: ask Redis again (session renewed under a new id, or messages may have been lost)
-	evWeight                // fair: SetLimit made the limit smaller than this waiter's weight
+	evWeight                // fair: SetLimit (SetRate) made the limit (the rate's) smaller than this waiter's weight
+	evWake                  // fair: the rate lets this head waiter in after a delay: beat then (handled by the hub)
 )
 
 type event struct {
 	kind    evKind
 	grant   grant // evGrant
 	limit   int   // evWeight
+	rate    bool  // evWeight: the rate's limit, not the limit
 	evicted bool  // evRequeue: the waiter lost its place (its session died, or an operator removed it)
+	wait    int64 // evWake: ms from the script's run
 }
 
 // waiter is one goroutine blocked in Acquire; the hub only delivers events
@@ -199,6 +202,21 @@ func (h *hub) setHint(e *Engine, hint int64) (earlier bool) {
 	old, ok := h.due[e]
 	h.due[e] = due
 	return !ok || due.Before(old)
+}
+
+// wakeAt moves e's early beat to at, if it has none due sooner (and
+// waiters), and reports whether it moved.
+func (h *hub) wakeAt(e *Engine, at time.Time) bool {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.count[e] == 0 {
+		return false
+	}
+	if old, ok := h.due[e]; ok && old.Before(at) && time.Now().Before(old) {
+		return false
+	}
+	h.due[e] = at
+	return true
 }
 
 func (h *hub) poke() {
@@ -426,6 +444,14 @@ func (h *hub) onMessage(m *redis.Message) {
 		h.deliver(msg.id, msg.ev)
 	case evWeight:
 		h.deliver(msg.id, msg.ev)
+	case evWake:
+		// The rate's window holds back this head waiter until wait ms after
+		// the script ran: beat on its semaphore's keys then (the beat admits
+		// it). The message came after the script ran, so the beat is not
+		// early.
+		if we := h.engineOf(msg.id); we != nil && h.wakeAt(we, time.Now().Add(time.Duration(msg.ev.wait+1)*time.Millisecond)) {
+			h.poke()
+		}
 	case evRequeue:
 		// An operator removed this waiter from the queue: it queues again
 		// (and reports the eviction from its own goroutine: an Observer
@@ -444,8 +470,10 @@ type message struct {
 
 // parseMessage decodes the payload of a message on a fair session's
 // channel: "g id token deadline_ms slots" (a grant), "x id limit" (SetLimit
-// made the limit smaller than the waiter's weight) or "r id" (an operator
-// removed the waiter). It reports false for anything else; it never panics.
+// made the limit smaller than the waiter's weight; "x id limit rate":
+// SetRate made the rate's), "w id ms" (the rate holds back the head waiter
+// id for ms) or "r id" (an operator removed the waiter). It reports false
+// for anything else; it never panics.
 func parseMessage(payload string) (message, bool) {
 	f := strings.Fields(payload)
 	switch {
@@ -460,6 +488,10 @@ func parseMessage(payload string) (message, bool) {
 		return message{id: g.id, ev: event{kind: evGrant, grant: g}, deadline: dl}, true
 	case len(f) == 3 && f[0] == "x":
 		return message{id: f[1], ev: event{kind: evWeight, limit: int(toInt(f[2]))}}, true
+	case len(f) == 4 && f[0] == "x" && f[3] == "rate":
+		return message{id: f[1], ev: event{kind: evWeight, limit: int(toInt(f[2])), rate: true}}, true
+	case len(f) == 3 && f[0] == "w":
+		return message{id: f[1], ev: event{kind: evWake, wait: max(toInt(f[2]), 0)}}, true
 	case len(f) == 2 && f[0] == "r":
 		return message{id: f[1], ev: event{kind: evRequeue}}, true
 	}

@@ -6,14 +6,14 @@ import "strings"
 // channel carries the same hash tag, {name} with braces escaped, so that a
 // cluster keeps them in one slot and one script may touch them all.
 type Keys struct {
-	List []string // in the order lib.lua expects (KEYS[1..7])
+	List []string // in the order lib.lua expects (KEYS[1..9])
 	Chan string   // channel base; grants go to Chan+":s:"+session
 	Free string   // channel of freed-slot notices for unfair waiters
 	Want string   // channel of demand notices (redsemsql: a Connect waits)
 }
 
 // Key suffixes, in the order of lib.lua's KEYS.
-var keySuffixes = [...]string{"holders", "queue", "sessions", "free", "ended", "meta", "limit"}
+var keySuffixes = [...]string{"holders", "queue", "sessions", "free", "ended", "meta", "limit", "window", "rate"}
 
 // Index of each key in Keys.List (see lua/lib.lua for what each holds).
 const (
@@ -24,6 +24,8 @@ const (
 	KeyEnded           // ZSET tombstoned id -> until (server ms)
 	KeyMeta            // HASH counters ("_" fields) and one record per id
 	KeyOverride        // STRING limit set by SetLimit; never expires
+	KeyWindow          // ZSET grant records "token:n" -> token (server µs), under a rate
+	KeyRate            // STRING rate set by SetRate, "limit/per_ms"; never expires
 )
 
 // Sentinel is the member that each of the sorted sets keeps (scored +inf)

@@ -1,0 +1,59 @@
+-- setrate.lua: set the rate for every client of this name (at most
+-- rate_limit slots granted in any period of per_ms); the setting never
+-- expires, and 0, 0 removes the bound for every client. Raising it (or
+-- removing it) admits waiters at once; lowering it below a queued waiter's
+-- weight ends that waiter's wait (an "x id rate_limit rate" message),
+-- wherever it stands in the queue (a scan of the queue: SetRate is rare).
+-- The window's records stay: grants made before the call count against the
+-- new rate.
+-- KEYS: the nine keys of lib.lua.
+-- ARGV: [1] channel base, [2] publish command, [3] client limit (and rate),
+--       [4] call id (a UUID per SetRate call): a copy of the call that runs
+--           again finds its record and changes nothing,
+--       [5] rate_limit, [6] per_ms: both 0 (no rate), or rate_limit in
+--           [1, 2^20] and per_ms in [1, about a year].
+-- Reply: {now, grants...}: grants as in release.lua.
+local client_limit, err = client_arg()
+if err then return err end
+local call; call, err = id_arg(4, 'call id')
+if err then return err end
+local rl, rp = parse_rate((ARGV[5] or '') .. '/' .. (ARGV[6] or ''), '/')
+if not rl then
+  return fail('bad rate: ' .. tostring(ARGV[5]) .. '/' .. tostring(ARGV[6]))
+end
+local now, now_us = clock()
+load(call)
+init(now)
+if get(call) then
+  return finish({now}) -- this call ran already
+end
+rate_load(true)
+tombstone(call, 'S', now, now + TOMB_MS)
+local v = fmt(rl) .. '/' .. fmt(rp)
+redis.call('SET', R, v)
+set('_frate', v)
+set('_rx', '1')
+expire(now)
+-- Waiters heavier than the new rate's limit can never be admitted.
+if rl > 0 and num('_q') > 0 then
+  local ids = redis.call('ZRANGE', Q, 0, -1)
+  ids[#ids] = nil -- the sentinel
+  records(ids)
+  for _, id in ipairs(ids) do
+    local rec = get(id)
+    if rec and string.sub(rec, 1, 1) == 'W' then
+      local sid, n = parse_waiter(rec)
+      if n > rl then
+        drop_waiter(id)
+        publish(CHAN .. ':s:' .. sid, 'x ' .. id .. ' ' .. rl .. ' rate')
+      end
+    end
+  end
+end
+local limit = limit_in_force(client_limit)
+local out = {now}
+if num('_q') > 0 then
+  append(out, admit(now, now_us, limit))
+end
+notify_free(now, limit)
+return finish(out)

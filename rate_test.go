@@ -1,0 +1,512 @@
+package redsem_test
+
+import (
+	"context"
+	"errors"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/redsem/redsem"
+	"github.com/redsem/redsem/fair"
+	"github.com/redsem/redsem/internal/redistest"
+	"github.com/redsem/redsem/unfair"
+)
+
+// rated is a semaphore of either variant with SetRate.
+type rated interface {
+	redsem.Semaphore
+	SetRate(ctx context.Context, rate redsem.Rate) error
+}
+
+func newRated(variant string, c redis.UniversalClient, name string, limit int, rate redsem.Rate) (rated, error) {
+	if variant == "fair" {
+		return fair.New(c, name, limit, fair.Options{Rate: rate, LeaseTTL: 10 * time.Second, FallbackInterval: 2 * time.Second})
+	}
+	return unfair.New(c, name, limit, unfair.Options{Rate: rate, LeaseTTL: 10 * time.Second, FallbackInterval: 2 * time.Second})
+}
+
+func mustRated(t *testing.T, variant string, c redis.UniversalClient, name string, limit int, rate redsem.Rate) rated {
+	t.Helper()
+	s, err := newRated(variant, c, name, limit, rate)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = s.Close() })
+	return s
+}
+
+// A Rate with one of its fields zero, a negative field, or one out of
+// bounds is a *redsem.ConfigError from New and from SetRate, which then
+// changes nothing.
+func TestRateConfigErrors(t *testing.T) {
+	c := redistest.Client(t)
+	bad := map[string]redsem.Rate{
+		"limit without period":   {Limit: 5},
+		"period without limit":   {Per: time.Second},
+		"negative limit":         {Limit: -1, Per: time.Second},
+		"negative period":        {Limit: 5, Per: -time.Second},
+		"both negative":          {Limit: -5, Per: -time.Second},
+		"limit above 2^20":       {Limit: 1<<20 + 1, Per: time.Second},
+		"period above 366 days":  {Limit: 5, Per: 367 * 24 * time.Hour},
+		"negative limit, 0 per":  {Limit: -1},
+		"0 limit, negative per":  {Per: -time.Millisecond},
+		"limit without 1ns per ": {Limit: 1, Per: 0},
+	}
+	for _, variant := range rateVariants {
+		for desc, r := range bad {
+			_, err := newRated(variant, c, redistest.Name(t), 3, r)
+			var ce *redsem.ConfigError
+			if !errors.As(err, &ce) || ce.Field != "Options.Rate" || !errors.Is(err, redsem.ErrInvalidConfig) {
+				t.Errorf("%s: New with %s %+v: %v, want a *redsem.ConfigError for Options.Rate", variant, desc, r, err)
+			}
+		}
+		ctx := redistest.Ctx(t, 10*time.Second)
+		s := mustRated(t, variant, c, redistest.Name(t), 3, redsem.Rate{Limit: 2, Per: time.Second})
+		for desc, r := range bad {
+			var ce *redsem.ConfigError
+			if err := s.SetRate(ctx, r); !errors.As(err, &ce) {
+				t.Errorf("%s: SetRate with %s %+v: %v, want a *redsem.ConfigError", variant, desc, r, err)
+			}
+		}
+		if st, err := s.Status(ctx); err != nil || st.Rate != (redsem.Rate{Limit: 2, Per: time.Second}) {
+			t.Errorf("%s: after refused SetRates: rate %v (%v), want 2/1s", variant, st.Rate, err)
+		}
+		// A period that is not whole milliseconds is rounded up.
+		r := mustRated(t, variant, c, redistest.Name(t), 3, redsem.Rate{Limit: 2, Per: 1500 * time.Microsecond})
+		if st, err := r.Status(ctx); err != nil || st.Rate.Per != 2*time.Millisecond {
+			t.Errorf("%s: rate 2/1.5ms: Status says %v (%v), want 2/2ms", variant, st.Rate, err)
+		}
+	}
+}
+
+// A TryAcquire refused by the rate while a slot is free returns an error
+// matching ErrRateLimited and ErrNoSlot, with RetryAfter; after RetryAfter
+// the window has room. Releases do not give room back; renewals and
+// Status count nothing.
+func TestRateTryAcquire(t *testing.T) {
+	for _, variant := range rateVariants {
+		t.Run(variant, func(t *testing.T) {
+			ctx := redistest.Ctx(t, 20*time.Second)
+			rate := redsem.Rate{Limit: 3, Per: 400 * time.Millisecond}
+			s := mustRated(t, variant, redistest.Client(t), redistest.Name(t), 5, rate)
+			var first int64
+			var held redsem.Lease
+			for i := 0; i < 3; i++ {
+				l, err := s.TryAcquire(ctx)
+				if err != nil {
+					t.Fatalf("TryAcquire %d: %v", i, err)
+				}
+				if i == 0 {
+					first = l.Token()
+					held = l
+					continue
+				}
+				if err := l.Release(ctx); err != nil {
+					t.Fatal(err)
+				}
+			}
+			for i := 0; i < 3; i++ {
+				if err := held.Renew(ctx); err != nil {
+					t.Fatal(err)
+				}
+			}
+			_, err := s.TryAcquire(ctx)
+			var rl *redsem.RateLimitedError
+			if !errors.Is(err, redsem.ErrRateLimited) || !errors.Is(err, redsem.ErrNoSlot) || !errors.As(err, &rl) {
+				t.Fatalf("4th TryAcquire: %v, want an error matching ErrRateLimited and ErrNoSlot", err)
+			}
+			if rl.RetryAfter <= 0 || rl.RetryAfter > rate.Per || rl.Rate != rate {
+				t.Fatalf("RetryAfter %v, rate %v: want in (0, %v], %v", rl.RetryAfter, rl.Rate, rate.Per, rate)
+			}
+			if !strings.Contains(err.Error(), "rate") {
+				t.Errorf("error text %q does not say rate", err)
+			}
+			st, err := s.Status(ctx)
+			if err != nil || st.Rate != rate || st.RateGranted != 3 || len(st.Holders) != 1 {
+				t.Fatalf("Status: %+v %v, want rate %v, 3 granted, 1 holder", st, err, rate)
+			}
+			time.Sleep(rl.RetryAfter)
+			l, err := s.TryAcquire(ctx)
+			if err != nil {
+				t.Fatalf("TryAcquire after RetryAfter %v: %v", rl.RetryAfter, err)
+			}
+			if d := time.Duration(l.Token()-first) * time.Microsecond; d < rate.Per {
+				t.Errorf("4th grant %v after the 1st, want >= %v", d, rate.Per)
+			}
+			// Slots held at the limit refuse with a plain ErrNoSlot.
+			_ = l.Release(ctx)
+			_ = held.Release(ctx)
+			time.Sleep(rate.Per)
+			big, err := s.TryAcquireN(ctx, 3)
+			if err != nil {
+				t.Fatal(err)
+			}
+			_ = big.Release(ctx)
+		})
+	}
+}
+
+// A request for more slots than the rate's limit fails at once with
+// ErrWeight, writing nothing.
+func TestRateWeight(t *testing.T) {
+	for _, variant := range rateVariants {
+		t.Run(variant, func(t *testing.T) {
+			ctx := redistest.Ctx(t, 10*time.Second)
+			s := mustRated(t, variant, redistest.Client(t), redistest.Name(t), 10, redsem.Rate{Limit: 3, Per: time.Minute})
+			start := time.Now()
+			if _, err := s.AcquireN(ctx, 4); !errors.Is(err, redsem.ErrWeight) {
+				t.Fatalf("AcquireN(4) with rate 3/1m: %v, want ErrWeight", err)
+			}
+			if _, err := s.TryAcquireN(ctx, 4); !errors.Is(err, redsem.ErrWeight) {
+				t.Fatalf("TryAcquireN(4) with rate 3/1m: %v, want ErrWeight", err)
+			}
+			if d := time.Since(start); d > 2*time.Second {
+				t.Errorf("took %v", d)
+			}
+			st, err := s.Status(ctx)
+			if err != nil || st.RateGranted != 0 || len(st.Holders) != 0 || len(st.Waiters) != 0 {
+				t.Errorf("Status after refusals: %+v, %v", st, err)
+			}
+			l, err := s.AcquireN(ctx, 3)
+			if err != nil {
+				t.Fatal(err)
+			}
+			_ = l.Release(ctx)
+		})
+	}
+}
+
+// Clients built with another rate (or none) than live clients established
+// get an error matching ErrLimitMismatch that names both rates, until
+// SetRate sets one for all; an idle semaphore takes a new client's rate.
+func TestRateMismatch(t *testing.T) {
+	for _, variant := range rateVariants {
+		t.Run(variant, func(t *testing.T) {
+			ctx := redistest.Ctx(t, 10*time.Second)
+			c := redistest.Client(t)
+			name := redistest.Name(t)
+			r3 := redsem.Rate{Limit: 3, Per: time.Second}
+			r5 := redsem.Rate{Limit: 5, Per: 2 * time.Second}
+			a := mustRated(t, variant, c, name, 4, r3)
+			b := mustRated(t, variant, c, name, 4, r5)
+			none := mustRated(t, variant, c, name, 4, redsem.Rate{})
+			l, err := a.TryAcquire(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, s := range []rated{b, none} {
+				_, err := s.TryAcquire(ctx)
+				var rm *redsem.RateMismatchError
+				if !errors.Is(err, redsem.ErrLimitMismatch) || !errors.As(err, &rm) {
+					t.Fatalf("TryAcquire with another rate: %v, want a rate mismatch", err)
+				}
+				if rm.Established != r3 || !strings.Contains(err.Error(), r3.String()) || !strings.Contains(err.Error(), rm.Client.String()) {
+					t.Errorf("mismatch %+v (%q): want established %v and both named", rm, err, r3)
+				}
+				short, cancel := context.WithTimeout(ctx, time.Second)
+				_, err = s.Acquire(short)
+				cancel()
+				if !errors.Is(err, redsem.ErrLimitMismatch) {
+					t.Errorf("Acquire with another rate: %v, want ErrLimitMismatch", err)
+				}
+			}
+			if err := b.SetRate(ctx, r5); err != nil {
+				t.Fatal(err)
+			}
+			for k, s := range []rated{a, b, none} {
+				st, err := s.Status(ctx)
+				if err != nil || st.Rate != r5 || st.RateGranted != 1+k {
+					t.Fatalf("Status after SetRate: rate %v granted %d (%v), want %v and %d", st.Rate, st.RateGranted, err, r5, 1+k)
+				}
+				m, err := s.TryAcquire(ctx)
+				if err != nil {
+					t.Fatalf("TryAcquire after SetRate: %v", err)
+				}
+				_ = m.Release(ctx)
+			}
+			// The zero Rate set for all removes the bound.
+			if err := none.SetRate(ctx, redsem.Rate{}); err != nil {
+				t.Fatal(err)
+			}
+			for i := 0; i < 6; i++ {
+				m, err := a.TryAcquire(ctx)
+				if err != nil {
+					t.Fatalf("TryAcquire %d without a rate: %v", i, err)
+				}
+				_ = m.Release(ctx)
+			}
+			if st, err := a.Status(ctx); err != nil || !st.Rate.IsZero() || st.RateGranted != 0 {
+				t.Errorf("Status without a rate: %v %d %v", st.Rate, st.RateGranted, err)
+			}
+			_ = l.Release(ctx)
+		})
+	}
+	// Idle: a client with another rate establishes its own.
+	ctx := redistest.Ctx(t, 10*time.Second)
+	c := redistest.Client(t)
+	name := redistest.Name(t)
+	a := mustRated(t, "unfair", c, name, 2, redsem.Rate{Limit: 3, Per: time.Second})
+	b := mustRated(t, "unfair", c, name, 2, redsem.Rate{Limit: 1, Per: time.Second})
+	l, err := a.TryAcquire(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_ = l.Release(ctx)
+	if _, err := b.TryAcquire(ctx); !errors.Is(err, redsem.ErrRateLimited) {
+		t.Errorf("idle semaphore, new rate 1/1s, one grant in the window: %v, want ErrRateLimited", err)
+	}
+	if st, _ := b.Status(ctx); st.Rate.Limit != 1 {
+		t.Errorf("rate in force %v, want 1/1s", st.Rate)
+	}
+}
+
+// SetRate raising the rate admits a waiter held back by the window at
+// once; lowering it below a queued fair waiter's weight ends its wait with
+// ErrWeight.
+func TestSetRateAdmitsAndEvicts(t *testing.T) {
+	for _, variant := range rateVariants {
+		t.Run(variant, func(t *testing.T) {
+			ctx := redistest.Ctx(t, 20*time.Second)
+			s := mustRated(t, variant, redistest.Client(t), redistest.Name(t), 5, redsem.Rate{Limit: 1, Per: time.Minute})
+			l, err := s.TryAcquire(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			got := make(chan error, 1)
+			go func() {
+				m, err := s.Acquire(ctx)
+				if err == nil {
+					err = m.Release(ctx)
+				}
+				got <- err
+			}()
+			time.Sleep(200 * time.Millisecond)
+			select {
+			case err := <-got:
+				t.Fatalf("Acquire returned with the window full: %v", err)
+			default:
+			}
+			start := time.Now()
+			if err := s.SetRate(ctx, redsem.Rate{Limit: 4, Per: time.Minute}); err != nil {
+				t.Fatal(err)
+			}
+			if err := <-got; err != nil {
+				t.Fatal(err)
+			}
+			// fair: granted by the SetRate script; unfair: woken by its notice.
+			if d := time.Since(start); d > 500*time.Millisecond {
+				t.Errorf("waiter admitted %v after SetRate", d)
+			}
+			_ = l.Release(ctx)
+			if variant != "fair" {
+				return
+			}
+			// 2 of 4 granted in the window: a waiter for 3 waits; SetRate
+			// to 2 ends its wait.
+			go func() {
+				_, err := s.AcquireN(ctx, 3)
+				got <- err
+			}()
+			waitUntil(ctx, t, "the waiter queued", func() bool {
+				st, err := s.Status(ctx)
+				return err == nil && len(st.Waiters) == 1
+			})
+			if err := s.SetRate(ctx, redsem.Rate{Limit: 2, Per: time.Minute}); err != nil {
+				t.Fatal(err)
+			}
+			if err := <-got; !errors.Is(err, redsem.ErrWeight) || !strings.Contains(err.Error(), "rate") {
+				t.Fatalf("queued AcquireN(3) after SetRate 2/1m: %v, want ErrWeight naming the rate", err)
+			}
+		})
+	}
+}
+
+// A waiter held back only by the window is granted within a few
+// milliseconds of the moment the window has room (the script says when;
+// no polling: the fallback interval here is 2 s). Grant times are the
+// fencing tokens (server µs).
+func TestRateWakesOnTime(t *testing.T) {
+	for _, variant := range rateVariants {
+		t.Run(variant, func(t *testing.T) {
+			ctx := redistest.Ctx(t, 20*time.Second)
+			c := redistest.Client(t)
+			name := redistest.Name(t)
+			per := 300 * time.Millisecond
+			rate := redsem.Rate{Limit: 2, Per: per}
+			a := mustRated(t, variant, c, name, 5, rate)
+			// A waiter in another process than the grants': its own
+			// client and semaphore.
+			b := mustRated(t, variant, redistest.Client(t), name, 5, rate)
+			var lates []time.Duration
+			for round := 0; round < 3; round++ {
+				var tokens []int64
+				for i := 0; i < 2; i++ {
+					l, err := a.TryAcquire(ctx)
+					if err != nil {
+						t.Fatalf("round %d: %v", round, err)
+					}
+					tokens = append(tokens, l.Token())
+					_ = l.Release(ctx)
+				}
+				l, err := b.Acquire(ctx)
+				if err != nil {
+					t.Fatal(err)
+				}
+				_ = l.Release(ctx)
+				late := time.Duration(l.Token()-tokens[0])*time.Microsecond - per
+				if late < 0 {
+					t.Fatalf("round %d: granted %v before the window had room", round, -late)
+				}
+				lates = append(lates, late)
+				time.Sleep(per) // an empty window for the next round
+			}
+			// Scheduling on a loaded machine aside, a few ms.
+			for _, late := range lates {
+				if late > 50*time.Millisecond {
+					t.Errorf("grants came %v after the window had room, want a few ms", lates)
+					break
+				}
+			}
+			t.Logf("%s: late by %v", variant, lates)
+		})
+	}
+}
+
+// Fair waiters queued while the window is full are admitted in arrival
+// order, across processes, each as the window has room.
+func TestRateFairArrivalOrder(t *testing.T) {
+	ctx := redistest.Ctx(t, 30*time.Second)
+	name := redistest.Name(t)
+	rate := redsem.Rate{Limit: 1, Per: 150 * time.Millisecond}
+	procs := []rated{
+		mustRated(t, "fair", redistest.Client(t), name, 10, rate),
+		mustRated(t, "fair", redistest.Client(t), name, 10, rate),
+	}
+	l, err := procs[0].TryAcquire(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const n = 6
+	type result struct {
+		i     int
+		token int64
+	}
+	var mu sync.Mutex
+	var order []result
+	var wg sync.WaitGroup
+	for i := 0; i < n; i++ {
+		wg.Add(1)
+		go func(i int) {
+			defer wg.Done()
+			m, err := procs[i%2].Acquire(ctx)
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			mu.Lock()
+			order = append(order, result{i, m.Token()})
+			mu.Unlock()
+			_ = m.Release(ctx)
+		}(i)
+		waitUntil(ctx, t, "the waiter queued", func() bool {
+			st, err := procs[0].Status(ctx)
+			return err == nil && len(st.Waiters) == i+1
+		})
+	}
+	wg.Wait()
+	_ = l.Release(ctx)
+	prev := l.Token()
+	for k, r := range order {
+		if r.i != k {
+			t.Fatalf("admitted in order %v, want arrival order", order)
+		}
+		gap := time.Duration(r.token-prev) * time.Microsecond
+		if gap < rate.Per || gap > rate.Per+50*time.Millisecond {
+			t.Errorf("grant %d came %v after the previous one, want %v and a few ms", k, gap, rate.Per)
+		}
+		prev = r.token
+	}
+}
+
+var rateVariants = []string{"unfair", "fair"}
+
+// The "done when": limit 10, Rate{20, 1s}, 30 workers over two
+// processes (two clients and semaphores) that each hold a slot 10 ms, for
+// 3.5 s. No window of 1 s of grant times (tokens) holds more than 20
+// grants, and at least 80% of the grants the rate allows are made: the
+// waiters are woken when the window has room.
+func TestRateDoneWhen(t *testing.T) {
+	if testing.Short() {
+		t.Skip("3.5 s per variant")
+	}
+	for _, variant := range rateVariants {
+		t.Run(variant, func(t *testing.T) {
+			ctx := redistest.Ctx(t, 30*time.Second)
+			name := redistest.Name(t)
+			rate := redsem.Rate{Limit: 20, Per: time.Second}
+			procs := []rated{
+				mustRated(t, variant, redistest.Client(t), name, 10, rate),
+				mustRated(t, variant, redistest.Client(t), name, 10, rate),
+			}
+			const run = 3500 * time.Millisecond
+			end := time.Now().Add(run)
+			wctx, cancel := context.WithDeadline(ctx, end)
+			defer cancel()
+			var mu sync.Mutex
+			var tokens []int64
+			var wg sync.WaitGroup
+			for i := 0; i < 30; i++ {
+				wg.Add(1)
+				go func(s rated) {
+					defer wg.Done()
+					for {
+						l, err := s.Acquire(wctx)
+						if err != nil {
+							if wctx.Err() == nil {
+								t.Error(err)
+							}
+							return
+						}
+						mu.Lock()
+						tokens = append(tokens, l.Token())
+						mu.Unlock()
+						time.Sleep(10 * time.Millisecond)
+						if err := l.Release(ctx); err != nil {
+							t.Error(err)
+						}
+					}
+				}(procs[i%2])
+			}
+			wg.Wait()
+			if len(tokens) == 0 {
+				t.Fatal("no grant")
+			}
+			slices.Sort(tokens)
+			per := rate.Per.Microseconds()
+			peak := 0
+			for i := range tokens {
+				n := 0
+				for j := i; j < len(tokens) && tokens[j] < tokens[i]+per; j++ {
+					n++
+				}
+				peak = max(peak, n)
+			}
+			// The rate allows Limit grants from the first one on and
+			// Limit more each Per after it, up to the end of the run.
+			span := time.Duration(end.UnixMicro()-tokens[0]) * time.Microsecond
+			allowed := rate.Limit * int((span+rate.Per-1)/rate.Per)
+			t.Logf("%s: %d grants of %d allowed in %v (%.0f%%), the busiest 1 s window held %d",
+				variant, len(tokens), allowed, span.Round(time.Millisecond), 100*float64(len(tokens))/float64(allowed), peak)
+			if peak > rate.Limit {
+				t.Errorf("a window of %v held %d grants, rate %v", rate.Per, peak, rate)
+			}
+			if len(tokens) < allowed*8/10 {
+				t.Errorf("%d grants, want at least 80%% of the %d the rate allows", len(tokens), allowed)
+			}
+		})
+	}
+}
