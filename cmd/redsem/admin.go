@@ -3,6 +3,7 @@ package main
 import (
 	"bufio"
 	"errors"
+	"flag"
 	"fmt"
 	"io"
 	"os"
@@ -10,6 +11,7 @@ import (
 	"strings"
 
 	"github.com/redis/go-redis/v9"
+	"github.com/redsem/redsem"
 	"github.com/redsem/redsem/internal/cli"
 	"github.com/redsem/redsem/internal/core"
 )
@@ -19,18 +21,38 @@ import (
 var stdin io.Reader = os.Stdin
 
 func runSetLimit(args []string, stdout, stderr io.Writer) int {
-	c := newCommand("set-limit", "NAME N [flags]",
+	c := newCommand("set-limit", "NAME [N] [flags]",
 		"Sets the limit of NAME to N for every client at once, overriding the limit\n"+
 			"each was built with. It never expires. Raising it admits fair waiters at\n"+
-			"once; lowering it revokes no lease: new grants wait until fewer than N slots are held.", stdout, stderr)
+			"once; lowering it revokes no lease: new grants wait until fewer than N slots are held.\n"+
+			"With --rate, also (or, without N, only) sets the rate: at most LIMIT slots\n"+
+			"granted in any window of PER, for every client (SetRate); --rate none removes it.", stdout, stderr)
+	rateFlag := c.FS.String("rate", "", "also set the rate to `LIMIT/PER` (e.g. 60/1m, 100/1s, 5/250ms; none: no rate bound)")
 	c.withKey()
-	pos, code, stop := c.Parse(args, 2, "NAME N")
+	pos, code, stop := c.ParseBetween(args, 1, 2, "NAME N (N may be left out with --rate)")
 	if stop {
 		return code
 	}
-	n, err := strconv.Atoi(pos[1])
-	if err != nil || n < 1 || n > core.MaxLimit {
-		return c.UsageError("limit %q is not an integer in [1, %d]", pos[1], core.MaxLimit)
+	n := 0
+	if len(pos) == 2 {
+		var err error
+		if n, err = strconv.Atoi(pos[1]); err != nil || n < 1 || n > core.MaxLimit {
+			return c.UsageError("limit %q is not an integer in [1, %d]", pos[1], core.MaxLimit)
+		}
+	}
+	setRate := false
+	var rate redsem.Rate
+	c.FS.Visit(func(f *flag.Flag) { setRate = setRate || f.Name == "rate" })
+	if setRate {
+		var err error
+		if rate, err = redsem.ParseRate(*rateFlag); err != nil {
+			return c.UsageError("--rate: %v", err)
+		}
+		if rate, err = core.CheckRate("--rate", rate); err != nil {
+			return c.UsageError("%v", err)
+		}
+	} else if n == 0 {
+		return c.UsageError("missing arguments: want NAME N, or NAME --rate LIMIT/PER")
 	}
 	ss, code, stop := c.openRead(pos[0], readOpts{})
 	if stop {
@@ -38,16 +60,28 @@ func runSetLimit(args []string, stdout, stderr io.Writer) int {
 	}
 	defer ss.close()
 	ctx, t, e, before := ss.ctx, ss.t, ss.e, ss.s
-	if err := e.SetLimit(ctx, n); err != nil {
-		return c.Fail(cli.ReachErr(t, err))
+	if n > 0 {
+		if err := e.SetLimit(ctx, n); err != nil {
+			return c.Fail(cli.ReachErr(t, err))
+		}
+		was := "unknown"
+		if before.Limit != nil {
+			was = strconv.Itoa(*before.Limit)
+		}
+		fmt.Fprintf(stdout, "limit of %s: %s -> %d (for every client, now; run 'redsem status %s' to see it)\n", c.what(e), was, n, c.statusArgs(pos[0]))
+		if held := before.slotsHeld(); held > n {
+			fmt.Fprintf(stdout, "note: %d slots are held; no lease is revoked, new grants wait until fewer than %d are held\n", held, n)
+		}
 	}
-	was := "unknown"
-	if before.Limit != nil {
-		was = strconv.Itoa(*before.Limit)
-	}
-	fmt.Fprintf(stdout, "limit of %s: %s -> %d (for every client, now; run 'redsem status %s' to see it)\n", c.what(e), was, n, c.statusArgs(pos[0]))
-	if held := before.slotsHeld(); held > n {
-		fmt.Fprintf(stdout, "note: %d slots are held; no lease is revoked, new grants wait until fewer than %d are held\n", held, n)
+	if setRate {
+		if err := e.SetRate(ctx, rate); err != nil {
+			return c.Fail(cli.ReachErr(t, err))
+		}
+		was := before.Rate
+		if was == "" {
+			was = "none"
+		}
+		fmt.Fprintf(stdout, "rate of %s: %s -> %v (for every client, now; slots granted before still count in the window)\n", c.what(e), was, rate)
 	}
 	return exitOK
 }

@@ -6,7 +6,7 @@
 //	go run ./cmd/redsem demo
 //	redsem status NAME [--key KEY] [--top N] [--json] [--lease-ttl 30s]
 //	redsem watch NAME [--key KEY] [--interval 1s] [--count N]
-//	redsem set-limit NAME N [--key KEY]
+//	redsem set-limit NAME [N] [--rate LIMIT/PER] [--key KEY]
 //	redsem release NAME ID [--key KEY]
 //	redsem purge NAME [--key KEY] [--yes]
 //	redsem bench [--variant fair,unfair,local] [--procs N] [--weights A-B] [--json]
@@ -52,7 +52,8 @@ Commands:
                      fairness, fencing (starts its own Redis if needed)
   status NAME        holders, waiters, limit and warnings of semaphore NAME
   watch NAME         the same, refreshed live (Ctrl-C to stop)
-  set-limit NAME N   set the limit of NAME for every client, at once
+  set-limit NAME [N]  set the limit (--rate: the rate) of NAME for every
+                     client, at once
   release NAME ID    force-release a holder (or remove a waiter) by id
   purge NAME         delete all of NAME's keys (asks first unless --yes)
   bench              run a workload and report utilisation, waits, handoff

@@ -288,6 +288,60 @@ func TestSetLimit(t *testing.T) {
 	}
 }
 
+// set-limit --rate sets the rate for every client (SetRate), alone or with
+// the limit; status shows it; --rate none removes it; bad rates are usage
+// errors that change nothing.
+func TestSetRate(t *testing.T) {
+	ctx := redistest.Ctx(t, 30*time.Second)
+	name := redistest.Name(t)
+	sem, err := unfair.New(redistest.Client(t), name, 5, unfair.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sem.Close()
+	code, out, errs := runCmd(t, "set-limit", name, "--rate", "2/1m")
+	if code != exitOK || errs != "" || !strings.Contains(out, `rate of "`+name+`": none -> 2/1m0s`) || strings.Contains(out, "limit of") {
+		t.Fatalf("set-limit --rate: exit %d, stdout %q, stderr %q", code, out, errs)
+	}
+	for range 2 {
+		l, err := sem.TryAcquire(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		_ = l.Release(ctx)
+	}
+	var rl *redsem.RateLimitedError
+	if _, err := sem.TryAcquire(ctx); !errors.As(err, &rl) || rl.RetryAfter <= 0 || rl.RetryAfter > time.Minute {
+		t.Fatalf("a third TryAcquire within the minute: %v", err)
+	}
+	_, out, _ = runCmd(t, "status", name, "--json")
+	var s snapshot
+	if err := json.Unmarshal([]byte(out), &s); err != nil || s.Rate != "2/1m0s" || s.RateGranted != 2 {
+		t.Fatalf("status after set-limit --rate: %s", out)
+	}
+	if code, out, errs = runCmd(t, "set-limit", name, "7", "--rate", "none"); code != exitOK ||
+		!strings.Contains(out, "limit of") || !strings.Contains(out, "-> 7") || !strings.Contains(out, "2/1m0s -> none") {
+		t.Fatalf("set-limit N --rate none: exit %d, stdout %q, stderr %q", code, out, errs)
+	}
+	l, err := sem.TryAcquire(ctx)
+	if err != nil {
+		t.Fatalf("after --rate none: %v", err)
+	}
+	_ = l.Release(ctx)
+	if st, err := sem.Status(ctx); err != nil || st.Limit != 7 || !st.Rate.IsZero() {
+		t.Fatalf("status after --rate none: %+v, %v", st, err)
+	}
+	for _, bad := range [][]string{{"--rate", "x"}, {"--rate", "0/1s"}, {"--rate", "5/0s"}, {"--rate", "-1/1s"}, {"--rate", "60"}, {}} {
+		code, _, errs := runCmd(t, append([]string{"set-limit", name}, bad...)...)
+		if code != exitUsage || strings.Count(errs, "\n") != 1 {
+			t.Errorf("set-limit %v: exit %d, stderr %q; want a usage error in one line", bad, code, errs)
+		}
+	}
+	if st, err := sem.Status(ctx); err != nil || st.Limit != 7 || !st.Rate.IsZero() {
+		t.Fatalf("status after bad set-limit calls: %+v, %v", st, err)
+	}
+}
+
 func TestReleaseForce(t *testing.T) {
 	ctx := redistest.Ctx(t, 30*time.Second)
 	name := redistest.Name(t)

@@ -24,7 +24,7 @@ func readmeCommands(t *testing.T) (synopsis map[string]string, flags map[string]
 	}
 	section, _, _ = strings.Cut(section, "\n## ")
 	synopsis, flags = map[string]string{}, map[string][]string{}
-	row := regexp.MustCompile("^\\| `([a-z-]+)((?: [A-Z]+)*)` \\|[^|]*\\|([^|]*)\\|$")
+	row := regexp.MustCompile("^\\| `([a-z-]+)((?: \\[?[A-Z]+\\]?)*)` \\|[^|]*\\|([^|]*)\\|$")
 	flag := regexp.MustCompile("`--([a-z-]+)`")
 	for _, line := range strings.Split(section, "\n") {
 		m := row.FindStringSubmatch(strings.TrimSpace(line))

@@ -86,6 +86,12 @@ func (c *Command) Help() {
 // (-h printed the help: ExitOK; a usage error was reported: ExitUsage),
 // the exit code and stop == true.
 func (c *Command) Parse(args []string, nargs int, argNames string) (pos []string, code int, stop bool) {
+	return c.ParseBetween(args, nargs, nargs, argNames)
+}
+
+// ParseBetween is Parse for a command that takes from minArgs to maxArgs
+// positional arguments.
+func (c *Command) ParseBetween(args []string, minArgs, maxArgs int, argNames string) (pos []string, code int, stop bool) {
 	var rest []string
 	for i, a := range args {
 		if a == "--" {
@@ -125,10 +131,10 @@ func (c *Command) Parse(args []string, nargs int, argNames string) (pos []string
 		args = args[1:]
 	}
 	pos = append(pos, rest...)
-	if len(pos) != nargs {
-		if len(pos) < nargs {
-			return nil, c.UsageError("missing arguments: want %s", argNames), true
-		}
+	if len(pos) < minArgs {
+		return nil, c.UsageError("missing arguments: want %s", argNames), true
+	}
+	if len(pos) > maxArgs {
 		return nil, c.UsageError("too many arguments: want %s", argNames), true
 	}
 	return pos, 0, false
