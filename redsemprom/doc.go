@@ -26,6 +26,11 @@
 //	redsem_status_queue_length{name}          gauge: live fair waiters in Redis (StatusCollector)
 //	redsem_status_limit{name}                 gauge: limit in force (StatusCollector)
 //	redsem_status_up{name}                    gauge: 1 if the last Status read worked
+//	redsem_status_owner_slots{name,owner}     gauge: slots held per Options.Owner (StatusCollector)
+//	redsem_status_owner_waiters{name,owner}   gauge: live fair waiters per Options.Owner
+//	redsem_status_rate_limit{name}            gauge: the rate's Limit (only with a rate)
+//	redsem_status_rate_period_seconds{name}   gauge: the rate's Per (only with a rate)
+//	redsem_status_rate_granted{name}          gauge: slots granted in the window ending now
 //
 // TryAcquire's ErrNoSlot is not an event, so it is not counted; unfair
 // waiters are not stored in Redis, so their queue length is always 0.

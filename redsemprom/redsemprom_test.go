@@ -335,6 +335,44 @@ redsem_status_up{name="down"} 0
 	}
 }
 
+// A semaphore with a rate reports it and the slots granted in its window;
+// one without reports no rate series (TestStatusCollector).
+func TestStatusCollectorRate(t *testing.T) {
+	ctx := redistest.Ctx(t, 30*time.Second)
+	name := redistest.Name(t)
+	sem, err := unfair.New(redistest.Client(t), name, 5, unfair.Options{Rate: redsem.Rate{Limit: 3, Per: time.Minute}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sem.Close()
+	for range 2 {
+		l, err := sem.TryAcquire(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		_ = l.Release(ctx)
+	}
+	c := redsemprom.NewStatusCollector(redsemprom.StatusOptions{}, sem)
+	want := `
+# HELP redsem_status_rate_granted Slots granted in the rate's window ending now, read on scrape; absent: no rate.
+# TYPE redsem_status_rate_granted gauge
+redsem_status_rate_granted{name="NAME"} 2
+# HELP redsem_status_rate_limit Slots that the rate in force lets be granted per window (Rate.Limit), read on scrape; absent: no rate.
+# TYPE redsem_status_rate_limit gauge
+redsem_status_rate_limit{name="NAME"} 3
+# HELP redsem_status_rate_period_seconds The rate's window (Rate.Per), read on scrape; absent: no rate.
+# TYPE redsem_status_rate_period_seconds gauge
+redsem_status_rate_period_seconds{name="NAME"} 60
+`
+	if err := testutil.CollectAndCompare(c, strings.NewReader(strings.ReplaceAll(want, "NAME", name)),
+		"redsem_status_rate_granted", "redsem_status_rate_limit", "redsem_status_rate_period_seconds"); err != nil {
+		t.Fatal(err)
+	}
+	if problems, err := testutil.CollectAndLint(c); err != nil || len(problems) != 0 {
+		t.Fatalf("lint: %v %v", problems, err)
+	}
+}
+
 func TestNamespaceAndBuckets(t *testing.T) {
 	m := redsemprom.New(redsemprom.Options{Namespace: "svc", ConstLabels: prometheus.Labels{"app": "x"}, WaitBuckets: []float64{1}, HoldBuckets: []float64{2}})
 	m.Observe(redsem.Event{Kind: redsem.EventAcquired, Name: "db", Wait: 500 * time.Millisecond})

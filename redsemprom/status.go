@@ -26,8 +26,9 @@ type StatusCollector struct {
 	sems    []redsem.Semaphore
 	timeout time.Duration
 
-	holders, queue, limit, up *prometheus.Desc
-	ownerSlots, ownerWaiters  *prometheus.Desc
+	holders, queue, limit, up          *prometheus.Desc
+	ownerSlots, ownerWaiters           *prometheus.Desc
+	rateLimit, ratePeriod, rateGranted *prometheus.Desc
 }
 
 var _ prometheus.Collector = (*StatusCollector)(nil)
@@ -55,6 +56,9 @@ func NewStatusCollector(opts StatusOptions, sems ...redsem.Semaphore) *StatusCol
 			"Slots held in Redis per Options.Owner of the acquiring process, read on scrape.", []string{"name", "owner"}, opts.ConstLabels),
 		ownerWaiters: prometheus.NewDesc(prometheus.BuildFQName(ns, "status", "owner_waiters"),
 			"Live fair waiters in Redis per Options.Owner of the queuing process, read on scrape.", []string{"name", "owner"}, opts.ConstLabels),
+		rateLimit:   desc("rate_limit", "Slots that the rate in force lets be granted per window (Rate.Limit), read on scrape; absent: no rate."),
+		ratePeriod:  desc("rate_period_seconds", "The rate's window (Rate.Per), read on scrape; absent: no rate."),
+		rateGranted: desc("rate_granted", "Slots granted in the rate's window ending now, read on scrape; absent: no rate."),
 	}
 }
 
@@ -66,11 +70,15 @@ func (c *StatusCollector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- c.up
 	ch <- c.ownerSlots
 	ch <- c.ownerWaiters
+	ch <- c.rateLimit
+	ch <- c.ratePeriod
+	ch <- c.rateGranted
 }
 
 // Collect implements prometheus.Collector: it reads every semaphore's
 // Status, concurrently, each bounded by the timeout. A semaphore whose read
-// fails reports only redsem_status_up 0.
+// fails reports only redsem_status_up 0; one without a rate reports no
+// redsem_status_rate_* series.
 func (c *StatusCollector) Collect(ch chan<- prometheus.Metric) {
 	var wg sync.WaitGroup
 	for _, s := range c.sems {
@@ -89,6 +97,11 @@ func (c *StatusCollector) Collect(ch chan<- prometheus.Metric) {
 			ch <- prometheus.MustNewConstMetric(c.holders, prometheus.GaugeValue, float64(len(st.Holders)), name)
 			ch <- prometheus.MustNewConstMetric(c.queue, prometheus.GaugeValue, float64(len(st.Waiters)), name)
 			ch <- prometheus.MustNewConstMetric(c.limit, prometheus.GaugeValue, float64(st.Limit), name)
+			if !st.Rate.IsZero() {
+				ch <- prometheus.MustNewConstMetric(c.rateLimit, prometheus.GaugeValue, float64(st.Rate.Limit), name)
+				ch <- prometheus.MustNewConstMetric(c.ratePeriod, prometheus.GaugeValue, st.Rate.Per.Seconds(), name)
+				ch <- prometheus.MustNewConstMetric(c.rateGranted, prometheus.GaugeValue, float64(st.RateGranted), name)
+			}
 			slots, waiters := map[string]int{}, map[string]int{}
 			for _, h := range st.Holders {
 				slots[h.Owner] += max(len(h.Slots), 1)
