@@ -9,7 +9,9 @@ import (
 	"strings"
 	"time"
 
+	"github.com/redsem/redsem"
 	"github.com/redsem/redsem/internal/cli"
+	"github.com/redsem/redsem/internal/core"
 )
 
 // ChildCommand is the argument a --procs run puts before "--child" when it
@@ -27,6 +29,7 @@ type flags struct {
 	procs      int
 	hold       string
 	weights    string
+	rate       string // --rate LIMIT/PER ("" or "none": no rate)
 	duration   time.Duration
 	naiveRetry time.Duration
 	jsonOut    bool
@@ -82,6 +85,7 @@ func Main(args []string, stdout, stderr io.Writer) int {
 	fs.IntVar(&f.procs, "procs", 1, "OS processes to spread the workers over")
 	fs.StringVar(&f.hold, "hold", "2ms", "hold time: fixed (2ms), exp:MEAN or uniform:MIN-MAX")
 	fs.StringVar(&f.weights, "weights", "1-1", "slots per acquire: a random whole number in A-B (or one number)")
+	fs.StringVar(&f.rate, "rate", "", "fair and unfair: also bound grants to `LIMIT/PER` (Options.Rate, e.g. 100/1s) and report the grants per window against it")
 	fs.DurationVar(&f.duration, "duration", 5*time.Second, "length of each run")
 	fs.DurationVar(&f.naiveRetry, "naive-retry", 100*time.Millisecond, "retry interval of the naive baselines")
 	fs.BoolVar(&f.jsonOut, "json", false, "print one JSON object per run instead of a table")
@@ -174,7 +178,34 @@ func (f *flags) validate() error {
 	if f.suite && w.Weighted() {
 		return errors.New("--weights does not apply to --suite")
 	}
+	rate, err := f.parsedRate()
+	if err != nil {
+		return err
+	}
+	if !rate.IsZero() {
+		if f.suite {
+			return errors.New("--rate does not apply to --suite")
+		}
+		for _, v := range strings.Split(f.variants, ",") {
+			if v != "fair" && v != "unfair" {
+				return fmt.Errorf("--rate: variant %s has no rate (fair and unfair do)", v)
+			}
+		}
+		if w.Max > rate.Limit {
+			return fmt.Errorf("--weights %s: more than the rate's %d slots per window", f.weights, rate.Limit)
+		}
+	}
 	return nil
+}
+
+// parsedRate is --rate, validated and with its period rounded as the
+// semaphores round it.
+func (f *flags) parsedRate() (redsem.Rate, error) {
+	r, err := redsem.ParseRate(f.rate)
+	if err != nil {
+		return r, fmt.Errorf("--rate: %w", err)
+	}
+	return core.CheckRate("--rate", r)
 }
 
 func knownVariant(v string) bool {
@@ -238,7 +269,11 @@ func runChild(f flags, stdout io.Writer) error {
 		client = newClient(t, count)
 		defer client.Close()
 	}
-	sem, err := NewSem(f.variants, client, f.name, f.limit, SemOptions{NaiveRetry: f.naiveRetry, KeyPrefix: f.prefix})
+	rate, err := f.parsedRate()
+	if err != nil {
+		return err
+	}
+	sem, err := NewSem(f.variants, client, f.name, f.limit, SemOptions{NaiveRetry: f.naiveRetry, KeyPrefix: f.prefix, Rate: rate})
 	if err != nil {
 		return err
 	}

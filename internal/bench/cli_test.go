@@ -28,6 +28,10 @@ func TestMainUsage(t *testing.T) {
 		{[]string{"--weights", "1-2", "--variant", "naive-zset"}, 2, "has no AcquireN"},
 		{[]string{"--redis", "nohostport", "--variant", "fair"}, 2, "bad --redis address"},
 		{[]string{"extra"}, 2, "too many arguments"},
+		{[]string{"--rate", "x"}, 2, "--rate"},
+		{[]string{"--rate", "0/1s"}, 2, "--rate"},
+		{[]string{"--rate", "5/1s", "--variant", "local"}, 2, "variant local has no rate"},
+		{[]string{"--rate", "2/1s", "--weights", "1-3"}, 2, "more than the rate's 2 slots"},
 	} {
 		var out, errOut bytes.Buffer
 		got := bench.Main(c.args, &out, &errOut)
@@ -58,12 +62,19 @@ type result struct {
 	RedisCPU        *float64 `json:"redis_cpu_us_per_hold"`
 	PingRTTUs       float64  `json:"ping_rtt_us"`
 	UncontendedCmds float64  `json:"uncontended_commands_per_cycle"`
-	UncontendedRTT  float64  `json:"uncontended_over_rtt"`
-	UncontendedRate float64  `json:"uncontended_cycles_per_s"`
-	Errors          int      `json:"errors"`
-	LastError       string   `json:"last_error"`
-	ScriptCalls     float64  `json:"script_calls_per_hold"`
-	ScriptUs        float64  `json:"script_us_per_call"`
+	Rate            *struct {
+		On            string  `json:"on"`
+		Granted       int64   `json:"granted"`
+		Allowed       int64   `json:"allowed"`
+		Achieved      float64 `json:"achieved"`
+		BusiestWindow int64   `json:"busiest_window"`
+	} `json:"rate"`
+	UncontendedRTT  float64 `json:"uncontended_over_rtt"`
+	UncontendedRate float64 `json:"uncontended_cycles_per_s"`
+	Errors          int     `json:"errors"`
+	LastError       string  `json:"last_error"`
+	ScriptCalls     float64 `json:"script_calls_per_hold"`
+	ScriptUs        float64 `json:"script_us_per_call"`
 	Scripts         []struct {
 		Script       string  `json:"script"`
 		CallsPerHold float64 `json:"calls_per_hold"`
@@ -185,6 +196,19 @@ func TestWeightsRedsem(t *testing.T) {
 		r := runJSON(t, args...)[0]
 		if r.Holds == 0 || r.Errors != 0 || r.MaxHolders > 3 {
 			t.Errorf("%s weighted run: %+v", v, r)
+		}
+	}
+}
+
+// --rate 10/200ms over two processes: no window of 200 ms of grant tokens
+// holds more than 10 slots, and most of what the rate allows is granted.
+func TestRateRedsem(t *testing.T) {
+	url := "redis://" + redistest.Shared(t).Addr
+	for _, r := range runJSON(t, "--redis", url, "--variant", "fair,unfair", "--limit", "4", "--workers", "12",
+		"--procs", "2", "--hold", "5ms", "--rate", "10/200ms", "--duration", "1s") {
+		if r.Rate == nil || r.Rate.On != "token" || r.Rate.Allowed != 50 || r.Rate.BusiestWindow > 10 ||
+			r.Rate.Achieved < 0.8 || r.Errors != 0 || r.MaxHolders > 4 {
+			t.Errorf("%s under --rate 10/200ms: %+v, rate %+v", r.Variant, r, r.Rate)
 		}
 	}
 }

@@ -106,6 +106,8 @@ type runResult struct {
 	Weights   string  `json:"weights,omitempty"` // "A-B" when an acquire may take more than one slot
 	DurationS float64 `json:"duration_s"`
 	Metrics
+	// Rate: with --rate, the grants per window against the rate.
+	Rate *RateReport `json:"rate,omitempty"`
 	// Client-side count of commands sent (each EVALSHA once) per hold.
 	CommandsPerHold float64 `json:"commands_per_hold"`
 	// INFO total_commands_processed per hold: includes the commands that
@@ -142,6 +144,7 @@ type runSpec struct {
 	procs          int
 	hold           string
 	weights        Weights
+	rate           redsem.Rate // fair and unfair: Options.Rate
 	duration       time.Duration
 	uncontended    bool
 }
@@ -151,10 +154,14 @@ func (b *bencher) runAll() error {
 	if err != nil {
 		return err
 	}
+	rate, err := b.f.parsedRate()
+	if err != nil {
+		return err
+	}
 	var results []runResult
 	for _, v := range strings.Split(b.f.variants, ",") {
 		r, err := b.run(runSpec{variant: v, limit: b.f.limit, workers: b.f.workers, procs: b.f.procs,
-			hold: b.f.hold, weights: weights, duration: b.f.duration, uncontended: true})
+			hold: b.f.hold, weights: weights, rate: rate, duration: b.f.duration, uncontended: true})
 		if err != nil {
 			return err
 		}
@@ -263,6 +270,9 @@ func (b *bencher) run(s runSpec) (runResult, error) {
 		}
 	}
 	r.Metrics = Analyze(tr.Records, s.limit, s.workers, start.UnixNano(), end.UnixNano())
+	if !s.rate.IsZero() {
+		r.Rate = RateOf(tr.Records, s.rate, start.UnixNano(), end.UnixNano())
+	}
 	r.Errors, r.LastError = tr.Errors, tr.LastErr
 	for _, rec := range tr.Records {
 		r.waits = append(r.waits, float64(rec.Got-rec.Start)/1e6)
@@ -310,7 +320,7 @@ func (b *bencher) inProcess(s runSpec, name string, hold Hold, start, end time.T
 	if s.variant != "local" {
 		client = b.client
 	}
-	sem, err := NewSem(s.variant, client, name, s.limit, SemOptions{NaiveRetry: b.f.naiveRetry, KeyPrefix: b.f.prefix})
+	sem, err := NewSem(s.variant, client, name, s.limit, SemOptions{NaiveRetry: b.f.naiveRetry, KeyPrefix: b.f.prefix, Rate: s.rate})
 	if err != nil {
 		return Trace{}, err
 	}
@@ -343,7 +353,7 @@ func (b *bencher) children(s runSpec, name string, start, end time.Time) (Trace,
 		}
 		args := []string{ChildCommand, "--child", "--redis", b.url, "--prefix", b.f.prefix, "--variant", s.variant,
 			"--name", name, "--limit", strconv.Itoa(s.limit), "--workers", strconv.Itoa(n),
-			"--worker-base", strconv.Itoa(base), "--hold", s.hold, "--weights", s.weights.String(),
+			"--worker-base", strconv.Itoa(base), "--hold", s.hold, "--weights", s.weights.String(), "--rate", s.rate.String(),
 			"--start-ns", strconv.FormatInt(start.UnixNano(), 10), "--end-ns", strconv.FormatInt(end.UnixNano(), 10),
 			"--seed", strconv.FormatUint(b.f.seed+uint64(p)*1000003, 10), "--naive-retry", b.f.naiveRetry.String()}
 		base += n

@@ -4,6 +4,8 @@ import (
 	"math"
 	"sort"
 	"time"
+
+	"github.com/redsem/redsem"
 )
 
 // Record is one hold by one worker, in Unix nanoseconds of one clock (the
@@ -15,6 +17,9 @@ type Record struct {
 	Rel    int64 `json:"r"` // Release called (the hold ends)
 	// Weight is how many slots the hold took; 0 means 1.
 	Weight int `json:"n,omitempty"`
+	// Token is the lease's fencing token (redsem: the server's clock in µs
+	// at the grant, or just above); 0 for variants without one.
+	Token int64 `json:"t,omitempty"`
 }
 
 // slots is how many slots the hold took.
@@ -217,4 +222,70 @@ func Median(ds []time.Duration) time.Duration {
 	}
 	sort.Slice(ds, func(i, j int) bool { return ds[i] < ds[j] })
 	return ds[(len(ds)-1)/2]
+}
+
+// RateReport is what a run under a rate (--rate) achieved. Windows are
+// counted on the grants' fencing tokens (redsem's are the Redis server's
+// clock in µs at the grant, or just above: the times the rate is enforced
+// on), or, for a trace without tokens, on the times the workers' Acquire
+// calls returned (a little later than the grants, so a window of those may
+// hold a grant more or fewer).
+type RateReport struct {
+	Rate  string  `json:"rate"`  // as ParseRate reads it
+	Limit int     `json:"limit"` // Rate.Limit
+	PerS  float64 `json:"per_s"` // Rate.Per in seconds
+	// On says which times the windows were counted on: "token" or "client".
+	On string `json:"on"`
+	// Granted is the slots granted in the run; Allowed the most the rate
+	// allows in it (Limit per started window: Limit x ceil(duration/Per));
+	// Achieved is Granted/Allowed.
+	Granted  int64   `json:"granted"`
+	Allowed  int64   `json:"allowed"`
+	Achieved float64 `json:"achieved"`
+	// BusiestWindow is the most slots granted in any window of length Per;
+	// MeanPerWindow the slots granted per Per on average.
+	BusiestWindow int64   `json:"busiest_window"`
+	MeanPerWindow float64 `json:"mean_per_window"`
+}
+
+// RateOf reports the grants of records made from start to end (Unix ns)
+// against rate.
+func RateOf(recs []Record, rate redsem.Rate, start, end int64) *RateReport {
+	per := int64(rate.Per)
+	r := &RateReport{Rate: rate.String(), Limit: rate.Limit, PerS: rate.Per.Seconds(), On: "token"}
+	if per <= 0 || end <= start {
+		return r
+	}
+	type grant struct{ at, n int64 }
+	gs := make([]grant, 0, len(recs))
+	for _, rec := range recs {
+		if rec.Token == 0 {
+			r.On = "client"
+		}
+	}
+	for _, rec := range recs {
+		at := rec.Got
+		if r.On == "token" {
+			at = rec.Token * 1000
+		}
+		gs = append(gs, grant{at, rec.slots()})
+		r.Granted += rec.slots()
+	}
+	sort.Slice(gs, func(i, j int) bool { return gs[i].at < gs[j].at })
+	var in int64
+	for i, j := 0, 0; j < len(gs); j++ {
+		in += gs[j].n
+		for gs[i].at <= gs[j].at-per {
+			in -= gs[i].n
+			i++
+		}
+		r.BusiestWindow = max(r.BusiestWindow, in)
+	}
+	windows := (end - start + per - 1) / per
+	r.Allowed = int64(rate.Limit) * windows
+	if r.Allowed > 0 {
+		r.Achieved = float64(r.Granted) / float64(r.Allowed)
+	}
+	r.MeanPerWindow = float64(r.Granted) * float64(per) / float64(end-start)
+	return r
 }

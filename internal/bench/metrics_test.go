@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/redsem/redsem"
 	"github.com/redsem/redsem/internal/bench"
 )
 
@@ -178,5 +179,28 @@ func TestParseWeights(t *testing.T) {
 		if _, err := bench.ParseWeights(in); err == nil {
 			t.Errorf("ParseWeights(%q) accepted", in)
 		}
+	}
+}
+
+// RateOf counts windows on tokens (µs) when every record has one, else on
+// the client's grant times; a weighted grant counts its weight.
+func TestRateOf(t *testing.T) {
+	ms := int64(time.Millisecond)
+	recs := []bench.Record{
+		{Got: 10 * ms, Token: 1_000}, {Got: 20 * ms, Token: 2_000, Weight: 2},
+		{Got: 1015 * ms, Token: 1_001_000}, {Got: 1040 * ms, Token: 1_001_500},
+	}
+	rate := redsem.Rate{Limit: 3, Per: time.Second}
+	// Tokens: the second ending at 1001.5 ms holds the grants of 2 ms (2
+	// slots), 1001 ms and 1001.5 ms.
+	r := bench.RateOf(recs, rate, 0, 2500*ms)
+	if r.On != "token" || r.Granted != 5 || r.Allowed != 9 || r.BusiestWindow != 4 {
+		t.Fatalf("on tokens: %+v", r)
+	}
+	// Client times (one record without a token): no second holds more
+	// than 3 (20 ms and 1015 ms, or 10 ms and 20 ms).
+	recs[0].Token = 0
+	if r = bench.RateOf(recs, rate, 0, 2500*ms); r.On != "client" || r.BusiestWindow != 3 {
+		t.Fatalf("on client times: %+v", r)
 	}
 }

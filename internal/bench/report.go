@@ -78,6 +78,10 @@ func printTable(w io.Writer, rs []runResult) {
 			}
 			fmt.Fprintln(w)
 		}
+		if rr := r.Rate; rr != nil {
+			fmt.Fprintf(w, "%s: rate %s: %d slots granted of the %d it allows in the run (%.2f); busiest window of %v (%s times): %d, mean %.1f per window\n",
+				r.Variant, rr.Rate, rr.Granted, rr.Allowed, rr.Achieved, time.Duration(rr.PerS*float64(time.Second)), rr.On, rr.BusiestWindow, rr.MeanPerWindow)
+		}
 		if r.ScriptCallsPerHold > 0 {
 			fmt.Fprintf(w, "%s: scripts %.2f calls/hold, %.1f µs/call (inner commands %.1f)", r.Variant,
 				r.ScriptCallsPerHold, r.ScriptUsPerCall, r.InnerUsPerScriptCall)

@@ -64,7 +64,14 @@ func RunWorkers(w Workload) Trace {
 			for ctx.Err() == nil {
 				n := w.Weights.Sample(rng)
 				s := time.Now()
-				release, err := w.Sem.Acquire(ctx, n)
+				var release func(context.Context) error
+				var token int64
+				var err error
+				if ta, ok := w.Sem.(tokenAcquirer); ok {
+					release, token, err = ta.AcquireToken(ctx, n)
+				} else {
+					release, err = w.Sem.Acquire(ctx, n)
+				}
 				if err != nil {
 					if ctx.Err() != nil && IsDone(err) {
 						break
@@ -81,7 +88,7 @@ func RunWorkers(w Workload) Trace {
 					errs++
 					last = err
 				}
-				rec := Record{Worker: idx, Start: s.UnixNano(), Got: g.UnixNano(), Rel: r.UnixNano()}
+				rec := Record{Worker: idx, Start: s.UnixNano(), Got: g.UnixNano(), Rel: r.UnixNano(), Token: token}
 				if n > 1 {
 					rec.Weight = n
 				}

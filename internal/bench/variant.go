@@ -71,6 +71,8 @@ type SemOptions struct {
 	LeaseTTL time.Duration
 	// KeyPrefix of every key; zero: the semaphores' default ("redsem").
 	KeyPrefix string
+	// Rate of fair and unfair (Options.Rate); zero: none.
+	Rate redsem.Rate
 }
 
 // NewSem returns the semaphore of variant called name with limit slots.
@@ -93,13 +95,13 @@ func NewSem(variant string, client redis.UniversalClient, name string, limit int
 	}
 	switch variant {
 	case "fair":
-		s, err := fair.New(client, name, limit, fair.Options{LeaseTTL: o.LeaseTTL, KeyPrefix: o.KeyPrefix})
+		s, err := fair.New(client, name, limit, fair.Options{LeaseTTL: o.LeaseTTL, KeyPrefix: o.KeyPrefix, Rate: o.Rate})
 		if err != nil {
 			return nil, err
 		}
 		return redsemSem{s}, nil
 	case "unfair":
-		s, err := unfair.New(client, name, limit, unfair.Options{LeaseTTL: o.LeaseTTL, KeyPrefix: o.KeyPrefix})
+		s, err := unfair.New(client, name, limit, unfair.Options{LeaseTTL: o.LeaseTTL, KeyPrefix: o.KeyPrefix, Rate: o.Rate})
 		if err != nil {
 			return nil, err
 		}
@@ -118,9 +120,21 @@ func NewSem(variant string, client redis.UniversalClient, name string, limit int
 // redsemSem runs the workers on a redsem.Semaphore.
 type redsemSem struct{ s redsem.Semaphore }
 
+// tokenAcquirer is a Sem whose grants carry a fencing token (redsem's: the
+// server's clock in µs at the grant, or just above): RunWorkers records it.
+type tokenAcquirer interface {
+	AcquireToken(ctx context.Context, n int) (release func(context.Context) error, token int64, err error)
+}
+
 // Acquire takes n slots: Acquire for one, AcquireN (found by interface
 // assertion) for more; without AcquireN an acquire of n > 1 fails.
 func (r redsemSem) Acquire(ctx context.Context, n int) (func(context.Context) error, error) {
+	release, _, err := r.AcquireToken(ctx, n)
+	return release, err
+}
+
+// AcquireToken is Acquire that also returns the lease's fencing token.
+func (r redsemSem) AcquireToken(ctx context.Context, n int) (func(context.Context) error, int64, error) {
 	var l redsem.Lease
 	var err error
 	if n == 1 {
@@ -128,12 +142,12 @@ func (r redsemSem) Acquire(ctx context.Context, n int) (func(context.Context) er
 	} else if w, ok := r.s.(acquirerN); ok {
 		l, err = w.AcquireN(ctx, n)
 	} else {
-		return nil, fmt.Errorf("bench: %T has no AcquireN: cannot take %d slots at once", r.s, n)
+		return nil, 0, fmt.Errorf("bench: %T has no AcquireN: cannot take %d slots at once", r.s, n)
 	}
 	if err != nil {
-		return nil, err
+		return nil, 0, err
 	}
-	return l.Release, nil
+	return l.Release, l.Token(), nil
 }
 
 // Close closes the semaphore.
