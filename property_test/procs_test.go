@@ -60,6 +60,16 @@ type helperParams struct {
 	QuietAt  int  `json:"quiet_at_ms,omitempty"`
 	Quiet    int  `json:"quiet_ms,omitempty"`
 	Streamer bool `json:"streamer,omitempty"`
+	// A rate (Options.Rate) on top of the limit: at most RateLimit slots
+	// granted per RatePerMs; zero: none. An Acquire that the rate keeps
+	// waiting past its 3 s context is then a "timeout", not a failure.
+	RateLimit int `json:"rate_limit,omitempty"`
+	RatePerMs int `json:"rate_per_ms,omitempty"`
+}
+
+// rate is p's Options.Rate.
+func (p helperParams) rate() redsem.Rate {
+	return redsem.Rate{Limit: p.RateLimit, Per: time.Duration(p.RatePerMs) * time.Millisecond}
 }
 
 // record is one line a child prints.
@@ -109,9 +119,9 @@ func TestHelperProcess(t *testing.T) {
 	var sem redsem.Semaphore
 	var err error
 	if p.Fair {
-		sem, err = fair.New(rdb, p.Name, p.Limit, fair.Options{LeaseTTL: procLease, QueueTTL: procQueue, Observer: observe})
+		sem, err = fair.New(rdb, p.Name, p.Limit, fair.Options{LeaseTTL: procLease, QueueTTL: procQueue, Observer: observe, Rate: p.rate()})
 	} else {
-		sem, err = unfair.New(rdb, p.Name, p.Limit, unfair.Options{LeaseTTL: procLease, Observer: observe})
+		sem, err = unfair.New(rdb, p.Name, p.Limit, unfair.Options{LeaseTTL: procLease, Observer: observe, Rate: p.rate()})
 	}
 	if err != nil {
 		t.Fatal(err)
@@ -153,6 +163,10 @@ func TestHelperProcess(t *testing.T) {
 				start := time.Now().UnixNano()
 				l, err := sem.AcquireN(ctx, n)
 				cancel()
+				if err != nil && p.RateLimit > 0 && errors.Is(err, context.DeadlineExceeded) {
+					emit(record{Ev: "timeout", T: time.Now().UnixNano(), Err: err.Error()})
+					continue
+				}
 				if err != nil {
 					emit(record{Ev: "fail", T: time.Now().UnixNano(), Err: err.Error()})
 					continue
@@ -220,13 +234,19 @@ func TestConcurrentProcesses(t *testing.T) {
 			p.QuietAt, p.Quiet = 200, int(2*procQueue.Milliseconds())+100
 			p.RunMs += p.Quiet
 		}
+		if rapid.Bool().Draw(rt, "rate") {
+			// Tight enough to hold grants back, loose enough that a 3 s
+			// Acquire is granted more often than not.
+			p.RateLimit = rapid.IntRange(p.Limit, 3*p.Limit).Draw(rt, "rate_limit")
+			p.RatePerMs = rapid.IntRange(50, 200).Draw(rt, "rate_per_ms")
+		}
 		nkill := rapid.IntRange(0, nproc-1).Draw(rt, "kills")
 		kills := make([]time.Duration, nkill)
 		for i := range kills {
 			kills[i] = time.Duration(rapid.IntRange(50, int(procRun.Milliseconds())-100).Draw(rt, "kill_at_ms")) * time.Millisecond
 		}
 		slices.Sort(kills)
-		trace("%s: fair %v limit %d processes %d workers %d quiet %d ms, kills %v", t.Name(), p.Fair, p.Limit, nproc, p.Workers, p.Quiet, kills)
+		trace("%s: fair %v limit %d rate %v processes %d workers %d quiet %d ms, kills %v", t.Name(), p.Fair, p.Limit, p.rate(), nproc, p.Workers, p.Quiet, kills)
 		runProcesses(t, rt, rdb, p, nproc, kills)
 	})
 }
@@ -322,6 +342,8 @@ func runProcesses(t *testing.T, rt *rapid.T, rdb *redis.Client, p helperParams, 
 				}
 			case "fail":
 				fatalf(rt, "process %d: %s", i, r.Err)
+			case "timeout":
+				// Only with a rate: the window kept it waiting.
 			case "evict":
 				// Only a process that stopped (paused, cut off) for
 				// QueueTTL may lose its place; these never stop.
@@ -338,6 +360,9 @@ func runProcesses(t *testing.T, rt *rapid.T, rdb *redis.Client, p helperParams, 
 		fatalf(rt, "no lease was granted at all")
 	}
 	if err := checkIntervals(ivs, p.Limit); err != nil {
+		fatalf(rt, "%v", err)
+	}
+	if err := checkRateTokens(ivs, p.rate()); err != nil {
 		fatalf(rt, "%v", err)
 	}
 	lost, killedOpen := 0, 0
@@ -373,6 +398,36 @@ func runProcesses(t *testing.T, rt *rapid.T, rdb *redis.Client, p helperParams, 
 		fatalf(rt, "after every process ended and every deadline passed (last %d, now %d): holders %v, %d waiters",
 			lastDeadline, time.Now().UnixNano(), who, len(st.Waiters))
 	}
+}
+
+// checkRateTokens proves that no window of length rate.Per holds grants of
+// more than rate.Limit slots, on the grants' tokens (the server's clock in
+// µs at the grant, or just above: the times the rate is enforced on). A
+// grant a killed process never printed is missing: that can only hide a
+// violation, never make one.
+func checkRateTokens(ivs []interval, rate redsem.Rate) error {
+	if rate.IsZero() {
+		return nil
+	}
+	per := rate.Per.Microseconds()
+	byToken := slices.Clone(ivs)
+	slices.SortFunc(byToken, func(a, b interval) int { return cmpInt(a.token, b.token) })
+	sum := 0
+	for i, j := 0, 0; j < len(byToken); j++ {
+		sum += byToken[j].weight
+		for byToken[i].token <= byToken[j].token-per {
+			sum -= byToken[i].weight
+			i++
+		}
+		if sum > rate.Limit {
+			var s []string
+			for _, iv := range byToken[i : j+1] {
+				s = append(s, fmtIv(iv))
+			}
+			return fmt.Errorf("%d slots granted within %v of tokens (rate %v):\n  %s", sum, rate.Per, rate, strings.Join(s, "\n  "))
+		}
+	}
+	return nil
 }
 
 func setInterval(ivs []interval, iv interval) {
@@ -534,5 +589,33 @@ func TestCheckIntervalsWeights(t *testing.T) {
 		case c.bad != "" && (err == nil || !strings.Contains(err.Error(), c.bad)):
 			t.Errorf("%s: got %v, want an error with %q", c.name, err, c.bad)
 		}
+	}
+}
+
+// TestCheckRateTokens: the process checker's rate check rejects a window of
+// tokens over the rate (weights counted) and accepts grants exactly one
+// period apart (a window is half-open).
+func TestCheckRateTokens(t *testing.T) {
+	iv := func(weight int, token int64) interval { return interval{weight: weight, token: token} }
+	rate := redsem.Rate{Limit: 3, Per: time.Second} // 1 000 000 µs
+	cases := []struct {
+		name string
+		ivs  []interval
+		bad  bool
+	}{
+		{"fit", []interval{iv(2, 1_000_000), iv(1, 1_500_000), iv(2, 2_000_000)}, false},
+		{"one period apart", []interval{iv(3, 1_000_000), iv(3, 2_000_000)}, false},
+		{"one µs short of a period", []interval{iv(3, 1_000_000), iv(1, 1_999_999)}, true},
+		{"weights", []interval{iv(1, 10), iv(1, 20), iv(2, 30)}, true},
+		{"out of order", []interval{iv(2, 1_500_000), iv(2, 1_000_000)}, true},
+	}
+	for _, c := range cases {
+		err := checkRateTokens(c.ivs, rate)
+		if (err != nil) != c.bad {
+			t.Errorf("%s: %v, want an error: %v", c.name, err, c.bad)
+		}
+	}
+	if err := checkRateTokens([]interval{iv(9, 1), iv(9, 2)}, redsem.Rate{}); err != nil {
+		t.Errorf("no rate: %v", err)
 	}
 }
