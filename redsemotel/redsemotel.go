@@ -83,7 +83,8 @@ func WithMeterProvider(mp metric.MeterProvider) Option {
 // Acquire, AcquireN, TryAcquire and TryAcquireN call makes a span
 // "redsem.acquire", a child of the span in its context, ended when the call
 // returns; every lease it grants makes a span "redsem.hold", from the grant
-// to its release or loss. Status, SetLimit, Name and Close pass through.
+// to its release or loss. Status, SetLimit, SetRate (for a semaphore that
+// has it, found by interface assertion), Name and Close pass through.
 //
 // The leases it grants are the semaphore's own, wrapped: every Lease method
 // behaves the same, and Release also ends the hold span before it returns.
@@ -172,6 +173,19 @@ func (s *semaphore) Status(ctx context.Context) (redsem.Status, error) { return 
 
 // SetLimit passes through.
 func (s *semaphore) SetLimit(ctx context.Context, limit int) error { return s.sem.SetLimit(ctx, limit) }
+
+// SetRate passes through to the wrapped semaphore's SetRate (fair's and
+// unfair's have one), so that code which finds it by interface assertion
+// works on the wrapper too; a semaphore without one gets an error.
+func (s *semaphore) SetRate(ctx context.Context, rate redsem.Rate) error {
+	r, ok := s.sem.(interface {
+		SetRate(context.Context, redsem.Rate) error
+	})
+	if !ok {
+		return fmt.Errorf("redsemotel: %T has no SetRate", s.sem)
+	}
+	return r.SetRate(ctx, rate)
+}
 
 // Name passes through.
 func (s *semaphore) Name() string { return s.sem.Name() }

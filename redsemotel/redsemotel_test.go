@@ -624,8 +624,20 @@ func TestPassThrough(t *testing.T) {
 	if err != nil || st.Limit != 3 {
 		t.Fatalf("Status after SetLimit(3): %+v, %v", st, err)
 	}
+	rs, ok := s.sem.(interface {
+		SetRate(context.Context, redsem.Rate) error
+	})
+	if !ok {
+		t.Fatal("the wrapper has no SetRate")
+	}
+	if err := rs.SetRate(ctx, redsem.Rate{Limit: 7, Per: time.Minute}); err != nil {
+		t.Fatal(err)
+	}
+	if st, err := s.sem.Status(ctx); err != nil || st.Rate != (redsem.Rate{Limit: 7, Per: time.Minute}) {
+		t.Fatalf("Status after SetRate(7/1m): %+v, %v", st, err)
+	}
 	if len(s.spans.Ended()) != 0 {
-		t.Fatalf("Status and SetLimit made %d spans, want none", len(s.spans.Ended()))
+		t.Fatalf("Status, SetLimit and SetRate made %d spans, want none", len(s.spans.Ended()))
 	}
 }
 

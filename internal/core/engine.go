@@ -199,8 +199,16 @@ func (e *Engine) script(ctx context.Context, c redis.Scripter, s lua.Script, lim
 			// would take two on a server that has not seen it (NOSCRIPT,
 			// then EVAL). Later calls send its SHA1.
 			cmd = script.Eval(ctx, c, e.keys.List, argv...)
-			if cmd.Err() == nil {
+			if err := cmd.Err(); err == nil {
 				loaded.Store(true)
+			} else if Unreachable(err) && ctx.Err() == nil {
+				// A server can close the connection while the whole script
+				// is still being written (one that requires a password
+				// closes an unauthenticated connection that sends more
+				// than 16 KiB), and the client sees only a reset: the
+				// SHA1, a small command, gets the server's reply (the
+				// authentication error; or NOSCRIPT, then EVAL).
+				cmd = script.Run(ctx, c, e.keys.List, argv...)
 			}
 		} else {
 			cmd = script.Run(ctx, c, e.keys.List, argv...)
