@@ -196,13 +196,15 @@ func testClusterFamilyShards(t *testing.T, variant string) {
 		mu        sync.Mutex
 		killAt    time.Time // set when the kill starts
 		settledAt time.Time // set when the replica took over
-		// Per master: the slowest call and the failures on the healthy
-		// masters while the failover ran; grants after it on the failed one.
-		slowest   [3]time.Duration
-		failures  [3]int
-		grants    [3]int
-		afterOnce [3]int // grants that started after the takeover
-		loggedN   int
+		// Per master: the slowest call before the kill (slowBefore), the
+		// slowest that started while the failover ran (slowest), the
+		// failures then; grants after it on the failed one.
+		slowBefore [3]time.Duration
+		slowest    [3]time.Duration
+		failures   [3]int
+		grants     [3]int
+		afterOnce  [3]int // grants that started after the takeover
+		loggedN    int
 	)
 	byMaster := make([][]int, 3)
 	for k, m := range onMaster {
@@ -238,8 +240,10 @@ func testClusterFamilyShards(t *testing.T, variant string) {
 						mu.Lock()
 						during := !killAt.IsZero() && settledAt.IsZero()
 						after := !settledAt.IsZero() && start.After(settledAt)
-						if d > slowest[m] && (killAt.IsZero() || !start.Before(killAt)) {
-							slowest[m] = d
+						if killAt.IsZero() || start.Before(killAt) {
+							slowBefore[m] = max(slowBefore[m], d)
+						} else if settledAt.IsZero() || start.Before(settledAt) {
+							slowest[m] = max(slowest[m], d)
 						}
 						if err != nil && during {
 							failures[m]++
@@ -288,7 +292,8 @@ func testClusterFamilyShards(t *testing.T, variant string) {
 	wg.Wait()
 	t.Logf("grants per master before the kill %v, by the takeover (%v later) %v, in all %v; after it on each %v",
 		before, settledAt.Sub(killAt).Round(time.Millisecond), during, grants, afterOnce)
-	t.Logf("slowest call per master from the kill on: %v; failed calls while it ran: %v", slowest, failures)
+	t.Logf("slowest call per master before the kill: %v; of those started while the failover ran: %v; failed calls then: %v",
+		slowBefore, slowest, failures)
 	if overLimit.Load() > 0 {
 		t.Errorf("%d grants over a key's limit", overLimit.Load())
 	}
@@ -299,9 +304,12 @@ func testClusterFamilyShards(t *testing.T, variant string) {
 			}
 			continue
 		}
-		if failures[m] > 0 || during[m] == before[m] || slowest[m] > time.Second {
-			t.Errorf("master %d (healthy) while master %d failed over: %d failed calls, %d grants, slowest call %v",
-				m, victim, failures[m], during[m]-before[m], slowest[m])
+		// No call on a healthy master waits for the failover: none fails,
+		// and none takes much longer than calls took before the kill
+		// (under load an unfair waiter may wait a while anyway).
+		if bound := max(time.Second, 2*slowBefore[m]); failures[m] > 0 || slowest[m] > bound {
+			t.Errorf("master %d (healthy) while master %d failed over: %d failed calls, %d grants, slowest call %v (before the kill %v)",
+				m, victim, failures[m], during[m]-before[m], slowest[m], slowBefore[m])
 		}
 	}
 }
