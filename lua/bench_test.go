@@ -97,6 +97,25 @@ func BenchmarkScripts(b *testing.B) {
 			call(p, k, lua.Acquire, 5, id(i), 1, 30000, "queue", "sess", 0, "bench", 0)
 			call(p, k, lua.Release, 5, id(i), "undo", 15000)
 		})
+		// The contended fair path: a handoff per cycle. Limit 1; id(i)
+		// holds; id(i+1) queues behind it (acquire, not granted), then
+		// id(i)'s Release admits id(i+1) (the grant, its record, the
+		// PUBLISH to the session's channel). The setup starts the chain
+		// afresh on every run of the benchmark function.
+		bench("fair-handoff", func(k core.Keys) {
+			if err := c.Del(ctx, k.List...).Err(); err != nil {
+				b.Fatal(err)
+			}
+			if _, err := run1(ctx, c, lua.Heartbeat, k, 1, "sess", 600000, "new"); err != nil {
+				b.Fatal(err)
+			}
+			if _, err := run1(ctx, c, lua.Acquire, k, 1, id(0), 1, 600000, "queue", "sess", 0, "bench", 0); err != nil {
+				b.Fatal(err)
+			}
+		}, func(p redis.Pipeliner, k core.Keys, i int) {
+			call(p, k, lua.Acquire, 1, id(i+1), 1, 600000, "queue", "sess", 0, "bench", 0)
+			call(p, k, lua.Release, 1, id(i), "owner", 15000)
+		})
 		// Renew of one held lease.
 		bench("renew", func(k core.Keys) {
 			if _, err := run1(ctx, c, lua.Acquire, k, 5, "held", 1, 30000, "try", "-", 0, "bench", 0); err != nil {
