@@ -3,6 +3,7 @@ package redsem_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"slices"
 	"strings"
 	"sync"
@@ -508,5 +509,69 @@ func TestRateDoneWhen(t *testing.T) {
 				t.Errorf("%d grants, want at least 80%% of the %d the rate allows", len(tokens), allowed)
 			}
 		})
+	}
+}
+
+// Unfair waiters held back by the rate's window do not all try at the
+// moment it frees a slot: a process sends one attempt then (its gate
+// waiter), and releases wake no more waiters than the window has room
+// for. 20 waiters in one process, slots never short, 4 grants per 200 ms
+// for 1.2 s: about 5 attempts per grant (2 per Acquire call before it
+// sleeps, one woken by each grant of the gate waiter); the herd made 25.
+func TestRateUnfairNoHerd(t *testing.T) {
+	ctx := redistest.Ctx(t, 30*time.Second)
+	srv := redistest.Start(t)
+	admin := srv.Client(t)
+	rate := redsem.Rate{Limit: 4, Per: 200 * time.Millisecond}
+	s, err := unfair.New(srv.Client(t), redistest.Name(t), 50, unfair.Options{Rate: rate, FallbackInterval: 2 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	if err := admin.ConfigResetStat(ctx).Err(); err != nil {
+		t.Fatal(err)
+	}
+	var mu sync.Mutex
+	grants := 0
+	end := time.Now().Add(1200 * time.Millisecond)
+	var wg sync.WaitGroup
+	for range 20 {
+		wg.Go(func() {
+			for time.Now().Before(end) {
+				actx, cancel := context.WithDeadline(ctx, end)
+				l, err := s.Acquire(actx)
+				cancel()
+				if err != nil {
+					continue
+				}
+				mu.Lock()
+				grants++
+				mu.Unlock()
+				time.Sleep(5 * time.Millisecond)
+				_ = l.Release(ctx)
+			}
+		})
+	}
+	wg.Wait()
+	info, err := admin.Info(ctx, "commandstats").Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	calls := 0
+	for _, line := range strings.Split(info, "\n") {
+		for _, cmd := range []string{"fcall", "evalsha", "eval"} {
+			if rest, ok := strings.CutPrefix(line, "cmdstat_"+cmd+":calls="); ok {
+				var n int
+				if _, err := fmt.Sscanf(rest, "%d", &n); err == nil {
+					calls += n
+				}
+			}
+		}
+	}
+	// Each grant has its Release; the rest are acquire attempts.
+	perGrant := float64(calls-grants) / float64(grants)
+	t.Logf("%d grants (the rate allows %d), %d script calls: %.1f acquire attempts per grant", grants, 4*6, calls, perGrant)
+	if grants < 20 || perGrant > 8 {
+		t.Errorf("%d grants, %.1f acquire attempts per grant: want at least 20 and at most 8", grants, perGrant)
 	}
 }

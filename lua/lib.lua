@@ -901,11 +901,25 @@ end
 -- notify_free tells unfair waiters how many slots are free, if any wait:
 -- "n meta-key", so that on a channel that the members of a keyed family
 -- share, a process wakes only the waiters of the member that has them.
+-- Under a rate, no more than the window has room for (by its running sum,
+-- an upper bound of what it holds), and nothing while it is full: a
+-- waiter woken then would only be refused by the rate; each process's
+-- waiters for the window wake when it has room (core's rate gate).
 local function notify_free(now, limit)
   local free = limit - num('_used')
-  if free > 0 and num('_want') > now then
-    publish(CHAN .. ':free', free .. ' ' .. M)
+  if free <= 0 or num('_want') <= now then
+    return
   end
+  if rate() > 0 then
+    if not rate_fits(1, CLOCK_US) then
+      return
+    end
+    free = math.min(free, RL - num('_rsum'))
+    if free <= 0 then
+      return
+    end
+  end
+  publish(CHAN .. ':free', free .. ' ' .. M)
 end
 
 -- hint returns ms until the earliest holder may expire, or until the rate

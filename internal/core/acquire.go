@@ -367,6 +367,7 @@ func (e *Engine) waitUnfair(c *call) (*Lease, error) {
 	var w *waiter
 	defer func() {
 		if w != nil {
+			w.h.passGate(w)
 			w.h.unregister(w)
 		}
 	}()
@@ -393,7 +394,24 @@ func (e *Engine) waitUnfair(c *call) (*Lease, error) {
 			}
 			continue
 		}
-		c.timer.Reset(e.waitFor(a.hint, a.rateMs))
+		// When the rate's window holds it back, one waiter of this process
+		// (per semaphore) sleeps until the window has room and, once
+		// granted, wakes the next; the others sleep as if the slots held
+		// them back. So the moment the window frees a slot costs one try
+		// per process, not one per waiter.
+		d := e.waitFor(a.hint, a.rateMs)
+		if a.rateMs < 0 {
+			w.h.passGate(w)
+		} else if !w.h.takeGate(w) {
+			// The hint is the sooner of a holder's expiry and the
+			// window's room: only the former, if sooner, wakes it.
+			hint := a.hint
+			if hint >= a.rateMs {
+				hint = -1
+			}
+			d = e.waitFor(hint, -1)
+		}
+		c.timer.Reset(d)
 		select {
 		case <-w.events: // evFree
 		case <-c.timer.C:

@@ -70,8 +70,13 @@ type hub struct {
 	// Per engine with waiters (one, or a family's members): how many
 	// waiters, and when to beat early on its keys, just after its earliest
 	// holder may expire (the beat admits waiters into that holder's slots).
-	count  map[*Engine]int
-	due    map[*Engine]time.Time
+	count map[*Engine]int
+	due   map[*Engine]time.Time
+	// gate is, per engine, the one unfair waiter of this process that
+	// sleeps until the rate's window has room (takeGate, passGate): the
+	// others wait for it, or for a freed slot, instead of all trying at
+	// the moment the window frees one slot.
+	gate   map[*Engine]*waiter
 	idle   *time.Timer
 	closed bool
 
@@ -145,6 +150,43 @@ func (e *Engine) register(ctx context.Context, id string, n int) (*waiter, error
 	case <-ctx.Done():
 		h.unregister(w)
 		return nil, ctx.Err()
+	}
+}
+
+// takeGate makes w the waiter of its engine that waits for the rate's
+// window, unless another one is; it reports whether w is (now) that one.
+func (h *hub) takeGate(w *waiter) bool {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if g := h.gate[w.e]; g != nil && g != w {
+		return false
+	}
+	if h.gate == nil {
+		h.gate = map[*Engine]*waiter{}
+	}
+	h.gate[w.e] = w
+	return true
+}
+
+// passGate ends w's wait for the rate's window, if it was the one waiting
+// (granted, gone, or now held back by the slots): the next unfair waiter
+// of its engine in this process is woken to try at once (the window may
+// have more room, and someone must wait for it next).
+func (h *hub) passGate(w *waiter) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.gate[w.e] != w {
+		return
+	}
+	delete(h.gate, w.e)
+	for _, u := range h.unfair {
+		if u != w && u.e == w.e {
+			select {
+			case u.events <- event{kind: evFree}:
+			default: // already woken
+			}
+			return
+		}
 	}
 }
 
