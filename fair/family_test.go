@@ -511,6 +511,14 @@ func TestFamilyShardsMismatch(t *testing.T) {
 	if _, err := member(t, four, "b").Acquire(ctx); !errors.Is(err, redsem.ErrInvalidConfig) || time.Since(start) > 2*time.Second {
 		t.Fatalf("Acquire with 4 shards where 1 is recorded: %v after %v", err, time.Since(start))
 	}
+	// Nor may it change a member's limit or rate (the keys it would write
+	// are no member's).
+	if err := member(t, four, "a").SetLimit(ctx, 3); !errors.Is(err, redsem.ErrInvalidConfig) {
+		t.Fatalf("SetLimit with 4 shards where 1 is recorded: %v", err)
+	}
+	if err := member(t, four, "a").SetRate(ctx, redsem.Rate{Limit: 1, Per: time.Second}); !errors.Is(err, redsem.ErrInvalidConfig) {
+		t.Fatalf("SetRate with 4 shards where 1 is recorded: %v", err)
+	}
 	if after, err := c.DBSize(ctx).Result(); err != nil || after != before {
 		keys, _ := c.Keys(ctx, "*").Result()
 		t.Fatalf("%d keys after the refused calls, %d before (%v): %v", after, before, err, keys)

@@ -83,6 +83,10 @@ func runSetLimit(args []string, stdout, stderr io.Writer) int {
 		}
 		fmt.Fprintf(stdout, "rate of %s: %s -> %v (for every client, now; slots granted before still count in the window)\n", c.what(e), was, rate)
 	}
+	if c.noShardRecord {
+		fmt.Fprintf(stderr, "note: family %q has no shard record yet (no client used it): this was written for a family of one shard; "+
+			"clients built with Shards > 1 (the default on a cluster client) will not see it\n", pos[0])
+	}
 	return exitOK
 }
 

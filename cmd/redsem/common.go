@@ -25,6 +25,9 @@ type command struct {
 	*cli.Command
 	key *string      // --key, on the commands that take it (withKey)
 	fam *core.Family // the family that --key's member belongs to, once opened
+	// noShardRecord: --key's family has no shard record (no client of
+	// this version used it yet): its member was addressed with one shard.
+	noShardRecord bool
 }
 
 func newCommand(name, synopsis, about string, stdout, stderr io.Writer) *command {
@@ -50,8 +53,9 @@ func (c *command) open(name string) (client redis.UniversalClient, t *cli.Target
 		// first user recorded (none: one shard, the layout of families made
 		// before shards existed).
 		ctx, cancel := cli.OpContext(context.Background())
-		shards, _, err := core.ReadShards(ctx, client, c.Prefix, name)
+		shards, recorded, err := core.ReadShards(ctx, client, c.Prefix, name)
 		cancel()
+		c.noShardRecord = !recorded
 		if err != nil {
 			c.done(client)
 			return nil, nil, nil, c.Fail(cli.ReachErr(t, err)), true

@@ -943,3 +943,21 @@ func TestFamilyListingEscapes(t *testing.T) {
 		t.Fatalf("the family with glob characters lists %d members %+v; want its own one", js.MemberCount, js.Members)
 	}
 }
+
+// A tool must not fix the layout of a family no client used yet: set-limit
+// --key on a fresh family writes the member's override under the one-shard
+// layout but no shard record, so the first client records its own count.
+func TestSetLimitKeyWritesNoShardRecord(t *testing.T) {
+	ctx := redistest.Ctx(t, 10*time.Second)
+	fam := redistest.Name(t)
+	if code, _, errs := runCmd(t, "set-limit", fam, "3", "--key", "acme"); code != exitOK || !strings.Contains(errs, "no shard record yet") {
+		t.Fatalf("set-limit --key: exit %d, stderr %q (want a note on the missing shard record)", code, errs)
+	}
+	c := redistest.Client(t)
+	if n, err := c.Exists(ctx, core.ShardsKey("redsem", fam)).Result(); err != nil || n != 0 {
+		t.Fatalf("set-limit --key wrote the shard record (%d, %v)", n, err)
+	}
+	if n, err := c.Exists(ctx, core.KeysForMember("redsem", fam, "acme").List[core.KeyOverride]).Result(); err != nil || n != 1 {
+		t.Fatalf("set-limit --key wrote no override (%d, %v)", n, err)
+	}
+}

@@ -448,6 +448,9 @@ func (e *Engine) SetLimit(ctx context.Context, limit int) error {
 	if limit < 1 || limit > MaxLimit {
 		return cfgErr("limit", "%d is outside [1, %d]", limit, MaxLimit)
 	}
+	if err := e.sameShards(ctx); err != nil {
+		return err
+	}
 	v, sent, err := e.run(ctx, lua.SetLimit, limit, uuid.NewString())
 	if err != nil {
 		return err
@@ -461,11 +464,27 @@ func (e *Engine) SetLimit(ctx context.Context, limit int) error {
 	return nil
 }
 
+// sameShards refuses to change a family member whose family the Redis
+// record says is spread over another number of shards (its keys here
+// would be nobody's); a plain semaphore passes.
+func (e *Engine) sameShards(ctx context.Context) error {
+	if e.fam == nil {
+		return nil
+	}
+	if err := e.fam.compareShards(ctx); err != nil {
+		return e.callErr(ctx, err)
+	}
+	return nil
+}
+
 // SetRate sets the rate for every client of this name (the zero Rate
 // removes the bound for all).
 func (e *Engine) SetRate(ctx context.Context, rate redsem.Rate) error {
 	rate, err := CheckRate("rate", rate)
 	if err != nil {
+		return err
+	}
+	if err := e.sameShards(ctx); err != nil {
 		return err
 	}
 	v, sent, err := e.run(ctx, lua.SetRate, e.cfg.Limit, uuid.NewString(), rate.Limit, ms(rate.Per))

@@ -80,6 +80,26 @@ func NewFamily(cfg Config, idleAfter time.Duration, shards int) (*Family, error)
 // Shards is the family's shard count.
 func (f *Family) Shards() int { return len(f.shards) }
 
+// compareShards is checkShards for calls that change a member's limit or
+// rate (SetLimit, SetRate, and so the CLI's): it reads the record and
+// refuses a count other than ours, but writes none (a tool must not fix
+// the layout of a family that no client used yet).
+func (f *Family) compareShards(ctx context.Context) error {
+	if f.shardsOK.Load() {
+		return nil
+	}
+	n, ok, err := ReadShards(ctx, f.root.cfg.Client, f.root.cfg.Prefix, f.root.cfg.Name)
+	if err != nil {
+		return err
+	}
+	if ok && n != len(f.shards) {
+		return cfgErr("FamilyOptions.Shards", "family %q spreads its members over %d shards (recorded in Redis by its first user, key %s); "+
+			"this client was built with %d: give every client of the family the same Shards", f.root.cfg.Name, n,
+			ShardsKey(f.root.cfg.Prefix, f.root.cfg.Name), len(f.shards))
+	}
+	return nil
+}
+
 // checkShards makes sure that every process of the family spreads its
 // members over the same shards (else one key would be two semaphores,
 // each with the whole limit): the first to use the family records its
