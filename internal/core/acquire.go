@@ -474,15 +474,23 @@ func (e *Engine) undo(ctx context.Context, id string) {
 			if _, _, err := e.release(uctx, id, "undo"); err == nil || !Transient(err) {
 				return
 			}
-			t := time.NewTimer(jitter(wait))
-			select {
-			case <-t.C:
-			case <-uctx.Done():
-				t.Stop()
+			if !sleepCtx(uctx, jitter(wait)) {
 				return
 			}
 		}
 	}()
+}
+
+// sleepCtx waits d, or until ctx ends; false when ctx ended first.
+func sleepCtx(ctx context.Context, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return true
+	case <-ctx.Done():
+		return false
+	}
 }
 
 // errCancelled is acquire.lua's "this id was cancelled by its own undo, or

@@ -212,11 +212,7 @@ func (l *Lease) releaseLater() {
 		stop := context.AfterFunc(e.stopped, cancel)
 		defer stop()
 		for wait := 20 * time.Millisecond; ; wait = min(2*wait, time.Second) {
-			t := time.NewTimer(jitter(wait))
-			select {
-			case <-t.C:
-			case <-ctx.Done():
-				t.Stop()
+			if !sleepCtx(ctx, jitter(wait)) {
 				return
 			}
 			l.mu.Lock()
