@@ -3,7 +3,6 @@ package redsem_test
 import (
 	"context"
 	"errors"
-	"fmt"
 	"slices"
 	"strings"
 	"sync"
@@ -553,21 +552,8 @@ func TestRateUnfairNoHerd(t *testing.T) {
 		})
 	}
 	wg.Wait()
-	info, err := admin.Info(ctx, "commandstats").Result()
-	if err != nil {
-		t.Fatal(err)
-	}
-	calls := 0
-	for _, line := range strings.Split(info, "\n") {
-		for _, cmd := range []string{"fcall", "evalsha", "eval"} {
-			if rest, ok := strings.CutPrefix(line, "cmdstat_"+cmd+":calls="); ok {
-				var n int
-				if _, err := fmt.Sscanf(rest, "%d", &n); err == nil {
-					calls += n
-				}
-			}
-		}
-	}
+	stats := commandCalls(ctx, t, admin)
+	calls := int(stats["fcall"] + stats["evalsha"] + stats["eval"])
 	// Each grant has its Release; the rest are acquire attempts.
 	perGrant := float64(calls-grants) / float64(grants)
 	t.Logf("%d grants (the rate allows %d), %d script calls: %.1f acquire attempts per grant", grants, 4*6, calls, perGrant)

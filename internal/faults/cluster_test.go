@@ -350,12 +350,25 @@ func assertOneSlot(t *testing.T, ctx context.Context, cc *redis.ClusterClient, n
 
 // fcalls returns how many FCALLs server c has run.
 func fcalls(ctx context.Context, c *redis.Client) int64 {
-	info, _ := c.Info(ctx, "commandstats").Result()
+	n, _ := commandCalls(ctx, c, "fcall")
+	return n
+}
+
+// commandCalls returns how many calls of the commands cmds server c has
+// run in all, from INFO commandstats.
+func commandCalls(ctx context.Context, c *redis.Client, cmds ...string) (int64, error) {
+	info, err := c.Info(ctx, "commandstats").Result()
+	if err != nil {
+		return 0, err
+	}
+	var sum int64
 	for _, line := range strings.Split(info, "\n") {
-		if rest, ok := strings.CutPrefix(strings.TrimSpace(line), "cmdstat_fcall:calls="); ok {
-			n, _ := strconv.ParseInt(rest[:strings.IndexByte(rest, ',')], 10, 64)
-			return n
+		for _, cmd := range cmds {
+			if rest, ok := strings.CutPrefix(strings.TrimSpace(line), "cmdstat_"+cmd+":calls="); ok {
+				n, _ := strconv.ParseInt(rest[:strings.IndexByte(rest, ',')], 10, 64)
+				sum += n
+			}
 		}
 	}
-	return 0
+	return sum, nil
 }

@@ -4,8 +4,6 @@ import (
 	"context"
 	"fmt"
 	"math/rand/v2"
-	"strconv"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -20,8 +18,9 @@ import (
 	"go.uber.org/goleak"
 )
 
-// primaryOf returns, for each primary of cl, whether it owns slot (from
-// CLUSTER SLOTS as the primary itself reports it).
+// primaryOfSlot returns a function that gives the index in cl.Primaries of
+// the primary that owns a slot (from CLUSTER SLOTS as each primary itself
+// reports it).
 func primaryOfSlot(t *testing.T, ctx context.Context, cl *redistest.Cluster) func(slot int) int {
 	t.Helper()
 	type span struct{ lo, hi, idx int }
@@ -54,20 +53,11 @@ func primaryOfSlot(t *testing.T, ctx context.Context, cl *redistest.Cluster) fun
 // a node's INFO commandstats.
 func scriptCallsOn(t *testing.T, ctx context.Context, c *redis.Client) int {
 	t.Helper()
-	info, err := c.Info(ctx, "commandstats").Result()
+	n, err := commandCalls(ctx, c, "fcall", "fcall_ro", "evalsha", "eval")
 	if err != nil {
 		t.Fatal(err)
 	}
-	n := 0
-	for _, line := range strings.Split(info, "\n") {
-		for _, cmd := range []string{"fcall", "fcall_ro", "evalsha", "eval"} {
-			if rest, ok := strings.CutPrefix(line, "cmdstat_"+cmd+":calls="); ok {
-				v, _ := strconv.Atoi(rest[:strings.IndexByte(rest, ',')])
-				n += v
-			}
-		}
-	}
-	return n
+	return int(n)
 }
 
 // A family of either variant on a 3-master cluster (default shards) spreads over the
