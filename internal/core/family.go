@@ -93,11 +93,17 @@ func (f *Family) compareShards(ctx context.Context) error {
 		return err
 	}
 	if ok && n != len(f.shards) {
-		return cfgErr("FamilyOptions.Shards", "family %q spreads its members over %d shards (recorded in Redis by its first user, key %s); "+
-			"this client was built with %d: give every client of the family the same Shards", f.root.cfg.Name, n,
-			ShardsKey(f.root.cfg.Prefix, f.root.cfg.Name), len(f.shards))
+		return f.shardsMismatch(strconv.Itoa(n))
 	}
 	return nil
+}
+
+// shardsMismatch is the error of a client whose shard count is not the
+// one recorded in Redis.
+func (f *Family) shardsMismatch(recorded string) error {
+	return cfgErr("FamilyOptions.Shards", "family %q spreads its members over %s shards (recorded in Redis by its first user, key %s); "+
+		"this client was built with %d: give every client of the family the same Shards", f.root.cfg.Name, recorded,
+		ShardsKey(f.root.cfg.Prefix, f.root.cfg.Name), len(f.shards))
 }
 
 // checkShards makes sure that every process of the family spreads its
@@ -126,8 +132,7 @@ func (f *Family) checkShards(ctx context.Context) error {
 		return err
 	}
 	if got != want {
-		return cfgErr("FamilyOptions.Shards", "family %q spreads its members over %s shards (recorded in Redis by its first user, key %s); "+
-			"this client was built with %s: give every client of the family the same Shards", f.root.cfg.Name, got, key, want)
+		return f.shardsMismatch(got)
 	}
 	f.shardsOK.Store(true)
 	return nil
@@ -161,10 +166,13 @@ func (f *Family) Get(key string) (*Engine, error) {
 	sh := f.shards[i]
 	if sh.tag == "" {
 		sh.tag = ShardTag(f.root.cfg.Name, i, len(f.shards))
-		sh.alerts = alertsFor(cfg.Client, memberKeys(cfg.Prefix, sh.tag, key))
+	}
+	keys := memberKeys(cfg.Prefix, sh.tag, key)
+	if sh.alerts == nil {
+		sh.alerts = alertsFor(cfg.Client, keys)
 	}
 	e := &Engine{
-		cfg: cfg, keys: memberKeys(cfg.Prefix, sh.tag, key), pub: f.root.pub,
+		cfg: cfg, keys: keys, pub: f.root.pub,
 		fam: f, shard: sh, stopped: f.root.stopped, stop: f.root.stop, alerts: sh.alerts, lib: f.root.lib,
 	}
 	e.used.Store(time.Now().UnixNano())
