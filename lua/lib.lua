@@ -831,6 +831,29 @@ local function drop_waiter(id)
   set('_q', num('_q') - 1)
 end
 
+-- evict_heavier drops the queued waiters that ask for more than max slots
+-- (SetLimit's limit, SetRate's rate: they can never be admitted), wherever
+-- they stand, and tells their processes: "x id max" followed by note (""
+-- for the limit, " rate" for the rate).
+local function evict_heavier(max, note)
+  if num('_q') == 0 then
+    return
+  end
+  local ids = redis.call('ZRANGE', Q, 0, -1)
+  ids[#ids] = nil -- the sentinel
+  records(ids)
+  for _, id in ipairs(ids) do
+    local rec = get(id)
+    if rec and string.sub(rec, 1, 1) == 'W' then
+      local sid, n = parse_waiter(rec)
+      if n > max then
+        drop_waiter(id)
+        publish(CHAN .. ':s:' .. sid, 'x ' .. id .. ' ' .. max .. note)
+      end
+    end
+  end
+end
+
 -- admit grants free slots to the earliest live waiters in arrival order,
 -- evicting dead ones (their session is gone) it meets at the head, and
 -- waiters heavier than the limit or the rate's limit (told with an "x"

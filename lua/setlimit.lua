@@ -30,21 +30,7 @@ set('_fixed', limit)
 expire(now)
 -- Waiters heavier than the new limit can never be admitted: they leave the
 -- queue wherever they stand, and their processes are told (an "x" message).
-if num('_q') > 0 then
-  local ids = redis.call('ZRANGE', Q, 0, -1)
-  ids[#ids] = nil -- the sentinel
-  records(ids)
-  for _, id in ipairs(ids) do
-    local rec = get(id)
-    if rec and string.sub(rec, 1, 1) == 'W' then
-      local sid, n = parse_waiter(rec)
-      if n > limit then
-        drop_waiter(id)
-        publish(CHAN .. ':s:' .. sid, 'x ' .. id .. ' ' .. limit)
-      end
-    end
-  end
-end
+evict_heavier(limit, '')
 local out = {now}
 if num('_q') > 0 then
   append(out, admit(now, now_us, limit))

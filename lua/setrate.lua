@@ -35,20 +35,8 @@ set('_frate', v)
 set('_rx', '1')
 expire(now)
 -- Waiters heavier than the new rate's limit can never be admitted.
-if rl > 0 and num('_q') > 0 then
-  local ids = redis.call('ZRANGE', Q, 0, -1)
-  ids[#ids] = nil -- the sentinel
-  records(ids)
-  for _, id in ipairs(ids) do
-    local rec = get(id)
-    if rec and string.sub(rec, 1, 1) == 'W' then
-      local sid, n = parse_waiter(rec)
-      if n > rl then
-        drop_waiter(id)
-        publish(CHAN .. ':s:' .. sid, 'x ' .. id .. ' ' .. rl .. ' rate')
-      end
-    end
-  end
+if rl > 0 then
+  evict_heavier(rl, ' rate')
 end
 local limit = limit_in_force(client_limit)
 local out = {now}
