@@ -88,7 +88,12 @@ func (f *Family) compareShards(ctx context.Context) error {
 	if f.shardsOK.Load() {
 		return nil
 	}
-	n, ok, err := ReadShards(ctx, f.root.cfg.Client, f.root.cfg.Prefix, f.root.cfg.Name)
+	var n int
+	var ok bool
+	err := boundedErr(ctx, func() (err error) {
+		n, ok, err = ReadShards(ctx, f.root.cfg.Client, f.root.cfg.Prefix, f.root.cfg.Name)
+		return err
+	})
 	if err != nil {
 		return err
 	}
@@ -120,13 +125,13 @@ func (f *Family) checkShards(ctx context.Context) error {
 	key := ShardsKey(f.root.cfg.Prefix, f.root.cfg.Name)
 	want := strconv.Itoa(len(f.shards))
 	var got string
-	_, err := bounded(ctx, func() ([]any, error) {
+	err := boundedErr(ctx, func() error {
 		pipe := f.root.cfg.Client.Pipeline()
 		pipe.SetNX(ctx, key, want, 0)
 		get := pipe.Get(ctx, key)
 		_, err := pipe.Exec(ctx)
 		got = get.Val()
-		return nil, err
+		return err
 	})
 	if err != nil {
 		return err

@@ -514,3 +514,48 @@ func abandonAcquire(t *testing.T, v variant, srv *redistest.Server, p *redistest
 	}
 	expectNoEntries(t, direct, name, core.DefaultLeaseTTL)
 }
+
+// A family member's calls read or write the family's shard record before
+// anything else; with Redis black-holed and a client that ignores
+// contexts, each still returns by its context's end (SetLimit and SetRate
+// read the record with a plain GET, which waited for the client's read
+// timeout, 3 s, before that read was bounded).
+func TestFamilyMemberCallsBounded(t *testing.T) {
+	p := redistest.StartProxy(t, redistest.Shared(t).Addr)
+	c := defaultClient(t, p.Addr)
+	if err := c.Ping(context.Background()).Err(); err != nil {
+		t.Fatal(err)
+	}
+	p.SetBlackhole(true)
+	defer p.SetBlackhole(false)
+	for _, v := range variants {
+		f, err := core.NewFamily(core.Config{Client: c, Name: redistest.Name(t) + v.name, Limit: 2, Fair: v.fair}, 0, 4)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer f.Close()
+		e, err := f.Get("tenant")
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, call := range []string{"TryAcquire", "Acquire", "SetLimit", "SetRate"} {
+			ctx, cancel := context.WithTimeout(context.Background(), boundCtx)
+			start := time.Now()
+			switch call {
+			case "TryAcquire":
+				_, err = e.TryAcquire(ctx)
+			case "Acquire":
+				_, err = e.Acquire(ctx)
+			case "SetLimit":
+				err = e.SetLimit(ctx, 3)
+			case "SetRate":
+				err = e.SetRate(ctx, redsem.Rate{Limit: 5, Per: time.Second})
+			}
+			took := time.Since(start)
+			cancel()
+			if took > boundCtx+boundSlack || !errors.Is(err, context.DeadlineExceeded) {
+				t.Errorf("%s member %s: %v after %v (context %v, bound %v)", v.name, call, err, took, boundCtx, boundSlack)
+			}
+		}
+	}
+}
