@@ -295,9 +295,12 @@ func testClusterFamilyShards(t *testing.T, variant string) {
 			continue
 		}
 		// No call on a healthy master waits for the failover: none fails,
-		// and none takes much longer than calls took before the kill
-		// (under load an unfair waiter may wait a while anyway).
-		if bound := max(time.Second, 2*slowBefore[m]); failures[m] > 0 || slowest[m] > bound {
+		// and none takes much longer than the slowest call of the run before
+		// the kill, on any master (under -race on a loaded CI machine, a
+		// stall of 1.5 s was seen before any kill; an unfair waiter may
+		// also wait a while anyway).
+		stall := max(slowBefore[0], slowBefore[1], slowBefore[2])
+		if bound := max(time.Second, 2*stall); failures[m] > 0 || slowest[m] > bound {
 			t.Errorf("master %d (healthy) while master %d failed over: %d failed calls, %d grants, slowest call %v (before the kill %v)",
 				m, victim, failures[m], during[m]-before[m], slowest[m], slowBefore[m])
 		}
