@@ -119,11 +119,11 @@ func testClusterFamilyShards(t *testing.T, variant string) {
 	leases := make([]redsem.Lease, keys)
 	var wg sync.WaitGroup
 	errs := make(chan error, keys)
-	for w := range 12 {
+	for w := range 6 {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			for i := w; i < keys; i += 12 {
+			for i := w; i < keys; i += 6 {
 				s, err := gets[i%3](fmt.Sprint("tenant-", i))
 				if err == nil {
 					leases[i], err = s.TryAcquire(ctx)
@@ -201,11 +201,11 @@ func testClusterFamilyShards(t *testing.T, variant string) {
 		byMaster[m] = append(byMaster[m], k)
 	}
 	stop := make(chan struct{})
-	// Per process, four workers per master, each on that master's keys, so
+	// Per process, two workers per master, each on that master's keys, so
 	// that calls stuck on the failed master take no worker from the others.
 	for p := range 3 {
 		for m := range 3 {
-			for w := range 4 {
+			for w := range 2 {
 				wg.Add(1)
 				go func() {
 					defer wg.Done()
@@ -296,11 +296,12 @@ func testClusterFamilyShards(t *testing.T, variant string) {
 		}
 		// No call on a healthy master waits for the failover: none fails,
 		// and none takes much longer than the slowest call of the run before
-		// the kill, on any master (under -race on a loaded CI machine, a
-		// stall of 1.5 s was seen before any kill; an unfair waiter may
-		// also wait a while anyway).
+		// the kill, on any master, nor 2 s (under -race on a loaded CI
+		// machine stalls of 1-1.5 s were seen on every master, healthy or
+		// not; a call that waited for the failover itself would run into
+		// its 3 s context and count as failed).
 		stall := max(slowBefore[0], slowBefore[1], slowBefore[2])
-		if bound := max(time.Second, 2*stall); failures[m] > 0 || slowest[m] > bound {
+		if bound := max(2*time.Second, 2*stall); failures[m] > 0 || slowest[m] > bound {
 			t.Errorf("master %d (healthy) while master %d failed over: %d failed calls, %d grants, slowest call %v (before the kill %v)",
 				m, victim, failures[m], during[m]-before[m], slowest[m], slowBefore[m])
 		}
