@@ -30,28 +30,28 @@ func BenchmarkScripts(b *testing.B) {
 	c := srv.Client(b)
 	ctx := context.Background()
 
-	// cycle sends the script calls of cycle i into p.
-	type cycle func(p redis.Pipeliner, k core.Keys, i int)
 	_, lib := lua.Library()
 	if err := c.FunctionLoad(ctx, lib).Err(); err != nil {
 		b.Fatal(err)
 	}
 	for _, mode := range []string{"evalsha", "fcall"} {
-		bench := func(name string, setup func(k core.Keys), do cycle) {
-			b.Run(mode+"/"+name, func(b *testing.B) {
-				k := core.KeysFor("redsem", "bench-"+mode+"-"+name)
-				if setup != nil {
-					setup(k)
+		for _, sc := range scriptCases(ctx, c, mode) {
+			b.Run(mode+"/"+sc.name, func(b *testing.B) {
+				k := core.KeysFor("redsem", "bench-"+mode+"-"+sc.name)
+				if sc.setup != nil {
+					if err := sc.setup(k); err != nil {
+						b.Fatal(err)
+					}
 				}
 				// Warm up: the scripts are loaded and the keys exist.
-				if _, err := runPipe(ctx, c, k, do, 0, pipe); err != nil {
+				if _, err := runPipe(ctx, c, k, sc.do, 0, pipe); err != nil {
 					b.Fatal(err)
 				}
 				cost := startCost(ctx, b, c)
 				b.ResetTimer()
 				for i := 0; i < b.N; i += pipe {
 					n := min(pipe, b.N-i)
-					if _, err := runPipe(ctx, c, k, do, pipe+i, n); err != nil {
+					if _, err := runPipe(ctx, c, k, sc.do, pipe+i, n); err != nil {
 						b.Fatal(err)
 					}
 				}
@@ -59,158 +59,189 @@ func BenchmarkScripts(b *testing.B) {
 				cost.report(ctx, b)
 			})
 		}
-		call := func(p redis.Pipeliner, k core.Keys, s lua.Script, args ...any) {
-			argv := append([]any{k.Chan, "PUBLISH"}, args...)
-			if mode == "fcall" {
-				p.FCall(ctx, s.Function(), k.List, argv...)
-			} else {
-				p.EvalSha(ctx, s.Hash(), k.List, argv...)
+	}
+}
+
+// cycle sends the script calls of cycle i into p.
+type cycle func(p redis.Pipeliner, k core.Keys, i int)
+
+// scriptCase is one workload of BenchmarkScripts and TestScriptInstructions:
+// setup (may be nil) prepares the semaphore's keys, then cycles repeat.
+type scriptCase struct {
+	name  string
+	setup func(k core.Keys) error
+	do    cycle
+}
+
+// scriptCases returns the workloads, calling the scripts with EVALSHA
+// (mode "evalsha") or as functions of the library ("fcall").
+func scriptCases(ctx context.Context, c *redis.Client, mode string) []scriptCase {
+	var cases []scriptCase
+	bench := func(name string, setup func(k core.Keys) error, do cycle) {
+		cases = append(cases, scriptCase{name, setup, do})
+	}
+	call := func(p redis.Pipeliner, k core.Keys, s lua.Script, args ...any) {
+		argv := append([]any{k.Chan, "PUBLISH"}, args...)
+		if mode == "fcall" {
+			p.FCall(ctx, s.Function(), k.List, argv...)
+		} else {
+			p.EvalSha(ctx, s.Hash(), k.List, argv...)
+		}
+	}
+	id := func(i int) string { return "id-" + strconv.Itoa(i) }
+
+	// The uncontended unfair cycle: TryAcquire, then Release.
+	bench("unfair-try-release", nil, func(p redis.Pipeliner, k core.Keys, i int) {
+		call(p, k, lua.Acquire, 5, id(i), 1, 30000, "try", "-", 0, "bench", 0)
+		call(p, k, lua.Release, 5, id(i), "owner", 15000)
+	})
+	// The uncontended fair cycle: a queue-mode acquire granted at once, then
+	// Release, under a live session.
+	bench("fair-queue-release", func(k core.Keys) error {
+		if _, err := run1(ctx, c, lua.Heartbeat, k, 5, "sess", 600000, "new"); err != nil {
+			return err
+		}
+		return nil
+	}, func(p redis.Pipeliner, k core.Keys, i int) {
+		call(p, k, lua.Acquire, 5, id(i), 1, 30000, "queue", "sess", 0, "bench", 0)
+		call(p, k, lua.Release, 5, id(i), "owner", 15000)
+	})
+	// A fair waiter queued behind full slots, then removed (an undo), with
+	// 4 holders of 5 slots: the queue path and the cancelling release.
+	bench("fair-queue-undo", func(k core.Keys) error {
+		if _, err := run1(ctx, c, lua.Heartbeat, k, 5, "sess", 600000, "new"); err != nil {
+			return err
+		}
+		if _, err := run1(ctx, c, lua.Acquire, k, 5, "holder", 5, 600000, "queue", "sess", 0, "bench", 0); err != nil {
+			return err
+		}
+		return nil
+	}, func(p redis.Pipeliner, k core.Keys, i int) {
+		call(p, k, lua.Acquire, 5, id(i), 1, 30000, "queue", "sess", 0, "bench", 0)
+		call(p, k, lua.Release, 5, id(i), "undo", 15000)
+	})
+	// The contended fair path: a handoff per cycle. Limit 1; id(i)
+	// holds; id(i+1) queues behind it (acquire, not granted), then
+	// id(i)'s Release admits id(i+1) (the grant, its record, the
+	// PUBLISH to the session's channel). The setup starts the chain
+	// afresh on every run of the benchmark function.
+	bench("fair-handoff", func(k core.Keys) error {
+		if err := c.Del(ctx, k.List...).Err(); err != nil {
+			return err
+		}
+		if _, err := run1(ctx, c, lua.Heartbeat, k, 1, "sess", 600000, "new"); err != nil {
+			return err
+		}
+		if _, err := run1(ctx, c, lua.Acquire, k, 1, id(0), 1, 600000, "queue", "sess", 0, "bench", 0); err != nil {
+			return err
+		}
+		return nil
+	}, func(p redis.Pipeliner, k core.Keys, i int) {
+		call(p, k, lua.Acquire, 1, id(i+1), 1, 600000, "queue", "sess", 0, "bench", 0)
+		call(p, k, lua.Release, 1, id(i), "owner", 15000)
+	})
+	// Renew of one held lease.
+	bench("renew", func(k core.Keys) error {
+		if _, err := run1(ctx, c, lua.Acquire, k, 5, "held", 1, 30000, "try", "-", 0, "bench", 0); err != nil {
+			return err
+		}
+		return nil
+	}, func(p redis.Pipeliner, k core.Keys, i int) {
+		call(p, k, lua.Renew, 5, "held", 30000)
+	})
+	// The heartbeat of a session with a waiter queued behind full slots.
+	bench("heartbeat", func(k core.Keys) error {
+		if _, err := run1(ctx, c, lua.Heartbeat, k, 5, "sess", 600000, "new"); err != nil {
+			return err
+		}
+		if _, err := run1(ctx, c, lua.Acquire, k, 5, "holder", 5, 600000, "queue", "sess", 0, "bench", 0); err != nil {
+			return err
+		}
+		if _, err := run1(ctx, c, lua.Acquire, k, 5, "waiter", 1, 600000, "queue", "sess", 0, "bench", 0); err != nil {
+			return err
+		}
+		return nil
+	}, func(p redis.Pipeliner, k core.Keys, i int) {
+		call(p, k, lua.Heartbeat, 5, "sess", 600000, "old")
+	})
+	// Status (a read-only script) of a semaphore with 5 holders.
+	bench("status", func(k core.Keys) error {
+		for i := 0; i < 5; i++ {
+			if _, err := run1(ctx, c, lua.Acquire, k, 5, id(-1-i), 1, 600000, "try", "-", 0, "bench", 0); err != nil {
+				return err
 			}
 		}
-		id := func(i int) string { return "id-" + strconv.Itoa(i) }
+		return nil
+	}, func(p redis.Pipeliner, k core.Keys, i int) {
+		if mode == "fcall" {
+			p.FCallRO(ctx, lua.Status.Function(), k.List, k.Chan, "PUBLISH", 5)
+		} else {
+			p.EvalShaRO(ctx, lua.Status.Hash(), k.List, k.Chan, "PUBLISH", 5)
+		}
+	})
 
-		// The uncontended unfair cycle: TryAcquire, then Release.
-		bench("unfair-try-release", nil, func(p redis.Pipeliner, k core.Keys, i int) {
-			call(p, k, lua.Acquire, 5, id(i), 1, 30000, "try", "-", 0, "bench", 0)
-			call(p, k, lua.Release, 5, id(i), "owner", 15000)
-		})
-		// The uncontended fair cycle: a queue-mode acquire granted at once, then
-		// Release, under a live session.
-		bench("fair-queue-release", func(k core.Keys) {
-			if _, err := run1(ctx, c, lua.Heartbeat, k, 5, "sess", 600000, "new"); err != nil {
-				b.Fatal(err)
-			}
-		}, func(p redis.Pipeliner, k core.Keys, i int) {
-			call(p, k, lua.Acquire, 5, id(i), 1, 30000, "queue", "sess", 0, "bench", 0)
-			call(p, k, lua.Release, 5, id(i), "owner", 15000)
-		})
-		// A fair waiter queued behind full slots, then removed (an undo), with
-		// 4 holders of 5 slots: the queue path and the cancelling release.
-		bench("fair-queue-undo", func(k core.Keys) {
-			if _, err := run1(ctx, c, lua.Heartbeat, k, 5, "sess", 600000, "new"); err != nil {
-				b.Fatal(err)
-			}
-			if _, err := run1(ctx, c, lua.Acquire, k, 5, "holder", 5, 600000, "queue", "sess", 0, "bench", 0); err != nil {
-				b.Fatal(err)
-			}
-		}, func(p redis.Pipeliner, k core.Keys, i int) {
-			call(p, k, lua.Acquire, 5, id(i), 1, 30000, "queue", "sess", 0, "bench", 0)
-			call(p, k, lua.Release, 5, id(i), "undo", 15000)
-		})
-		// The contended fair path: a handoff per cycle. Limit 1; id(i)
-		// holds; id(i+1) queues behind it (acquire, not granted), then
-		// id(i)'s Release admits id(i+1) (the grant, its record, the
-		// PUBLISH to the session's channel). The setup starts the chain
-		// afresh on every run of the benchmark function.
-		bench("fair-handoff", func(k core.Keys) {
-			if err := c.Del(ctx, k.List...).Err(); err != nil {
-				b.Fatal(err)
-			}
-			if _, err := run1(ctx, c, lua.Heartbeat, k, 1, "sess", 600000, "new"); err != nil {
-				b.Fatal(err)
-			}
-			if _, err := run1(ctx, c, lua.Acquire, k, 1, id(0), 1, 600000, "queue", "sess", 0, "bench", 0); err != nil {
-				b.Fatal(err)
-			}
-		}, func(p redis.Pipeliner, k core.Keys, i int) {
-			call(p, k, lua.Acquire, 1, id(i+1), 1, 600000, "queue", "sess", 0, "bench", 0)
-			call(p, k, lua.Release, 1, id(i), "owner", 15000)
-		})
-		// Renew of one held lease.
-		bench("renew", func(k core.Keys) {
-			if _, err := run1(ctx, c, lua.Acquire, k, 5, "held", 1, 30000, "try", "-", 0, "bench", 0); err != nil {
-				b.Fatal(err)
-			}
-		}, func(p redis.Pipeliner, k core.Keys, i int) {
-			call(p, k, lua.Renew, 5, "held", 30000)
-		})
-		// The heartbeat of a session with a waiter queued behind full slots.
-		bench("heartbeat", func(k core.Keys) {
-			if _, err := run1(ctx, c, lua.Heartbeat, k, 5, "sess", 600000, "new"); err != nil {
-				b.Fatal(err)
-			}
-			if _, err := run1(ctx, c, lua.Acquire, k, 5, "holder", 5, 600000, "queue", "sess", 0, "bench", 0); err != nil {
-				b.Fatal(err)
-			}
-			if _, err := run1(ctx, c, lua.Acquire, k, 5, "waiter", 1, 600000, "queue", "sess", 0, "bench", 0); err != nil {
-				b.Fatal(err)
-			}
-		}, func(p redis.Pipeliner, k core.Keys, i int) {
-			call(p, k, lua.Heartbeat, 5, "sess", 600000, "old")
-		})
-		// Status (a read-only script) of a semaphore with 5 holders.
-		bench("status", func(k core.Keys) {
-			for i := 0; i < 5; i++ {
-				if _, err := run1(ctx, c, lua.Acquire, k, 5, id(-1-i), 1, 600000, "try", "-", 0, "bench", 0); err != nil {
-					b.Fatal(err)
-				}
-			}
-		}, func(p redis.Pipeliner, k core.Keys, i int) {
-			if mode == "fcall" {
-				p.FCallRO(ctx, lua.Status.Function(), k.List, k.Chan, "PUBLISH", 5)
-			} else {
-				p.EvalShaRO(ctx, lua.Status.Hash(), k.List, k.Chan, "PUBLISH", 5)
-			}
-		})
-
-		// The same under a rate (Options.Rate). "5:R:P" is the client's
-		// limit 5 with a rate of R slots per P ms (lib.lua's client_arg).
-		//
-		// rate-*-release: a rate that always has room (a million per 100
-		// ms), so every grant is checked against, and recorded in, a window
-		// of a few thousand records that each call also trims.
-		const roomy = "5:1000000:100"
-		bench("rate-unfair-try-release", nil, func(p redis.Pipeliner, k core.Keys, i int) {
-			call(p, k, lua.Acquire, roomy, id(i), 1, 30000, "try", "-", 0, "bench", 0)
-			call(p, k, lua.Release, roomy, id(i), "owner", 15000)
-		})
-		bench("rate-fair-queue-release", func(k core.Keys) {
-			if _, err := run1(ctx, c, lua.Heartbeat, k, roomy, "sess", 600000, "new"); err != nil {
-				b.Fatal(err)
-			}
-		}, func(p redis.Pipeliner, k core.Keys, i int) {
-			call(p, k, lua.Acquire, roomy, id(i), 1, 30000, "queue", "sess", 0, "bench", 0)
-			call(p, k, lua.Release, roomy, id(i), "owner", 15000)
-		})
-		// rate-try-refused: a slot is free but the window is full (2 of 2
-		// per minute granted): TryAcquire is refused by the rate and told
-		// when the window has room.
-		const full = "5:2:60000"
-		bench("rate-try-refused", func(k core.Keys) {
-			if _, err := run1(ctx, c, lua.Acquire, k, full, "held", 2, 600000, "try", "-", 0, "bench", 0); err != nil {
-				b.Fatal(err)
-			}
-		}, func(p redis.Pipeliner, k core.Keys, i int) {
-			call(p, k, lua.Acquire, full, id(i), 1, 30000, "try", "-", 0, "bench", 0)
-		})
-		// rate-heartbeat: the head waiter fits the free slots but the
-		// window is full: each beat checks the window and keeps it queued.
-		bench("rate-heartbeat", func(k core.Keys) {
-			if _, err := run1(ctx, c, lua.Heartbeat, k, full, "sess", 600000, "new"); err != nil {
-				b.Fatal(err)
-			}
-			if _, err := run1(ctx, c, lua.Acquire, k, full, "holder", 2, 600000, "queue", "sess", 0, "bench", 0); err != nil {
-				b.Fatal(err)
-			}
-			if _, err := run1(ctx, c, lua.Acquire, k, full, "waiter", 1, 600000, "queue", "sess", 0, "bench", 0); err != nil {
-				b.Fatal(err)
-			}
-		}, func(p redis.Pipeliner, k core.Keys, i int) {
-			call(p, k, lua.Heartbeat, full, "sess", 600000, "old")
-		})
-		// rate-status: Status sums the window's records (2 here).
-		bench("rate-status", func(k core.Keys) {
-			if _, err := run1(ctx, c, lua.Acquire, k, full, "held", 2, 600000, "try", "-", 0, "bench", 0); err != nil {
-				b.Fatal(err)
-			}
-		}, func(p redis.Pipeliner, k core.Keys, i int) {
-			if mode == "fcall" {
-				p.FCallRO(ctx, lua.Status.Function(), k.List, k.Chan, "PUBLISH", full)
-			} else {
-				p.EvalShaRO(ctx, lua.Status.Hash(), k.List, k.Chan, "PUBLISH", full)
-			}
-		})
-	}
+	// The same under a rate (Options.Rate). "5:R:P" is the client's
+	// limit 5 with a rate of R slots per P ms (lib.lua's client_arg).
+	//
+	// rate-*-release: a rate that always has room (a million per 100
+	// ms), so every grant is checked against, and recorded in, a window
+	// of a few thousand records that each call also trims.
+	const roomy = "5:1000000:100"
+	bench("rate-unfair-try-release", nil, func(p redis.Pipeliner, k core.Keys, i int) {
+		call(p, k, lua.Acquire, roomy, id(i), 1, 30000, "try", "-", 0, "bench", 0)
+		call(p, k, lua.Release, roomy, id(i), "owner", 15000)
+	})
+	bench("rate-fair-queue-release", func(k core.Keys) error {
+		if _, err := run1(ctx, c, lua.Heartbeat, k, roomy, "sess", 600000, "new"); err != nil {
+			return err
+		}
+		return nil
+	}, func(p redis.Pipeliner, k core.Keys, i int) {
+		call(p, k, lua.Acquire, roomy, id(i), 1, 30000, "queue", "sess", 0, "bench", 0)
+		call(p, k, lua.Release, roomy, id(i), "owner", 15000)
+	})
+	// rate-try-refused: a slot is free but the window is full (2 of 2
+	// per minute granted): TryAcquire is refused by the rate and told
+	// when the window has room.
+	const full = "5:2:60000"
+	bench("rate-try-refused", func(k core.Keys) error {
+		if _, err := run1(ctx, c, lua.Acquire, k, full, "held", 2, 600000, "try", "-", 0, "bench", 0); err != nil {
+			return err
+		}
+		return nil
+	}, func(p redis.Pipeliner, k core.Keys, i int) {
+		call(p, k, lua.Acquire, full, id(i), 1, 30000, "try", "-", 0, "bench", 0)
+	})
+	// rate-heartbeat: the head waiter fits the free slots but the
+	// window is full: each beat checks the window and keeps it queued.
+	bench("rate-heartbeat", func(k core.Keys) error {
+		if _, err := run1(ctx, c, lua.Heartbeat, k, full, "sess", 600000, "new"); err != nil {
+			return err
+		}
+		if _, err := run1(ctx, c, lua.Acquire, k, full, "holder", 2, 600000, "queue", "sess", 0, "bench", 0); err != nil {
+			return err
+		}
+		if _, err := run1(ctx, c, lua.Acquire, k, full, "waiter", 1, 600000, "queue", "sess", 0, "bench", 0); err != nil {
+			return err
+		}
+		return nil
+	}, func(p redis.Pipeliner, k core.Keys, i int) {
+		call(p, k, lua.Heartbeat, full, "sess", 600000, "old")
+	})
+	// rate-status: Status sums the window's records (2 here).
+	bench("rate-status", func(k core.Keys) error {
+		if _, err := run1(ctx, c, lua.Acquire, k, full, "held", 2, 600000, "try", "-", 0, "bench", 0); err != nil {
+			return err
+		}
+		return nil
+	}, func(p redis.Pipeliner, k core.Keys, i int) {
+		if mode == "fcall" {
+			p.FCallRO(ctx, lua.Status.Function(), k.List, k.Chan, "PUBLISH", full)
+		} else {
+			p.EvalShaRO(ctx, lua.Status.Hash(), k.List, k.Chan, "PUBLISH", full)
+		}
+	})
+	return cases
 }
 
 func run1(ctx context.Context, c *redis.Client, s lua.Script, k core.Keys, args ...any) ([]any, error) {
