@@ -179,7 +179,7 @@ if mode == 'try' then
   return refused(-1)
 elseif mode == 'wait' then
   if num('_want') < now + want_ms / 2 then -- refreshed at most twice per want_ms
-    set('_want', fmt(now + want_ms))
+    set('_want', now + want_ms)
   end
   return refused(-1)
 end

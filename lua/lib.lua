@@ -293,22 +293,42 @@ local function get(f)
   return META[f]
 end
 
+-- num returns a meta field as a number (0 when absent). Each field is
+-- converted once per call: NUMS keeps what num read and what set wrote as a
+-- number (a conversion runs strtod, and the scripts read _used, _q and the
+-- like many times per call).
+local NUMS
 local function num(f)
-  return tonumber(META[f]) or 0
+  local v = NUMS[f]
+  if v == nil then
+    v = tonumber(META[f]) or 0
+    NUMS[f] = v
+  end
+  return v
 end
 
 -- next_expiry is _next as a number: math.huge when no holder is known.
 local function next_expiry()
-  local v = META['_next']
-  if not v or v == 'inf' then
-    return math.huge
+  local v = NUMS['_next']
+  if v then
+    return v
   end
-  return tonumber(v) or 0
+  v = META['_next']
+  if not v or v == 'inf' then
+    v = math.huge
+  else
+    v = tonumber(v) or 0
+  end
+  NUMS['_next'] = v
+  return v
 end
 
 local function set(f, v)
   if type(v) == 'number' then
+    NUMS[f] = v
     v = fmt(v) -- Lua's own conversion prints 1e+14 for large numbers
+  else
+    NUMS[f] = nil
   end
   META[f] = v
   DIRTY[f] = true
@@ -316,6 +336,7 @@ local function set(f, v)
 end
 
 local function del(f)
+  NUMS[f] = nil
   META[f] = false
   DIRTY[f] = nil
   GONE[f] = true
@@ -349,7 +370,7 @@ local function extend(now, until_ms)
     return
   end
   hz = until_ms + MARGIN_MS + math.max(until_ms - now, MARGIN_MS)
-  set('_hz', fmt(hz))
+  set('_hz', hz)
   HZ_MOVED = true
 end
 
@@ -494,12 +515,33 @@ local function expire(now)
   local dead = redis.call('ZRANGE', H, '-inf', now, 'BYSCORE', 'LIMIT', 0, BATCH)
   drop_holders(dead)
   if #dead == BATCH then
-    set('_next', fmt(now)) -- more may be due: the next call goes on
+    set('_next', now) -- more may be due: the next call goes on
   else
     local first = redis.call('ZRANGE', H, 0, 0, 'WITHSCORES')
     set('_next', first[2] or 'inf')
   end
   return #dead
+end
+
+-- Redis stores a hash of at most hash-max-listpack-entries fields (512 by
+-- default) whose values are all short as one flat listpack, and finds a
+-- field in it by scanning from the front: with a few hundred records in
+-- meta (tombstones, mostly) every field that a call reads or writes cost a
+-- scan, and the scans were half of the server's instructions per call
+-- (lua TestScriptInstructions). Once meta holds more than HASHED_AT fields,
+-- it gets a field "_pad" whose value is longer than
+-- hash-max-listpack-value (64 by default), which makes Redis keep it as a
+-- hash table for good (including after a restart from a snapshot). A
+-- small semaphore stays a compact listpack.
+local HASHED_AT = 32
+local PAD = 'a value longer than hash-max-listpack-value keeps this hash a hash table: lookups are O(1) (redsem lib.lua)'
+
+-- keep_hashed gives meta its "_pad" once it holds more than HASHED_AT fields
+-- (prune calls it, at most every 100 ms).
+local function keep_hashed()
+  if redis.call('HLEN', M) > HASHED_AT then
+    redis.call('HSETNX', M, '_pad', PAD)
+  end
 end
 
 -- prune drops tombstones past their time, and dead sessions with their
@@ -511,6 +553,7 @@ local function prune(now)
   if now < num('_prune') then
     return
   end
+  keep_hashed()
   local due = redis.call('ZRANGE', E, '-inf', now, 'BYSCORE', 'LIMIT', 0, BATCH)
   if #due > 0 then
     redis.call('ZREM', E, unpack(due))
@@ -551,9 +594,9 @@ local function prune(now)
     end
   end
   if #due == BATCH or #dead == BATCH then
-    set('_prune', fmt(now))
+    set('_prune', now)
   else
-    set('_prune', fmt(now + 100))
+    set('_prune', now + 100)
   end
 end
 
@@ -703,7 +746,7 @@ local function rate_trim(now_us)
     set('_rsum', math.max(num('_rsum') - sum, 0))
   end
   if #gone == CHUNK then
-    set('_rold', fmt(cutoff)) -- more may be due: the next call goes on
+    set('_rold', cutoff) -- more may be due: the next call goes on
   else
     local first = redis.call('ZRANGE', W, 0, 0, 'WITHSCORES')
     set('_rold', first[2] or 'inf')
@@ -777,7 +820,7 @@ local function rate_record(token, n, now)
   redis.call('ZADD', W, token, fmt(token) .. ':' .. n)
   set('_rsum', num('_rsum') + n)
   if not old or old == 'inf' then
-    set('_rold', fmt(token))
+    set('_rold', token)
   end
   extend(now, now + RP_US / 1000)
 end
@@ -796,11 +839,11 @@ end
 local function grant(id, n, now, now_us, deadline, owner)
   local slots = take_slots(n)
   local token = math.max(num('_token') + 1, now_us)
-  set('_token', fmt(token))
+  set('_token', token)
   set(id, 'L|' .. fmt(token) .. '|' .. table.concat(slots, ',') .. '|' .. owner)
   redis.call('ZADD', H, deadline, id)
   if deadline < next_expiry() then
-    set('_next', fmt(deadline))
+    set('_next', deadline)
   end
   extend(now, deadline)
   rate_record(token, n, now)
@@ -987,7 +1030,7 @@ local function bind(keys, argv)
   CLOCK_MS, CLOCK_US = 0, 0
   CRL, CRP = 0, 0
   RL, RP_US, RATE_AT, RATE_LOADED = nil, nil, nil, false
-  META, DIRTY, GONE = {}, {}, {}
+  META, DIRTY, GONE, NUMS = {}, {}, {}, {}
   HZ_MOVED = false
   SDL = {}
   return nil
