@@ -73,7 +73,6 @@
 local KEYS, ARGV
 local H, Q, S, F, E, M, O, W, R
 local CHAN, PUB
-local SETS
 local SENTINEL = '~'
 -- Keys outlive the longest entry by at least this much.
 local MARGIN_MS = 1000
@@ -375,24 +374,32 @@ local function extend(now, until_ms)
 end
 
 local function flush()
-  local hset, hdel = {}, {}
-  for f in pairs(DIRTY) do
-    hset[#hset + 1] = f
-    hset[#hset + 1] = META[f]
+  if next(DIRTY) ~= nil then
+    local hset, n = {}, 0
+    for f in pairs(DIRTY) do
+      hset[n + 1] = f
+      hset[n + 2] = META[f]
+      n = n + 2
+    end
+    for i = 1, n, CHUNK do
+      redis.call('HSET', M, unpack(hset, i, math.min(i + CHUNK - 1, n)))
+    end
+    DIRTY = {}
   end
-  for f in pairs(GONE) do
-    hdel[#hdel + 1] = f
+  if next(GONE) ~= nil then
+    local hdel, n = {}, 0
+    for f in pairs(GONE) do
+      n = n + 1
+      hdel[n] = f
+    end
+    for i = 1, n, CHUNK do
+      redis.call('HDEL', M, unpack(hdel, i, math.min(i + CHUNK - 1, n)))
+    end
+    GONE = {}
   end
-  for i = 1, #hset, CHUNK do
-    redis.call('HSET', M, unpack(hset, i, math.min(i + CHUNK - 1, #hset)))
-  end
-  for i = 1, #hdel, CHUNK do
-    redis.call('HDEL', M, unpack(hdel, i, math.min(i + CHUNK - 1, #hdel)))
-  end
-  DIRTY, GONE = {}, {}
   if HZ_MOVED then
     local hz = META['_hz']
-    for _, k in ipairs(SETS) do
+    for _, k in ipairs({H, Q, S, F, E, W}) do
       if k ~= S then
         redis.call('PEXPIREAT', k, hz)
       else
@@ -425,10 +432,8 @@ local function init(now)
   if get('_hz') then
     return
   end
-  for _, k in ipairs(SETS) do
-    if k ~= W then
-      redis.call('ZADD', k, 'inf', SENTINEL)
-    end
+  for _, k in ipairs({H, Q, S, F, E}) do -- not W (see above)
+    redis.call('ZADD', k, 'inf', SENTINEL)
   end
   local o = META['_o']
   if o == nil then
@@ -857,6 +862,9 @@ end
 -- session_deadline returns a live session's deadline, or nil.
 local SDL -- session id -> deadline, as read by this call
 local function session_deadline(sid, now)
+  if not SDL then
+    SDL = {}
+  end
   local d = SDL[sid]
   if d == nil then
     d = tonumber(redis.call('ZSCORE', S, sid)) or 0
@@ -1026,12 +1034,11 @@ local function bind(keys, argv)
   if PUB ~= 'PUBLISH' and PUB ~= 'SPUBLISH' then
     return fail('bad publish command: ' .. tostring(PUB))
   end
-  SETS = {H, Q, S, F, E, W}
   CLOCK_MS, CLOCK_US = 0, 0
   CRL, CRP = 0, 0
   RL, RP_US, RATE_AT, RATE_LOADED = nil, nil, nil, false
   META, DIRTY, GONE, NUMS = {}, {}, {}, {}
   HZ_MOVED = false
-  SDL = {}
+  SDL = nil
   return nil
 end
