@@ -45,7 +45,8 @@
 --   KEYS[9]), _rsum the slots of the window's records not trimmed yet, _rold
 --   a lower bound of the window records' times ("inf": none), _rwake the
 --   latest time (server µs) at which the rate frees room for the head waiter
---   that its session was told of.
+--   that its session was told of. _pad: a constant text that keeps meta a
+--   hash table once it is large (keep_hashed).
 -- meta records, one field per lease or waiter id (ids never start with "_"):
 --   "L|token|s1,s2,...|owner"           a holder entry's lease
 --   "W|session|weight|lease_ms|owner"   a queue entry's waiter
