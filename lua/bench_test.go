@@ -95,6 +95,39 @@ func scriptCases(ctx context.Context, c *redis.Client, mode string) []scriptCase
 		call(p, k, lua.Acquire, 5, id(i), 1, 30000, "try", "-", 0, "bench", 0)
 		call(p, k, lua.Release, 5, id(i), "owner", 15000)
 	})
+	// The unfair cycle on a semaphore whose meta holds 300 tombstones (as
+	// one that turns over 20 leases a second keeps: each lives 15 s), after
+	// a prune step has run: the field lookups of a listpack of 300 fields
+	// against a hash table (lib.lua's keep_hashed).
+	bench("unfair-try-release-300", func(k core.Keys) error {
+		for i := 0; i < 300; i++ {
+			if _, err := run1(ctx, c, lua.Acquire, k, 5, "t"+id(i), 1, 30000, "try", "-", 0, "bench", 0); err != nil {
+				return err
+			}
+			if _, err := run1(ctx, c, lua.Release, k, 5, "t"+id(i), "owner", 15000); err != nil {
+				return err
+			}
+		}
+		next, err := c.HGet(ctx, k.List[core.KeyMeta], "_prune").Int64()
+		if err != nil {
+			return err
+		}
+		for {
+			now, err := c.Time(ctx).Result()
+			if err != nil {
+				return err
+			}
+			if now.UnixMilli() >= next {
+				break
+			}
+			time.Sleep(time.Millisecond)
+		}
+		_, err = run1(ctx, c, lua.Release, k, 5, "none", "owner", 15000) // runs prune
+		return err
+	}, func(p redis.Pipeliner, k core.Keys, i int) {
+		call(p, k, lua.Acquire, 5, id(i), 1, 30000, "try", "-", 0, "bench", 0)
+		call(p, k, lua.Release, 5, id(i), "owner", 15000)
+	})
 	// The uncontended fair cycle: a queue-mode acquire granted at once, then
 	// Release, under a live session.
 	bench("fair-queue-release", func(k core.Keys) error {
