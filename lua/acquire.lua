@@ -194,7 +194,7 @@ if max_q > 0 and num('_q') >= max_q then
 end
 local seq = num('_seq') + 1
 set('_seq', seq)
-redis.call('ZADD', Q, seq, id)
+redis.call('ZADD', Q, fmt(seq), id)
 set(id, 'W|' .. sid .. '|' .. fmt(n) .. '|' .. fmt(lease_ms) .. '|' .. owner)
 set('_q', num('_q') + 1)
 return refused(num('_q') - 1)

@@ -26,7 +26,7 @@ init(now)
 local alive = 1
 local sdl = tonumber(redis.call('ZSCORE', S, sid))
 if fresh or (sdl and sdl > now) then
-  redis.call('ZADD', S, now + queue_ms, sid)
+  redis.call('ZADD', S, fmt(now + queue_ms), sid)
   extend(now, now + queue_ms)
 else
   alive = 0

@@ -199,7 +199,14 @@ local function clock()
   return CLOCK_MS, CLOCK_US
 end
 
+-- fmt formats a number as Redis and the clients read it: digits, never
+-- an exponent. Integers (every count, time and token) go through C's %d,
+-- which costs half of %.0f (whose arbitrary-precision path is for
+-- fractions: kept for anything else, inf and nan included).
 local function fmt(n)
+  if n % 1 == 0 and n > -9007199254740992 and n < 9007199254740992 then
+    return string.format('%d', n)
+  end
   return string.format('%.0f', n)
 end
 
@@ -374,7 +381,32 @@ local function extend(now, until_ms)
   HZ_MOVED = true
 end
 
+-- FREED holds the slots that this call gave back while the free set held
+-- none (give_back), instead of writing them there at once: a grant later in
+-- the same call (a Release that admits the next waiter) takes them from here,
+-- which saves a ZADD and a ZPOPMIN of the free set per handoff, and flush
+-- writes the rest. While FREED holds slots the free set holds none (give_back
+-- writes there only when it held some already), so the lowest free slots
+-- are FREED's. nil: none this call.
+local FREED
+
+-- add_free writes slots into the free set.
+local function add_free(slots)
+  for i = 1, #slots, CHUNK / 2 do
+    local args = {}
+    for k = i, math.min(i + CHUNK / 2 - 1, #slots) do
+      args[#args + 1] = slots[k]
+      args[#args + 1] = slots[k]
+    end
+    redis.call('ZADD', F, unpack(args))
+  end
+end
+
 local function flush()
+  if FREED then
+    add_free(FREED)
+    FREED = nil
+  end
   if next(DIRTY) ~= nil then
     local hset, n = {}, 0
     for f in pairs(DIRTY) do
@@ -474,13 +506,17 @@ end
 
 -- give_back returns slots to the free set.
 local function give_back(slots)
-  for i = 1, #slots, CHUNK / 2 do
-    local args = {}
-    for k = i, math.min(i + CHUNK / 2 - 1, #slots) do
-      args[#args + 1] = slots[k]
-      args[#args + 1] = slots[k]
+  if #slots == 0 then
+    return
+  end
+  if FREED or num('_hw') == num('_used') then
+    -- The free set holds no slot: keep them for a grant of this call.
+    FREED = FREED or {}
+    for _, s in ipairs(slots) do
+      FREED[#FREED + 1] = s
     end
-    redis.call('ZADD', F, unpack(args))
+  else
+    add_free(slots)
   end
   set('_used', num('_used') - #slots)
 end
@@ -610,7 +646,7 @@ end
 -- that ran ("S") until until_ms.
 local function tombstone(id, kind, now, until_ms)
   set(id, kind)
-  redis.call('ZADD', E, until_ms, id)
+  redis.call('ZADD', E, fmt(until_ms), id)
   extend(now, until_ms)
 end
 
@@ -644,7 +680,20 @@ end
 local function take_slots(n)
   local slots = {}
   local have = num('_hw') - num('_used')
-  if have > 0 then
+  if FREED then
+    -- Given back by this call, the free set holding none: the lowest
+    -- free slots are here (then above the high-water mark).
+    table.sort(FREED)
+    local rest = {}
+    for i, s in ipairs(FREED) do
+      if i <= n then
+        slots[i] = s
+      else
+        rest[#rest + 1] = s
+      end
+    end
+    FREED = rest
+  elseif have > 0 then
     local popped = redis.call('ZPOPMIN', F, math.min(n, have))
     for i = 1, #popped, 2 do
       if popped[i] == SENTINEL then
@@ -823,7 +872,8 @@ local function rate_record(token, n, now)
     redis.call('ZADD', W, 'inf', SENTINEL)
     HZ_MOVED = true
   end
-  redis.call('ZADD', W, token, fmt(token) .. ':' .. n)
+  local t = fmt(token)
+  redis.call('ZADD', W, t, t .. ':' .. n)
   set('_rsum', num('_rsum') + n)
   if not old or old == 'inf' then
     set('_rold', token)
@@ -847,7 +897,7 @@ local function grant(id, n, now, now_us, deadline, owner)
   local token = math.max(num('_token') + 1, now_us)
   set('_token', token)
   set(id, 'L|' .. fmt(token) .. '|' .. table.concat(slots, ',') .. '|' .. owner)
-  redis.call('ZADD', H, deadline, id)
+  redis.call('ZADD', H, fmt(deadline), id)
   if deadline < next_expiry() then
     set('_next', deadline)
   end
@@ -1039,6 +1089,7 @@ local function bind(keys, argv)
   CRL, CRP = 0, 0
   RL, RP_US, RATE_AT, RATE_LOADED = nil, nil, nil, false
   META, DIRTY, GONE, NUMS = {}, {}, {}, {}
+  FREED = nil
   HZ_MOVED = false
   SDL = nil
   return nil

@@ -31,7 +31,7 @@ if not held or held <= now then
   end
   return finish({0, now})
 end
-redis.call('ZADD', H, 'XX', now + lease_ms, id)
+redis.call('ZADD', H, 'XX', fmt(now + lease_ms), id)
 -- A live renewal needs only the horizon (extend); the other counters stay
 -- unread and unwritten.
 META['_hz'] = redis.call('HGET', M, '_hz')
