@@ -119,8 +119,11 @@ type runResult struct {
 	// included), and of that the commands the scripts ran.
 	ScriptUsPerCall      float64 `json:"script_us_per_call"`
 	InnerUsPerScriptCall float64 `json:"inner_us_per_script_call"`
-	// Per script, from SLOWLOG (threshold 0 during the run): calls per
-	// hold and mean usec per call.
+	// Per script: calls per hold and mean usec per call. SLOWLOG splits
+	// the time by script, but at threshold 0 it slows Redis itself (every
+	// command a script runs is logged: 20-45% more Redis CPU per hold), so
+	// it runs only in a short second run after the measured one (splitRun),
+	// whose split is scaled to this run's commandstats totals.
 	Scripts           []ScriptCost `json:"scripts,omitempty"`
 	RedisCPUUsPerHold float64      `json:"redis_cpu_us_per_hold"`
 	PingRTTUs         float64      `json:"ping_rtt_us"`
@@ -219,11 +222,8 @@ func (b *bencher) run(s runSpec) (runResult, error) {
 		}
 	}
 	var before ServerStats
-	var slog *scriptLog
 	if s.variant != "local" {
-		slog = startScriptLog(ctx, b.client)
 		if before, err = ReadStats(ctx, b.client); err != nil {
-			slog.stop(ctx, 0)
 			return r, err
 		}
 	}
@@ -242,14 +242,10 @@ func (b *bencher) run(s runSpec) (runResult, error) {
 	}
 	stopProgress(tr.Errors)
 	if err != nil {
-		if slog != nil {
-			slog.stop(ctx, 0)
-		}
 		return r, err
 	}
 	if s.variant != "local" {
 		after, err := ReadStats(ctx, b.client)
-		r.Scripts = slog.stop(ctx, len(tr.Records))
 		if err != nil {
 			return r, err
 		}
@@ -268,6 +264,12 @@ func (b *bencher) run(s runSpec) (runResult, error) {
 		if s.variant == "naive-counter" {
 			_ = b.client.Del(ctx, naiveKey(b.f.prefix, s.variant, name)).Err()
 		}
+		if r.ScriptCallsPerHold > 0 {
+			if r.Scripts, err = b.splitRun(s, hold); err != nil {
+				return r, err
+			}
+			scaleScripts(r.Scripts, r.ScriptCallsPerHold, r.ScriptCallsPerHold*r.ScriptUsPerCall)
+		}
 	}
 	r.Metrics = Analyze(tr.Records, s.limit, s.workers, start.UnixNano(), end.UnixNano())
 	if !s.rate.IsZero() {
@@ -285,6 +287,50 @@ func (b *bencher) run(s runSpec) (runResult, error) {
 }
 
 func us(d time.Duration) float64 { return float64(d) / 1e3 }
+
+// splitRunLength is how long splitRun runs the workload.
+const splitRunLength = 500 * time.Millisecond
+
+// splitRun runs the workload of s again, in this process, for
+// splitRunLength on a name of its own, with SLOWLOG timing every command,
+// and returns what each script cost per hold in it (nil when the server
+// refuses CONFIG SET). Its figures are SLOWLOG's, which slows Redis: run
+// only for the split, after the measured run.
+func (b *bencher) splitRun(s runSpec, hold Hold) ([]ScriptCost, error) {
+	ctx := context.Background()
+	s.procs = 1
+	slog := startScriptLog(ctx, b.client)
+	start := time.Now().Add(100 * time.Millisecond)
+	tr, err := b.inProcess(s, randomName("bench-split-"+s.variant), hold, start, start.Add(splitRunLength))
+	if err != nil {
+		slog.stop(ctx, 0)
+		return nil, err
+	}
+	return slog.stop(ctx, len(tr.Records)), nil
+}
+
+// scaleScripts scales a split by script (from splitRun) to the totals of
+// the measured run: calls per hold summing to calls, and µs per hold
+// summing to usPerHold, keeping the split's proportions.
+func scaleScripts(sc []ScriptCost, calls, usPerHold float64) {
+	var n, t float64
+	for _, c := range sc {
+		n += c.CallsPerHold
+	}
+	if n == 0 {
+		return
+	}
+	for i := range sc {
+		sc[i].CallsPerHold *= calls / n
+		t += sc[i].CallsPerHold * sc[i].UsPerCall
+	}
+	if t == 0 {
+		return
+	}
+	for i := range sc {
+		sc[i].UsPerCall *= usPerHold / t
+	}
+}
 
 // uncontended measures TryAcquire+Release cycles on a name nobody else uses.
 func (b *bencher) uncontended(ctx context.Context, variant string, r *runResult) error {

@@ -18,7 +18,8 @@ type ScriptCost struct {
 	// CallsPerHold is its calls per hold made in the run.
 	CallsPerHold float64 `json:"calls_per_hold"`
 	// UsPerCall is the mean time Redis spent in one call (inner commands
-	// included), as SLOWLOG timed it.
+	// included): SLOWLOG's split (from a short run of its own), scaled to
+	// the measured run's INFO commandstats total.
 	UsPerCall float64 `json:"us_per_call"`
 }
 
