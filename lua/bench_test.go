@@ -100,10 +100,11 @@ func scriptCases(ctx context.Context, c *redis.Client, mode string) []scriptCase
 	id := func(i int) string { return "id-" + strconv.Itoa(i) }
 
 	// The uncontended unfair cycle: TryAcquire, then Release.
-	bench("unfair-try-release", nil, func(p redis.Pipeliner, k core.Keys, i int) {
+	tryRelease := func(p redis.Pipeliner, k core.Keys, i int) {
 		call(p, k, lua.Acquire, 5, id(i), 1, 30000, "try", "-", 0, "bench", 0)
 		call(p, k, lua.Release, 5, id(i), "owner", 15000)
-	})
+	}
+	bench("unfair-try-release", nil, tryRelease)
 	// The unfair cycle on a semaphore whose meta holds 300 tombstones (as
 	// one that turns over 20 leases a second keeps: each lives 15 s; with
 	// fewer than 512 fields Redis keeps the hash a listpack, where a field
@@ -133,10 +134,7 @@ func scriptCases(ctx context.Context, c *redis.Client, mode string) []scriptCase
 		}
 		_, err = run1(ctx, c, lua.Release, k, 5, "none", "owner", 15000) // runs prune
 		return err
-	}, func(p redis.Pipeliner, k core.Keys, i int) {
-		call(p, k, lua.Acquire, 5, id(i), 1, 30000, "try", "-", 0, "bench", 0)
-		call(p, k, lua.Release, 5, id(i), "owner", 15000)
-	})
+	}, tryRelease)
 	// The uncontended fair cycle: a queue-mode acquire granted at once, then
 	// Release, under a live session.
 	bench("fair-queue-release", func(k core.Keys) error {
