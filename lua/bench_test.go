@@ -106,9 +106,9 @@ func scriptCases(ctx context.Context, c *redis.Client, mode string) []scriptCase
 	}
 	bench("unfair-try-release", nil, tryRelease)
 	// The unfair cycle on a semaphore whose meta holds 300 tombstones (as
-	// one that turns over 20 leases a second keeps: each lives 15 s; with
-	// fewer than 512 fields Redis keeps the hash a listpack, where a field
-	// is found by a scan), after a prune step has run.
+	// one that turns over 20 leases a second keeps: each lives 15 s), after
+	// a prune step has run: the field lookups of a listpack of 300 fields
+	// against a hash table (lib.lua's keep_hashed).
 	bench("unfair-try-release-300", func(k core.Keys) error {
 		for i := 0; i < 300; i++ {
 			if _, err := run1(ctx, c, lua.Acquire, k, 5, "t"+id(i), 1, 30000, "try", "-", 0, "bench", 0); err != nil {

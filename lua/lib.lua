@@ -45,7 +45,8 @@
 --   KEYS[9]), _rsum the slots of the window's records not trimmed yet, _rold
 --   a lower bound of the window records' times ("inf": none), _rwake the
 --   latest time (server µs) at which the rate frees room for the head waiter
---   that its session was told of.
+--   that its session was told of. _pad: a constant text that keeps meta a
+--   hash table once it is large (keep_hashed).
 -- meta records, one field per lease or waiter id (ids never start with "_"):
 --   "L|token|s1,s2,...|owner"           a holder entry's lease
 --   "W|session|weight|lease_ms|owner"   a queue entry's waiter
@@ -564,6 +565,27 @@ local function expire(now)
   return #dead
 end
 
+-- Redis stores a hash of at most hash-max-listpack-entries fields (512 by
+-- default) whose values are all short as one flat listpack, and finds a
+-- field in it by scanning from the front: with a few hundred records in
+-- meta (tombstones, mostly) every field that a call reads or writes cost a
+-- scan, and the scans were half of the server's instructions per call
+-- (lua TestScriptInstructions). Once meta holds more than HASHED_AT fields,
+-- it gets a field "_pad" whose value is longer than
+-- hash-max-listpack-value (64 by default), which makes Redis keep it as a
+-- hash table for good (including after a restart from a snapshot). A
+-- small semaphore stays a compact listpack.
+local HASHED_AT = 32
+local PAD = 'a value longer than hash-max-listpack-value keeps this hash a hash table: lookups are O(1) (redsem lib.lua)'
+
+-- keep_hashed gives meta its "_pad" once it holds more than HASHED_AT fields
+-- (prune calls it, at most every 100 ms).
+local function keep_hashed()
+  if redis.call('HLEN', M) > HASHED_AT then
+    redis.call('HSETNX', M, '_pad', PAD)
+  end
+end
+
 -- prune drops tombstones past their time, and dead sessions with their
 -- waiters wherever they stand in the queue (admit also evicts dead waiters
 -- it meets at the head). It runs at most every 100 ms (sooner while a
@@ -573,6 +595,7 @@ local function prune(now)
   if now < num('_prune') then
     return
   end
+  keep_hashed()
   local due = redis.call('ZRANGE', E, '-inf', now, 'BYSCORE', 'LIMIT', 0, BATCH)
   if #due > 0 then
     redis.call('ZREM', E, unpack(due))

@@ -2,6 +2,7 @@ package lua_test
 
 import (
 	"context"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -210,5 +211,58 @@ func TestScriptsLoadUnderTheirHash(t *testing.T) {
 	}
 	if bad := lua.Script(0); bad.Source() != "" || bad.Hash() != "" || bad.String() != "Script(0)" {
 		t.Errorf("Script(0): %q %q %q, want empty and a plain name", bad.Source(), bad.Hash(), bad.String())
+	}
+}
+
+// A semaphore's meta hash leaves Redis's listpack encoding (where every
+// field read or written scans the hash from the front) once it holds more
+// than a few dozen fields, tombstones mostly, and stays a hash table; a
+// small one stays a compact listpack. Without lib.lua's keep_hashed, 40
+// releases' tombstones left a listpack of 50 fields (the default limit is
+// 512), whose scans were half of the server's instructions per call.
+func TestMetaLeavesListpackWhenLarge(t *testing.T) {
+	ctx := redistest.Ctx(t, 10*time.Second)
+	c := redistest.Client(t)
+	small := core.KeysFor("redsem", redistest.Name(t)+"-small")
+	large := core.KeysFor("redsem", redistest.Name(t)+"-large")
+	cycle := func(k core.Keys, id string) {
+		t.Helper()
+		if r, err := run(ctx, t, c, lua.Acquire, k, 2, id, 1, 5000, "try", "-", 1000, "test", 0); err != nil || r[0] != int64(1) {
+			t.Fatalf("acquire %s: %v %v", id, r, err)
+		}
+		if _, err := run(ctx, t, c, lua.Release, k, 2, id, "owner", 5000); err != nil {
+			t.Fatalf("release %s: %v", id, err)
+		}
+	}
+	for i := 0; i < 40; i++ {
+		cycle(large, "id-"+strconv.Itoa(i))
+	}
+	cycle(small, "id-0")
+	// The check runs with prune, at most every 100 ms: one more cycle
+	// once the server's clock has passed the next prune time of each.
+	for _, k := range []core.Keys{large, small} {
+		next, err := c.HGet(ctx, k.List[core.KeyMeta], "_prune").Int64()
+		if err != nil {
+			t.Fatal(err)
+		}
+		redistest.WaitFor(t, 5*time.Second, "the server's clock to pass _prune", func() (bool, error) {
+			now, err := c.Time(ctx).Result()
+			return now.UnixMilli() >= next, err
+		})
+		cycle(k, "last")
+	}
+	for _, x := range []struct {
+		k    core.Keys
+		want string
+	}{{large, "hashtable"}, {small, "listpack"}} {
+		k, want := x.k, x.want
+		enc, err := c.ObjectEncoding(ctx, k.List[core.KeyMeta]).Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		n := c.HLen(ctx, k.List[core.KeyMeta]).Val()
+		if enc != want {
+			t.Errorf("meta of %d fields is a %s, want a %s", n, enc, want)
+		}
 	}
 }
