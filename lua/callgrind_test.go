@@ -26,6 +26,13 @@ import (
 // everything the server does for the calls (reading the pipelined
 // requests, the scripts, their commands, the replies), after a warm-up.
 //
+// Counts are not time, and the benchmarks (BenchmarkScripts, redsem bench)
+// are the measure of speed: instructions differ in cost, and under
+// valgrind each call takes about 50 times longer, so the steps the scripts
+// run at most every 100 ms of server time (prune) run on far more calls
+// than at speed. Use the counts to see where a script's work goes, then
+// time the change.
+//
 // It needs valgrind and runs only when asked (it takes about a minute):
 //
 //	REDSEM_CALLGRIND=1 go test ./lua -run TestScriptInstructions -v
