@@ -266,3 +266,64 @@ func TestMetaLeavesListpackWhenLarge(t *testing.T) {
 		}
 	}
 }
+
+// A Release that admits the head waiter hands it the lowest free slots:
+// the one just freed when the free set held none (kept within the call, not
+// written and popped again), and the free set's with it when it held some.
+// Either way the free set ends holding exactly the slots nobody holds.
+func TestHandoffTakesLowestFreeSlots(t *testing.T) {
+	ctx := redistest.Ctx(t, 10*time.Second)
+	c := redistest.Client(t)
+	k := core.KeysFor("redsem", redistest.Name(t))
+	call := func(s lua.Script, args ...any) []any {
+		t.Helper()
+		r, err := run(ctx, t, c, s, k, args...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return r
+	}
+	acquire := func(id string, n int) []any {
+		t.Helper()
+		return call(lua.Acquire, 3, id, n, 60000, "queue", "sess", 0, "t", 0)
+	}
+	free := func() []string {
+		t.Helper()
+		v, err := c.ZRange(ctx, k.List[core.KeyFree], 0, -1).Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return v[:len(v)-1] // the sentinel
+	}
+	call(lua.Heartbeat, 3, "sess", 60000, "new")
+	for _, id := range []string{"a", "b", "c"} { // slots 0, 1, 2
+		if r := acquire(id, 1); r[0] != int64(1) {
+			t.Fatalf("acquire %s: %v", id, r)
+		}
+	}
+	// The free set holds none: b's slot goes to w1 within the release.
+	if r := acquire("w1", 1); r[0] != int64(0) {
+		t.Fatalf("w1 not queued: %v", r)
+	}
+	if r := call(lua.Release, 3, "b", "owner", 5000); len(r) != 6 || r[2] != "w1" || r[5] != "1" {
+		t.Fatalf("release b: %v, want w1 granted slot 1", r)
+	}
+	if f := free(); len(f) != 0 {
+		t.Fatalf("free set %v after the handoff, want none", f)
+	}
+	// a's slot 0 goes to the free set (nobody waits); w2 wants 2 slots and
+	// queues; c's release frees 2 and admits w2 with 0 and 2.
+	call(lua.Release, 3, "a", "owner", 5000)
+	if f := free(); len(f) != 1 || f[0] != "0" {
+		t.Fatalf("free set %v, want [0]", f)
+	}
+	if r := acquire("w2", 2); r[0] != int64(0) {
+		t.Fatalf("w2 not queued: %v", r)
+	}
+	if r := call(lua.Release, 3, "c", "owner", 5000); len(r) != 6 || r[2] != "w2" || r[5] != "0,2" {
+		t.Fatalf("release c: %v, want w2 granted slots 0,2", r)
+	}
+	if f := free(); len(f) != 0 {
+		t.Fatalf("free set %v after the second handoff, want none", f)
+	}
+}
