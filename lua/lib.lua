@@ -567,10 +567,10 @@ end
 
 -- Redis stores a hash of at most hash-max-listpack-entries fields (512 by
 -- default) whose values are all short as one flat listpack, and finds a
--- field in it by scanning from the front: with a few hundred records in
--- meta (tombstones, mostly) every field that a call reads or writes cost a
--- scan, and the scans were half of the server's instructions per call
--- (lua TestScriptInstructions). Once meta holds more than HASHED_AT fields,
+-- field in it by scanning from the front, to the end for a field it does
+-- not hold (_fixed, _rx, a new id): with 300 records in meta (tombstones,
+-- mostly) an unfair TryAcquire or Release took 30-32 µs instead of 19-20
+-- (BenchmarkScripts unfair-try-release-300). Once meta holds more than HASHED_AT fields,
 -- it gets a field "_pad" whose value is longer than
 -- hash-max-listpack-value (64 by default), which makes Redis keep it as a
 -- hash table for good (including after a restart from a snapshot). A
