@@ -54,9 +54,12 @@ and CPU per hold, the most slots held at once, and the PING round trip
 with the uncontended TryAcquire+Release cost as a multiple of it.
 
 Per script it reports calls per hold and the mean time Redis spent in one
-call (inner commands included): SLOWLOG times every command during a run
-(its threshold is set to 0 and restored after; a server that refuses
-CONFIG SET gets only the commandstats mean over all scripts).
+call (inner commands included). The measured run leaves SLOWLOG alone (at
+threshold 0 it slows Redis by a fifth or more); a second run of 0.5 s with
+SLOWLOG timing every command splits the time by script, scaled to the
+measured run's INFO commandstats totals (its threshold is restored after;
+a server that refuses CONFIG SET gets only the commandstats mean over all
+scripts).
 
 Variants: fair, unfair, local (an in-process channel semaphore: the
 ceiling), naive-counter (INCR/DECR, fixed retry), naive-zset (the seed's

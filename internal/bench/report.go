@@ -306,7 +306,8 @@ func markdownTable(w io.Writer, rs []runResult) {
 }
 
 // scriptTable prints what each script cost Redis, per variant: calls per
-// hold and mean µs per call (SLOWLOG), then the mean over all script calls
+// hold and mean µs per call (SLOWLOG's split, from a run of its own, scaled
+// to the measured run's totals), then the mean over all script calls
 // (INFO commandstats) and the part of it the scripts' own commands took.
 func scriptTable(w io.Writer, rs []runResult) {
 	any := false
