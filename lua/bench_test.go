@@ -44,19 +44,7 @@ func BenchmarkScripts(b *testing.B) {
 						b.Fatal(err)
 					}
 				}
-				// Warm up: the scripts are loaded and the keys exist.
-				if _, err := runPipe(ctx, c, k, sc.do, 0, pipe); err != nil {
-					b.Fatal(err)
-				}
-				cost := startCost(ctx, b, c)
-				b.ResetTimer()
-				for i := 0; i < b.N; i += pipe {
-					n := min(pipe, b.N-i)
-					if _, err := runPipe(ctx, c, k, sc.do, pipe+i, n); err != nil {
-						b.Fatal(err)
-					}
-				}
-				b.StopTimer()
+				cost := timePipe(ctx, b, c, k, sc.do, pipe)
 				// The split by script, from a short pass of its own with
 				// SLOWLOG on (see report).
 				cost.report(ctx, b, func() {
@@ -69,6 +57,24 @@ func BenchmarkScripts(b *testing.B) {
 			})
 		}
 	}
+}
+
+// timePipe times b.N cycles of do, pipe per round trip, after a warm-up
+// round (the scripts are loaded and the keys exist), and returns their cost
+// for report.
+func timePipe(ctx context.Context, b *testing.B, c *redis.Client, k core.Keys, do cycle, pipe int) *scriptCost {
+	if _, err := runPipe(ctx, c, k, do, 0, pipe); err != nil {
+		b.Fatal(err)
+	}
+	cost := startCost(ctx, b, c)
+	b.ResetTimer()
+	for i := 0; i < b.N; i += pipe {
+		if _, err := runPipe(ctx, c, k, do, pipe+i, min(pipe, b.N-i)); err != nil {
+			b.Fatal(err)
+		}
+	}
+	b.StopTimer()
+	return cost
 }
 
 // cycle sends the script calls of cycle i into p.

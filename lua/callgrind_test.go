@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strconv"
 	"strings"
 	"testing"
@@ -37,12 +38,20 @@ import (
 //
 //	REDSEM_CALLGRIND=1 go test ./lua -run TestScriptInstructions -v
 //
-// REDSEM_CALLGRIND_ARGS adds arguments to redis-server's command line (e.g.
+// REDSEM_CALLGRIND_RUN=REGEXP counts only the workloads whose name it
+// matches; REDSEM_CALLGRIND_ARGS adds arguments to redis-server's command line (e.g.
 // "--hash-max-listpack-entries 0"); REDSEM_CALLGRIND_KEEP=DIR keeps callgrind's output files there, for
 // callgrind_annotate.
 func TestScriptInstructions(t *testing.T) {
 	if os.Getenv("REDSEM_CALLGRIND") == "" {
 		t.Skip("set REDSEM_CALLGRIND=1 to count instructions per script call under callgrind")
+	}
+	var only *regexp.Regexp
+	if re := os.Getenv("REDSEM_CALLGRIND_RUN"); re != "" {
+		var err error
+		if only, err = regexp.Compile(re); err != nil {
+			t.Fatalf("REDSEM_CALLGRIND_RUN: %v", err)
+		}
 	}
 	bin, err := redisproc.Binary()
 	if err != nil {
@@ -84,7 +93,12 @@ func TestScriptInstructions(t *testing.T) {
 		t.Fatal(err)
 	}
 	const pipe, rounds = 100, 5
-	for n, sc := range scriptCases(ctx, c, "fcall") {
+	n := 0
+	for _, sc := range scriptCases(ctx, c, "fcall") {
+		if only != nil && !only.MatchString(sc.name) {
+			continue
+		}
+		n++
 		k := core.KeysFor("redsem", "cg-"+sc.name)
 		if sc.setup != nil {
 			if err := sc.setup(k); err != nil {
@@ -108,7 +122,7 @@ func TestScriptInstructions(t *testing.T) {
 		if b, err := exec.Command("callgrind_control", "--dump="+sc.name, pid).CombinedOutput(); err != nil {
 			t.Fatalf("callgrind_control --dump: %v: %s", err, b)
 		}
-		ir, err := dumpTotal(out+"."+pid, n+1)
+		ir, err := dumpTotal(out+"."+pid, n)
 		if err != nil {
 			t.Fatal(err)
 		}
