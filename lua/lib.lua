@@ -100,7 +100,7 @@ end
 -- "1e3", "0x10", "inf" and "nan" are refused, not converted.
 local function int_arg(i, name, min, max)
   local s = ARGV[i]
-  local v = type(s) == 'string' and string.find(s, '^%d+$') and #s <= 16 and tonumber(s)
+  local v = s and string.find(s, '^%d+$') and #s <= 16 and tonumber(s) -- ARGV: strings or nil
   if not v or v < min or v > (max or 9007199254740991) then
     return nil, fail('bad ' .. name .. ': ' .. tostring(s))
   end
@@ -115,7 +115,7 @@ local function stored_limit(v)
   if v == nil or v == false then
     return nil
   end
-  local n = type(v) == 'string' and string.find(v, '^%d+$') and #v <= 8 and tonumber(v)
+  local n = string.find(v, '^%d+$') and #v <= 8 and tonumber(v) -- v: a text read from Redis
   if not n or n < 1 or n > MAX_LIMIT then
     return false
   end
@@ -173,7 +173,7 @@ end
 local CRL, CRP
 local function client_arg()
   local s = ARGV[3]
-  if type(s) == 'string' and string.find(s, ':', 1, true) then
+  if s and string.find(s, ':', 1, true) then
     local l, r = string.match(s, '^(%d+):(%d+:%d+)$')
     local rl, rp
     if l and #l <= 8 then
@@ -194,7 +194,7 @@ local CLOCK_US
 local function clock()
   local t = redis.call('TIME')
   local s, us = tonumber(t[1]), tonumber(t[2])
-  CLOCK_MS = s * 1000 + math.floor(us / 1000)
+  CLOCK_MS = s * 1000 + (us - us % 1000) / 1000
   CLOCK_US = s * 1000000 + us
   return CLOCK_MS, CLOCK_US
 end
@@ -331,15 +331,21 @@ local function next_expiry()
   return v
 end
 
--- set writes a meta field (flush sends it); a number is kept as one in
--- NUMS and written as fmt(v), or as text when the caller formatted it.
+-- set writes the number v to a meta field (flush sends it): kept as one in
+-- NUMS, written as fmt(v), or as text when the caller formatted it
+-- already. put writes a text. (Two functions rather than a type() test in
+-- one: each C function a script calls costs more than the test saves.)
 local function set(f, v, text)
-  if type(v) == 'number' then
-    NUMS[f] = v
-    v = text or fmt(v) -- Lua's own conversion prints 1e+14 for large numbers
-  else
-    NUMS[f] = nil
+  NUMS[f] = v
+  META[f] = text or fmt(v) -- Lua's own conversion prints 1e+14 for large numbers
+  DIRTY[f] = true
+  if GONE then
+    GONE[f] = nil
   end
+end
+
+local function put(f, v)
+  NUMS[f] = nil
   META[f] = v
   DIRTY[f] = true
   if GONE then
@@ -358,7 +364,8 @@ end
 -- records loads the meta records of ids not loaded yet, in one HMGET.
 local function records(ids)
   local want
-  for _, id in ipairs(ids) do
+  for i = 1, #ids do -- numeric loops: ipairs calls a C function per element
+    local id = ids[i]
     if META[id] == nil then
       want = want or {}
       want[#want + 1] = id
@@ -410,6 +417,11 @@ local FREED, FREED_I, FREED_SORTED
 
 -- add_free writes slots[from..] into the free set.
 local function add_free(slots, from)
+  if from == #slots then
+    local s = slots[from]
+    redis.call('ZADD', F, s, s)
+    return
+  end
   for i = from, #slots, CHUNK / 2 do
     local args = {}
     for k = i, math.min(i + CHUNK / 2 - 1, #slots) do
@@ -432,8 +444,12 @@ local function flush()
       hset[n + 2] = META[f]
       n = n + 2
     end
-    for i = 1, n, CHUNK do
-      redis.call('HSET', M, unpack(hset, i, math.min(i + CHUNK - 1, n)))
+    if n <= CHUNK then
+      redis.call('HSET', M, unpack(hset))
+    else
+      for i = 1, n, CHUNK do
+        redis.call('HSET', M, unpack(hset, i, math.min(i + CHUNK - 1, n)))
+      end
     end
     DIRTY = {}
   end
@@ -491,18 +507,18 @@ local function init(now)
     o = redis.call('GET', O)
   end
   if stored_limit(o) then
-    set('_fixed', o)
+    put('_fixed', o)
   end
   local r = META['_r']
   if r == nil then
     r = redis.call('GET', R)
   end
   if r and stored_rate(r) then
-    set('_frate', r)
-    set('_rx', '1')
+    put('_frate', r)
+    put('_rx', '1')
   end
-  set('_hz', '0')
-  set('_next', 'inf')
+  put('_hz', '0')
+  put('_next', 'inf')
   extend(now, now)
 end
 
@@ -573,7 +589,8 @@ local function drop_holders(ids)
     end
   end
   local slots
-  for _, id in ipairs(ids) do
+  for i = 1, k do
+    local id = ids[i]
     local rec = get(id)
     if rec and string.sub(rec, 1, 1) == 'L' then
       local list = lease_slots(rec)
@@ -606,7 +623,7 @@ local function expire(now)
     set('_next', now) -- more may be due: the next call goes on
   else
     local first = redis.call('ZRANGE', H, 0, 0, 'WITHSCORES')
-    set('_next', first[2] or 'inf')
+    put('_next', first[2] or 'inf')
   end
   return #dead
 end
@@ -691,7 +708,7 @@ end
 -- tombstone marks id as released ("R"), cancelled ("C") or a SetLimit call
 -- that ran ("S") until until_ms.
 local function tombstone(id, kind, now, until_ms)
-  set(id, kind)
+  put(id, kind)
   redis.call('ZADD', E, fmt(until_ms), id)
   extend(now, until_ms)
 end
@@ -743,7 +760,7 @@ local function take_slots(n)
     end
     FREED_I = last + 1
   elseif have > 0 then
-    local popped = redis.call('ZPOPMIN', F, math.min(n, have))
+    local popped = redis.call('ZPOPMIN', F, n < have and n or have)
     for i = 1, #popped, 2 do
       if popped[i] == SENTINEL then
         redis.call('ZADD', F, 'inf', SENTINEL) -- never happens while the counters hold
@@ -819,8 +836,8 @@ local function establish_rate()
     if CRL == 0 then
       del('_rate')
     else
-      set('_rate', fmt(CRL) .. '/' .. fmt(CRP))
-      set('_rx', '1')
+      put('_rate', fmt(CRL) .. '/' .. fmt(CRP))
+      put('_rx', '1')
     end
     RL = nil -- rate() reads it again
   end
@@ -855,7 +872,7 @@ local function rate_trim(now_us)
     set('_rold', cutoff) -- more may be due: the next call goes on
   else
     local first = redis.call('ZRANGE', W, 0, 0, 'WITHSCORES')
-    set('_rold', first[2] or 'inf')
+    put('_rold', first[2] or 'inf')
   end
 end
 
@@ -945,13 +962,16 @@ end
 -- increasing even when the counter is lost. Returns token and slots.
 local function grant(id, n, now, now_us, deadline, owner)
   local slots = take_slots(n)
-  local token = math.max(num('_token') + 1, now_us)
+  local token = num('_token') + 1
+  if token < now_us then
+    token = now_us
+  end
   local t = fmt(token)
   set('_token', token, t)
   -- table.concat would format a number with "%.14g" (C's slow path for
   -- fractions): one slot, as most leases hold, goes through fmt.
   local list = n == 1 and fmt(slots[1]) or table.concat(slots, ',')
-  set(id, 'L|' .. t .. '|' .. list .. '|' .. owner)
+  put(id, 'L|' .. t .. '|' .. list .. '|' .. owner)
   redis.call('ZADD', H, fmt(deadline), id)
   if deadline < next_expiry() then
     set('_next', deadline)
@@ -1059,13 +1079,16 @@ local function admit(now, now_us, limit)
       redis.call('ZADD', Q, seq, id) -- the rate's window is full: keep the place
       local wake = fmt(RATE_AT) .. ' ' .. id
       if get('_rwake') ~= wake then
-        set('_rwake', wake)
+        put('_rwake', wake)
         publish(CHAN .. ':s:' .. sid, 'w ' .. id .. ' ' .. rate_ms(now_us))
       end
       break
     else
       set('_q', num('_q') - 1)
-      local deadline = math.min(now + lease_ms, sdl)
+      local deadline = now + lease_ms
+      if sdl < deadline then
+        deadline = sdl
+      end
       local token, _, list = grant(id, n, now, now_us, deadline, owner)
       publish(CHAN .. ':s:' .. sid, 'g ' .. id .. ' ' .. fmt(token) .. ' ' .. fmt(deadline) .. ' ' .. list)
       out[#out + 1] = id
@@ -1120,8 +1143,9 @@ local function hint(now)
 end
 
 local function append(dst, src)
-  for _, v in ipairs(src) do
-    dst[#dst + 1] = v
+  local n = #dst
+  for i = 1, #src do
+    dst[n + i] = src[i]
   end
   return dst
 end
