@@ -201,7 +201,13 @@ func (m *machine) windowMayHold(from int64, queued map[string]bool) int {
 			if e.token > from*1000-per && e.token >= m.restartUs {
 				sum += e.weight
 			}
-		case e.gone, queued[e.id]:
+		case e.gone:
+			// Gone without being seen granted, it may have been granted
+			// before it went, as late as grantedBy.
+			if e.grantedBy*1000 > from*1000-per && e.grantedBy*1000 >= m.restartUs {
+				sum += e.weight
+			}
+		case queued[e.id]:
 		case e.kind == kRaw || (e.kind == kGo && e.pending):
 			sum += e.weight
 		}
@@ -407,6 +413,7 @@ func (m *machine) settle(rt *rapid.T, e *entity, r goResult) {
 			fatalf(rt, "%s: cancelled Acquire returned %v, want context.Canceled", e.label, r.err)
 		}
 		e.gone = true
+		e.grantedBy = callEnd() // a grant that the undo took back still counts in the window
 		return
 	}
 	e.cancelled = false // it won the race with its cancel: a lease like any other
@@ -890,6 +897,27 @@ func (m *machine) renew(rt *rapid.T) {
 	rt.Logf("renewed %s until %v", e, e.death)
 }
 
+// dropRaw settles a raw waiter heavier than the limit SetLimit set during
+// w: SetLimit dropped it if it still waited, but a script may have granted
+// it before (a raw waiter never learns of its grant). A lease record says
+// it holds its slots; with none, it either waited or was granted and its
+// lease has ended since (its slots are free again, its grant counts in the
+// rate's window until it leaves).
+func (m *machine) dropRaw(rt *rapid.T, e *entity, w window) {
+	ctx, cancel := m.ctx()
+	slots, token, ok, err := m.leaseRecord(ctx, e.id)
+	cancel()
+	if err != nil {
+		fatalf(rt, "lease record: %v", err)
+	}
+	if ok {
+		m.granted(rt, e, slots, token, w)
+		return
+	}
+	e.gone = true
+	e.grantedBy = w.a
+}
+
 // sleep lets time pass, so that crashed holders and dead waiters expire.
 func (m *machine) sleep(rt *rapid.T) {
 	d := rapid.SampledFrom([]int{10, 40, 150}).Draw(rt, "sleep_ms")
@@ -904,6 +932,7 @@ func (m *machine) setLimit(rt *rapid.T) {
 	if err := m.norm.SetLimit(ctx, n); err != nil {
 		fatalf(rt, "SetLimit(%d): %v", n, err)
 	}
+	w.a = callEnd()
 	m.lastWrite = w.b
 	m.limit = n
 	for _, e := range m.ents {
@@ -912,8 +941,8 @@ func (m *machine) setLimit(rt *rapid.T) {
 			if e.weight > n {
 				// SetLimit ends a wait for more than the new limit (ErrWeight).
 				e.weightOut = true
-				if e.kind == kRaw {
-					e.gone = true
+				if e.kind == kRaw && !e.gone {
+					m.dropRaw(rt, e, w)
 				}
 			}
 		}

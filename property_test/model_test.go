@@ -87,7 +87,13 @@ type entity struct {
 	weightOut bool
 	arrival   int // fair queue order; -1 unknown (re-queued after a restart)
 
-	gone      bool // released or cancelled: Redis must never show it again
+	gone bool // released or cancelled: Redis must never show it again
+	// grantedBy: for an entity gone without being known granted, the
+	// latest server ms at which Redis may have granted it unseen (a raw
+	// waiter that SetLimit dropped, whose lease may have come and gone
+	// before; an Acquire that was cancelled, whose grant the undo took
+	// back): the grant still counts in the rate's window. 0: none.
+	grantedBy int64
 	localLost bool // the lease object knows it is lost: Renew/Release answer without Redis
 	cancelled bool
 
