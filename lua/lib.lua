@@ -959,7 +959,8 @@ end
 
 -- grant makes id a holder of n slots until deadline, with the next fencing
 -- token: never less than the server clock in microseconds, so tokens keep
--- increasing even when the counter is lost. Returns token and slots.
+-- increasing even when the counter is lost. Returns the token, the slots
+-- (a list) and the slots as the record and the messages write them ("s1,s2").
 local function grant(id, n, now, now_us, deadline, owner)
   local slots = take_slots(n)
   local token = num('_token') + 1
