@@ -77,6 +77,30 @@ func timePipe(ctx context.Context, b *testing.B, c *redis.Client, k core.Keys, d
 	return cost
 }
 
+// waitPruneDue waits, at most within, until the server's clock has reached
+// the semaphore's next prune time (meta's _prune), so that the next script
+// call of k runs the prune step.
+func waitPruneDue(ctx context.Context, c *redis.Client, k core.Keys, within time.Duration) error {
+	next, err := c.HGet(ctx, k.List[core.KeyMeta], "_prune").Int64()
+	if err != nil {
+		return err
+	}
+	deadline := time.Now().Add(within)
+	for {
+		now, err := c.Time(ctx).Result()
+		if err != nil {
+			return err
+		}
+		if now.UnixMilli() >= next {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("the server's clock did not reach _prune %d within %v", next, within)
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
 // cycle sends the script calls of cycle i into p.
 type cycle func(p redis.Pipeliner, k core.Keys, i int)
 
@@ -129,21 +153,10 @@ func scriptCases(ctx context.Context, c *redis.Client, mode string) []scriptCase
 				return err
 			}
 		}
-		next, err := c.HGet(ctx, k.List[core.KeyMeta], "_prune").Int64()
-		if err != nil {
+		if err := waitPruneDue(ctx, c, k, 5*time.Second); err != nil {
 			return err
 		}
-		for {
-			now, err := c.Time(ctx).Result()
-			if err != nil {
-				return err
-			}
-			if now.UnixMilli() >= next {
-				break
-			}
-			time.Sleep(time.Millisecond)
-		}
-		_, err = run1(ctx, c, lua.Release, k, 5, "none", "owner", 15000) // runs prune
+		_, err := run1(ctx, c, lua.Release, k, 5, "none", "owner", 15000) // runs prune
 		return err
 	}, tryRelease)
 	// The uncontended fair cycle: a queue-mode acquire granted at once, then
