@@ -195,6 +195,6 @@ end
 local seq = num('_seq') + 1
 set('_seq', seq)
 redis.call('ZADD', Q, fmt(seq), id)
-put(id, 'W|' .. sid .. '|' .. fmt(n) .. '|' .. fmt(lease_ms) .. '|' .. owner)
+set(id, 'W|' .. sid .. '|' .. fmt(n) .. '|' .. fmt(lease_ms) .. '|' .. owner)
 set('_q', num('_q') + 1)
 return refused(num('_q') - 1)

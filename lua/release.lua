@@ -30,9 +30,7 @@ local keep_ms = 0
 if mode ~= 'force' then
   keep_ms, err = int_arg(6, 'record_ms', 1)
   if err then return err end
-  if keep_ms > TOMB_MS then
-    keep_ms = TOMB_MS
-  end
+  keep_ms = math.min(keep_ms, TOMB_MS)
 end
 
 local now, now_us = clock()
