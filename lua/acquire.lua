@@ -32,6 +32,21 @@
 --                                                with rate_ms >= 0 the reply
 --                                                goes on with the rate in
 --                                                force: rate_limit, per_ms
+--        {0, now, hint_ms, position, rate_ms, rate_limit, per_ms, floor}
+--                                                the same in queue mode,
+--                                                always this long (rate_limit
+--                                                and per_ms 0 unless
+--                                                rate_ms >= 0); floor is
+--                                                max(_token, now_us - 1):
+--                                                every grant made before
+--                                                this call has a token at
+--                                                most floor, every grant
+--                                                made after it a greater
+--                                                one, so a waiter tells a
+--                                                grant that answers this
+--                                                queue attempt from an older
+--                                                one (delayed, or from
+--                                                before a data loss)
 --        {-1, now, established}                  the client's limit disagrees
 --        {-2, now}                               the id was cancelled (undo
 --                                                ran first) or released, or
@@ -117,7 +132,7 @@ if rec then
     local pos = redis.call('ZRANK', Q, id)
     if mode == 'queue' and qsid == sid and pos then
       if session_deadline(sid, now) then
-        return finish({0, now, hint(now), pos, -1})
+        return finish({0, now, hint(now), pos, -1, 0, 0, math.max(num('_token'), now_us - 1)})
       end
       drop_waiter(id) -- its session died: the entry would be evicted unseen
       return finish({-5, now})
@@ -170,6 +185,13 @@ if num('_q') == 0 and limit - num('_used') >= n then
 end
 
 local function refused(pos)
+  if mode == 'queue' then
+    local rl, per = 0, 0
+    if wait_ms >= 0 then
+      rl, per = RL, RP_US / 1000
+    end
+    return finish({0, now, hint(now), pos, wait_ms, rl, per, math.max(num('_token'), now_us - 1)})
+  end
   if wait_ms < 0 then
     return finish({0, now, hint(now), pos, -1})
   end

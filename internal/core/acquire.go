@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"math/rand/v2"
 	"strings"
 	"time"
@@ -294,6 +295,22 @@ func (c *call) undo() {
 // waitFair is the fair strategy: the call registers with the hub (whose
 // session keeps its queue entry alive), queues, and waits for its grant,
 // delivered by the hub from a release reply or a session message.
+//
+// The call's goroutine is the one owner of its waiter's state: the hub only
+// hands it events, and it decides what each means against the queue
+// attempt it made last (its session and its floor, see attempt.floor). A
+// waiter is, in turn:
+//
+//	asking   acquire.lua runs (queue mode)         granted: done; queued: waiting; session died: renew it, ask again
+//	waiting  a grant for the last attempt          done (unless its deadline passed: ask again)
+//	waiting  a grant from an older attempt         ask again (a delayed message, or from before a data loss)
+//	waiting  "evicted as too heavy"                ask again: the reply says ErrWeight if it still is
+//	waiting  resync, session renewed, removed      ask again
+//
+// So only a reply to the latest attempt, or a grant that Redis made after
+// it (its token above the attempt's floor, on the attempt's session), ends
+// the call with a lease: a message that answers an earlier attempt can
+// never hand out a slot that Redis no longer gives this waiter.
 func (e *Engine) waitFair(c *call) (*Lease, error) {
 	var w *waiter
 	defer func() {
@@ -332,29 +349,50 @@ func (e *Engine) waitFair(c *call) (*Lease, error) {
 			continue
 		}
 		w.h.queued(e, a.hint)
-	wait:
+		g, ok, err := c.awaitGrant(w, sid, a.floor)
+		if err != nil {
+			return nil, err
+		}
+		if ok {
+			return c.lease(g.slots, g.token, g.deadline), nil
+		}
+	}
+}
+
+// awaitGrant waits for w's grant after a queue attempt under session sid
+// whose floor was floor. It returns the grant (ok), or ok false when the
+// waiter must ask Redis again (an event that this attempt cannot settle).
+func (c *call) awaitGrant(w *waiter, sid string, floor int64) (g grant, ok bool, err error) {
+	for {
 		select {
 		case ev := <-w.events:
 			switch ev.kind {
 			case evGrant:
-				if !time.Now().Before(ev.grant.deadline) {
-					continue // granted, but this process learned too late: ask again
+				g := ev.grant
+				if g.token <= floor || (g.sid != "" && g.sid != sid) {
+					// Made before this attempt ran: a delayed message, or one
+					// from before a data loss. Redis says what holds now.
+					c.e.logger().LogAttrs(context.Background(), slog.LevelDebug, "redsem: a grant older than the queue attempt refused",
+						slog.String("semaphore", c.e.cfg.Name), slog.String("waiter", c.id), slog.Int64("token", g.token))
+					return grant{}, false, nil
 				}
-				return c.lease(ev.grant.slots, ev.grant.token, ev.grant.deadline), nil
+				if !time.Now().Before(g.deadline) {
+					return grant{}, false, nil // granted, but this process learned too late: ask again
+				}
+				return g, true, nil
 			case evWeight:
-				if ev.rate {
-					return nil, fmt.Errorf("redsem: %q: %d slots wanted, the rate was set to %d per period: %w", e.cfg.Name, c.n, ev.limit, redsem.ErrWeight)
-				}
-				return nil, fmt.Errorf("redsem: %q: %d slots wanted, the limit was set to %d: %w", e.cfg.Name, c.n, ev.limit, redsem.ErrWeight)
+				// SetLimit or SetRate made this waiter too heavy, or did so to
+				// an earlier queue entry of it: the reply to asking again is
+				// ErrWeight if it still is (and then nothing is left queued).
+				return grant{}, false, nil
 			case evRequeue:
 				if ev.evicted {
-					e.emit(redsem.Event{Kind: redsem.EventWaiterEvicted, LeaseID: c.id})
+					c.e.emit(redsem.Event{Kind: redsem.EventWaiterEvicted, LeaseID: c.id})
 				}
-				continue
+				return grant{}, false, nil
 			}
-			goto wait
 		case <-c.ctx.Done():
-			return nil, c.ctx.Err()
+			return grant{}, false, c.ctx.Err()
 		}
 	}
 }
@@ -463,22 +501,17 @@ func (e *Engine) waitFor(hint, rateMs int64) time.Duration {
 // entry of this process's session is evicted when it reaches the head and
 // nobody claims it). Close stops those retries.
 func (e *Engine) undo(ctx context.Context, id string) {
-	e.undos.Add(1)
-	go func() {
-		defer e.undos.Done()
-		uctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), e.cfg.LeaseTTL)
-		defer cancel()
-		stop := context.AfterFunc(e.stopped, cancel)
-		defer stop()
+	uctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), e.cfg.LeaseTTL)
+	e.background(uctx, cancel, func(ctx context.Context) {
 		for wait := 20 * time.Millisecond; ; wait = min(2*wait, time.Second) {
-			if _, _, err := e.release(uctx, id, "undo"); err == nil || !Transient(err) {
+			if _, _, err := e.release(ctx, id, "undo"); err == nil || !Transient(err) {
 				return
 			}
-			if !sleepCtx(uctx, jitter(wait)) {
+			if !sleepCtx(ctx, jitter(wait)) {
 				return
 			}
 		}
-	}()
+	})
 }
 
 // sleepCtx waits d, or until ctx ends; false when ctx ended first.
@@ -524,6 +557,10 @@ type attempt struct {
 	rate     string    // rate mismatch: the established rate, "limit/per_ms"
 	// rateInForce: not granted with rateMs >= 0: the rate in force
 	rateInForce redsem.Rate
+	// floor: queue mode, not granted: every grant made before this attempt
+	// ran has a token at most floor, every grant made after it a greater
+	// one (acquire.lua's max(_token, now_us - 1)).
+	floor int64
 }
 
 // decodeAttempt checks and decodes an acquire.lua reply; sent is when the
@@ -549,6 +586,9 @@ func decodeAttempt(v []any, sent time.Time) (attempt, error) {
 		}
 		if r.more() {
 			a.rateInForce = redsem.Rate{Limit: int(r.int()), Per: time.Duration(r.int()) * time.Millisecond}
+		}
+		if r.more() {
+			a.floor = r.int()
 		}
 	case codeWeight:
 		a.other = r.int()

@@ -134,6 +134,24 @@ func (e *Engine) Close() error {
 	return nil
 }
 
+// background runs fn on a goroutine of its own: the one way the engine does
+// work that no caller waits for (an undo, a release retried, a library
+// load). fn's context keeps ctx's values and ends at ctx's deadline (every
+// piece of background work has one) or when the semaphore is closed;
+// cancel (ctx's own) is called when fn returns. WaitUndos waits for it.
+// What such work leaves unfinished must be harmless by design: Close never
+// waits for a Redis that does not answer.
+func (e *Engine) background(ctx context.Context, cancel context.CancelFunc, fn func(ctx context.Context)) {
+	e.undos.Add(1)
+	go func() {
+		defer e.undos.Done()
+		defer cancel()
+		stop := context.AfterFunc(e.stopped, cancel)
+		defer stop()
+		fn(ctx)
+	}()
+}
+
 // WaitUndos waits until no undo runs (for tests that check what is left in
 // Redis after an abandoned call).
 func (e *Engine) WaitUndos() { e.undos.Wait() }
@@ -345,6 +363,9 @@ type grant struct {
 	token    int64
 	slots    []int
 	deadline time.Time
+	// sid is the session on whose channel a grant message came ("" for a
+	// grant in a script reply): the session its waiter was queued under.
+	sid string
 }
 
 // decodeGrants decodes a grant list (id, token, deadline_ms, "slots", ...)

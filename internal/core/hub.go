@@ -483,6 +483,9 @@ func (h *hub) onMessage(m *redis.Message) {
 			return
 		}
 		msg.ev.grant.deadline = we.clock.localAtLeast(msg.deadline).Add(-time.Millisecond)
+		// The channel names the session the waiter was queued under when
+		// Redis granted it: the waiter refuses a grant of another session.
+		msg.ev.grant.sid = strings.TrimPrefix(m.Channel, h.e.keys.Chan+":s:")
 		h.deliver(msg.id, msg.ev)
 	case evWeight:
 		h.deliver(msg.id, msg.ev)

@@ -3,11 +3,35 @@ package core
 import (
 	"context"
 	"errors"
+	"fmt"
 	"sync"
 	"time"
 
 	"github.com/redsem/redsem"
 )
+
+// A lease has one owner for its state: l.mu. Every transition happens under
+// it, and every request to Redis about the lease (a renewal, the release, the
+// expiry at the deadline) runs as the lease's one operation in flight (l.op):
+// a second one waits for the first to end, so a reply is always applied to
+// the state it was asked about. The deadline timer only ever starts an
+// operation; it never changes the state while one runs.
+//
+//	state  event                                  next    where
+//	held   renewal answered "renewed"             held    endRenew: Deadline moves to the new one
+//	held   renewal answered "gone"                lost    endRenew
+//	held   renewal failed (Redis, ctx)            held    endRenew: Deadline unchanged; watchdog retries sooner
+//	held   timer: deadline passed, no op          lost    fire -> expire: force release (bounded), then lost
+//	held   timer: deadline passed, op in flight   held    fire does nothing; the op's end re-arms the timer
+//	held   Release answered "released"            released Release / releaseLater
+//	held   Release answered "nothing held"        lost    Release / releaseLater
+//	held   Release failed                         held    Release: not renewed any more, ends at Deadline
+//	held   MinReplicas renewal answered "gone"    lost    markLost (replicas.go)
+//	lost, released: final
+//
+// So Renew returns nil only when Redis renewed the lease and the local state
+// took the new deadline: the expiry cannot have run in between (it would
+// have needed the op), and it cannot run later before the new deadline.
 
 type leaseState int
 
@@ -16,6 +40,19 @@ const (
 	released
 	lost
 )
+
+// opKind is the operation in flight on a lease.
+type opKind int
+
+const (
+	opNone    opKind = iota
+	opRenew          // a renewal (the watchdog's or the caller's Renew)
+	opRelease        // Release, or its retry in the background
+	opExpire         // the deadline passed unrenewed: the slots are given back
+)
+
+// errReleasing is the cause with which Release ends a renewal in flight.
+var errReleasing = errors.New("redsem: the lease is being released")
 
 // Lease implements redsem.Lease for both variants.
 type Lease struct {
@@ -28,25 +65,27 @@ type Lease struct {
 	cancel context.CancelCauseFunc
 
 	granted time.Time // local time of the grant, for hold times
+	done    chan struct{}
 
 	mu       sync.Mutex
-	deadline time.Time
 	state    leaseState
-	released bool // Release was called (a lost lease stays lost)
-	done     chan struct{}
+	deadline time.Time
+	released bool // Release was answered (a second call returns nil)
+
+	// The operation in flight (opNone: none); opDone is closed when it
+	// ends; cancelOp ends it (Release ends a renewal with errReleasing).
+	op        opKind
+	opDone    chan struct{}
+	cancelOp  context.CancelCauseFunc
+	releasing int // Release calls waiting for the op: the watchdog starts no renewal
 
 	// The watchdog is a timer, not a goroutine: nothing runs between
-	// renewals, and stopping it costs no context switch. It renews the
-	// lease while auto-renewal is on; once renewals stop (DisableAutoRenew,
-	// MaxHold reached, a Release that failed) it fires at the deadline and
-	// gives the lease up (see expire).
-	timer   *time.Timer // (under mu)
-	stopped bool        // a Release runs or the lease ended: the timer does nothing (under mu)
-	noRenew bool        // the timer only waits for the deadline (under mu)
-	// cancelRenewal ends a watchdog renewal in flight (under mu), so that
-	// Release never waits for a renewal stuck on an unresponsive Redis.
-	cancelRenewal context.CancelFunc
-	renewing      sync.Mutex // held while a watchdog renewal runs
+	// renewals. It renews at renewAt while auto-renewal is on; once
+	// renewals stop (noRenew: DisableAutoRenew, MaxHold reached, a Release
+	// that failed) it fires at the deadline only and gives the lease up.
+	timer   *time.Timer
+	renewAt time.Time
+	noRenew bool
 }
 
 var _ redsem.Lease = (*Lease)(nil)
@@ -63,13 +102,11 @@ func (e *Engine) newLease(id string, slots []int, token int64, deadline time.Tim
 	// lasts only as long as its session; a retried acquire returns what is
 	// left of its grant). Without auto-renewal the timer waits for the
 	// deadline.
-	first := min(e.cfg.LeaseTTL/3, max(time.Until(deadline)/2, 0))
 	l.mu.Lock()
-	if e.cfg.DisableAutoRenew {
-		l.noRenew = true
-		first = time.Until(deadline)
-	}
-	l.timer = time.AfterFunc(first, l.watchdog)
+	l.noRenew = e.cfg.DisableAutoRenew
+	l.renewAt = time.Now().Add(min(e.cfg.LeaseTTL/3, max(time.Until(deadline)/2, 0)))
+	l.timer = time.AfterFunc(time.Hour, l.fire)
+	l.arm()
 	l.mu.Unlock()
 	return l
 }
@@ -113,156 +150,302 @@ func (l *Lease) Err() error {
 	return nil
 }
 
-// Renew extends the lease by the lease TTL from now. It returns ErrLeaseLost
-// if the lease is gone (and then the lease is lost for good), ErrReleased
-// after a successful Release, or the Redis error if Redis could not be
-// asked; it never re-creates a lost lease.
-func (l *Lease) Renew(ctx context.Context) error {
-	l.mu.Lock()
-	st := l.state
-	l.mu.Unlock()
-	switch st {
-	case released:
-		return redsem.ErrReleased
-	case lost:
+// stateErr is what a call on a lease that is no longer held returns.
+func (l *Lease) stateErr() error {
+	if l.state == lost {
 		return redsem.ErrLeaseLost
 	}
-	ok, deadline, err := l.e.renew(ctx, l.id)
+	return redsem.ErrReleased
+}
+
+// arm sets the timer for the next thing the watchdog must do (under mu):
+// nothing while an op runs (its end arms it) or once the lease ended; the
+// deadline when renewals stopped; else the next renewal.
+func (l *Lease) arm() {
+	if l.state != held || l.op != opNone {
+		l.timer.Stop()
+		return
+	}
+	at := l.deadline
+	if !l.noRenew && l.releasing == 0 && l.renewAt.Before(at) {
+		at = l.renewAt
+	}
+	l.timer.Reset(max(time.Until(at), 0))
+}
+
+// startOp makes kind the lease's operation in flight (under mu, with none
+// in flight) and returns its context: parent, ended also by cancelOp.
+func (l *Lease) startOp(parent context.Context, kind opKind) context.Context {
+	ctx, cancel := context.WithCancelCause(parent)
+	l.op, l.opDone, l.cancelOp = kind, make(chan struct{}), cancel
+	l.timer.Stop()
+	return ctx
+}
+
+// endOp ends the operation in flight (under mu) and re-arms the timer.
+func (l *Lease) endOp() {
+	l.cancelOp(nil)
+	l.op, l.cancelOp = opNone, nil
+	close(l.opDone)
+	l.arm()
+}
+
+// beginOp waits within ctx until no operation is in flight, then starts one
+// of kind, and returns with mu held. It returns the state's error (mu not
+// held) if the lease ended first, or ctx's.
+func (l *Lease) beginOp(ctx context.Context, kind opKind) (context.Context, error) {
+	for {
+		l.mu.Lock()
+		if l.state != held {
+			err := l.stateErr()
+			l.mu.Unlock()
+			return nil, err
+		}
+		if l.op == opNone {
+			return l.startOp(ctx, kind), nil
+		}
+		wait := l.opDone
+		l.mu.Unlock()
+		select {
+		case <-wait:
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
+	}
+}
+
+// Renew extends the lease by the lease TTL from now. It returns nil only
+// when Redis renewed the lease, and Deadline then reports the new deadline;
+// ErrLeaseLost if the lease is gone (and then the lease is lost for good),
+// ErrReleased after a successful Release (or when a Release called
+// meanwhile ended the renewal), or the Redis error if Redis could not be
+// asked; it never re-creates a lost lease. A renewal in flight holds back
+// the lease's own expiry at its deadline until its reply is in.
+func (l *Lease) Renew(ctx context.Context) error {
+	octx, err := l.beginOp(ctx, opRenew)
 	if err != nil {
 		return err
 	}
-	if !ok {
-		l.markLost()
-		return redsem.ErrLeaseLost
-	}
-	l.mu.Lock()
-	if l.state == held {
-		l.deadline = deadline
-		if l.noRenew && !l.stopped {
-			l.timer.Reset(time.Until(deadline)) // the deadline moved
-		}
-	}
 	l.mu.Unlock()
-	return nil
+	ok, deadline, err := l.e.renew(octx, l.id)
+	return l.endRenew(octx, ok, deadline, err, false)
 }
 
-// Release stops the watchdog, then frees the slots. A second call returns
-// nil. It returns ErrLeaseLost if the lease was lost before it. On a Redis
-// error the lease stays held (not renewed) and Release may be called again;
-// after a transient error (Redis unreachable, a timeout) the release is
-// also retried in the background until it succeeds or the lease's
-// deadline, so that a slot whose release met a failover or a blip comes
-// back soon after instead of at its deadline.
-// If the reply is lost and go-redis retries, the rerun finds the tombstone
-// the first run left and still reports success.
+// endRenew applies a renewal's outcome (auto: the watchdog's) and ends the
+// op; it returns what Renew reports.
+func (l *Lease) endRenew(octx context.Context, ok bool, deadline time.Time, err error, auto bool) error {
+	l.mu.Lock()
+	var ev func()
+	switch {
+	case err == nil && ok:
+		l.deadline = deadline
+		l.renewAt = time.Now().Add(l.e.cfg.LeaseTTL / 3)
+	case err == nil:
+		ev = l.finishLocked(lost, time.Now())
+		err = redsem.ErrLeaseLost
+	case context.Cause(octx) == errReleasing:
+		err = fmt.Errorf("%w (Release was called while the renewal ran)", redsem.ErrReleased)
+	case auto:
+		// Redis unreachable: try again soon, until the deadline passes.
+		retry := max(min(l.e.cfg.LeaseTTL/10, time.Second), time.Millisecond)
+		l.renewAt = time.Now().Add(retry)
+	}
+	l.endOp()
+	l.mu.Unlock()
+	if ev != nil {
+		ev()
+	}
+	return err
+}
+
+// fire is the timer: it renews the lease when a renewal is due, and gives
+// the lease up once its deadline passed unrenewed. It starts an operation
+// only when none runs: the running one re-arms the timer when it ends.
+func (l *Lease) fire() {
+	l.mu.Lock()
+	if l.state != held || l.op != opNone {
+		l.mu.Unlock()
+		return
+	}
+	now := time.Now()
+	if !now.Before(l.deadline) {
+		ctx := l.startOp(context.Background(), opExpire)
+		l.mu.Unlock()
+		l.expire(ctx)
+		return
+	}
+	if max := l.e.cfg.MaxHold; max > 0 && now.Sub(l.granted) >= max {
+		l.noRenew = true // held for MaxHold: no more renewals
+	}
+	if l.noRenew || l.releasing > 0 || now.Before(l.renewAt) {
+		l.arm()
+		l.mu.Unlock()
+		return
+	}
+	ctx, cancel := context.WithDeadline(context.Background(), l.deadline)
+	octx := l.startOp(ctx, opRenew)
+	l.mu.Unlock()
+	ok, deadline, err := l.e.renew(octx, l.id)
+	_ = l.endRenew(octx, ok, deadline, err, true)
+	cancel()
+}
+
+// expire gives up a lease whose deadline passed unrenewed (the op is
+// opExpire): it releases the slots in Redis at once (best effort, at most
+// releaseBound: the entry may still be listed for a moment past the local
+// deadline, which is early by design), so that waiters are woken and the
+// slots can be taken again, and then marks the lease lost. When Done closes
+// the slots are free, or Redis could not be reached in time (then they
+// expire there on their own).
+func (l *Lease) expire(octx context.Context) {
+	ctx, cancel := context.WithTimeout(octx, l.e.releaseBound())
+	_, _, _ = l.e.release(ctx, l.id, "force")
+	cancel()
+	l.mu.Lock()
+	ev := l.finishLocked(lost, time.Now())
+	l.endOp()
+	l.mu.Unlock()
+	if ev != nil {
+		ev()
+	}
+}
+
+// Release frees the slots. A second call returns nil. It returns
+// ErrLeaseLost if the lease was lost before it. A renewal in flight is
+// ended (its outcome no longer matters); an expiry in flight is waited for
+// (then the lease is lost). On a Redis error the lease stays held (not
+// renewed) and Release may be called again; after a transient error (Redis
+// unreachable, a timeout) the release is also retried in the background
+// until it succeeds or the lease's deadline, so that a slot whose release
+// met a failover or a blip comes back soon after instead of at its
+// deadline. If the reply is lost and go-redis retries, the rerun finds the
+// tombstone the first run left and still reports success.
 func (l *Lease) Release(ctx context.Context) error {
 	l.mu.Lock()
-	if l.released {
+	switch {
+	case l.released:
 		l.mu.Unlock()
 		return nil
-	}
-	if l.state == lost {
+	case l.state == lost:
 		l.released = true // a second call returns nil
 		l.mu.Unlock()
 		return redsem.ErrLeaseLost
 	}
+	l.releasing++
+	if l.op == opRenew {
+		l.cancelOp(errReleasing)
+	}
 	l.mu.Unlock()
 	called := time.Now()
-	l.stopWatchdog() // no renewal may race the release
-
-	kind, _, err := l.e.release(ctx, l.id, "owner")
+	octx, err := l.beginOp(ctx, opRelease)
+	if err != nil {
+		l.mu.Lock()
+	}
+	l.releasing--
+	if err != nil {
+		l.arm()
+		if l.state != held {
+			err = nil
+			if l.state == lost && !l.released {
+				err = redsem.ErrLeaseLost
+			}
+			l.released = true
+		}
+		l.mu.Unlock()
+		return err
+	}
+	l.mu.Unlock()
+	kind, _, err := l.e.release(octx, l.id, "owner")
+	l.mu.Lock()
 	if err != nil {
 		// Still held, no longer renewed: the lease ends at its deadline
 		// unless Release is called again before.
-		l.mu.Lock()
-		if l.state == held {
-			l.stopped, l.noRenew = false, true
-			l.timer.Reset(time.Until(l.deadline))
-		}
+		l.noRenew = true
+		l.endOp()
 		l.mu.Unlock()
 		if Transient(err) {
 			l.releaseLater()
 		}
 		return err
 	}
-	l.mu.Lock()
 	l.released = true
-	l.mu.Unlock()
-	if kind == ReleasedLease {
-		l.finish(released, called)
-		return nil
+	st := released
+	if kind != ReleasedLease {
+		st = lost
 	}
-	l.finish(lost, called)
-	return redsem.ErrLeaseLost
+	ev := l.finishLocked(st, called)
+	l.endOp()
+	l.mu.Unlock()
+	ev()
+	if st == lost {
+		return redsem.ErrLeaseLost
+	}
+	return nil
 }
 
 // releaseLater retries a Release that failed with a transient error, with
 // backoff, until it succeeds, the lease ends (released by another call,
 // lost, or its deadline passed) or the semaphore is closed.
 func (l *Lease) releaseLater() {
-	e := l.e
 	l.mu.Lock()
 	deadline := l.deadline
 	l.mu.Unlock()
-	e.undos.Add(1)
-	go func() {
-		defer e.undos.Done()
-		ctx, cancel := context.WithDeadline(context.Background(), deadline)
-		defer cancel()
-		stop := context.AfterFunc(e.stopped, cancel)
-		defer stop()
+	ctx, cancel := context.WithDeadline(context.Background(), deadline)
+	l.e.background(ctx, cancel, func(ctx context.Context) {
 		for wait := 20 * time.Millisecond; ; wait = min(2*wait, time.Second) {
 			if !sleepCtx(ctx, jitter(wait)) {
 				return
 			}
-			l.mu.Lock()
-			over := l.released || l.state != held
-			l.mu.Unlock()
-			if over {
+			octx, err := l.beginOp(ctx, opRelease)
+			if err != nil {
+				return // the lease ended, or its deadline passed
+			}
+			if l.released {
+				l.endOp()
+				l.mu.Unlock()
 				return
 			}
+			l.mu.Unlock()
 			called := time.Now()
-			kind, _, err := e.release(ctx, l.id, "owner")
+			kind, _, err := l.e.release(octx, l.id, "owner")
+			l.mu.Lock()
 			if err != nil {
+				l.endOp()
+				l.mu.Unlock()
 				if Transient(err) {
 					continue
 				}
 				return
 			}
-			l.mu.Lock()
 			l.released = true
-			l.mu.Unlock()
-			if kind == ReleasedLease {
-				l.finish(released, called)
-			} else {
-				l.finish(lost, called)
+			st := released
+			if kind != ReleasedLease {
+				st = lost
 			}
+			ev := l.finishLocked(st, called)
+			l.endOp()
+			l.mu.Unlock()
+			ev()
 			return
 		}
-	}()
+	})
 }
 
-// stopWatchdog stops the renewals and waits for one in progress to end.
-func (l *Lease) stopWatchdog() {
+func (l *Lease) markLost() {
 	l.mu.Lock()
-	l.stopped = true
-	l.timer.Stop()
-	if l.cancelRenewal != nil {
-		l.cancelRenewal()
-	}
+	ev := l.finishLocked(lost, time.Now())
 	l.mu.Unlock()
-	l.renewing.Lock() // wait for a renewal in progress
-	l.renewing.Unlock()
+	if ev != nil {
+		ev()
+	}
 }
 
-func (l *Lease) markLost() { l.finish(lost, time.Now()) }
-
-// finish moves a held lease to its final state, closes Done and reports it.
-func (l *Lease) finish(st leaseState, at time.Time) {
-	l.mu.Lock()
+// finishLocked moves a held lease to its final state (under mu), closes
+// Done and returns the report to make once mu is released (nil if the lease
+// had ended already).
+func (l *Lease) finishLocked(st leaseState, at time.Time) func() {
 	if l.state != held {
-		l.mu.Unlock()
-		return
+		return nil
 	}
 	l.state = st
 	close(l.done)
@@ -272,93 +455,11 @@ func (l *Lease) finish(st leaseState, at time.Time) {
 	} else {
 		l.cancel(context.Canceled)
 	}
-	l.stopped = true
 	l.timer.Stop()
-	l.mu.Unlock()
 	kind := redsem.EventReleased
 	if st == lost {
 		kind = redsem.EventLeaseLost
 	}
-	l.e.emit(redsem.Event{Kind: kind, LeaseID: l.id, Slot: l.slots[0], Token: l.token, Hold: at.Sub(l.granted)})
-}
-
-// watchdog runs every third of the lease TTL and renews the lease. If
-// Redis says the lease is gone, or cannot be reached before the deadline,
-// the lease is lost; after a failed attempt it tries again sooner. Once
-// renewals stop (noRenew, or MaxHold reached) it runs at the deadline only,
-// and gives the lease up then (expire).
-func (l *Lease) watchdog() {
-	l.renewing.Lock()
-	defer l.renewing.Unlock()
-	l.mu.Lock()
-	stopped, noRenew := l.stopped, l.noRenew
-	l.mu.Unlock()
-	if stopped {
-		return
-	}
-	ttl := l.e.cfg.LeaseTTL
-	deadline := l.Deadline()
-	if !time.Now().Before(deadline) {
-		l.expire()
-		return
-	}
-	if max := l.e.cfg.MaxHold; max > 0 && time.Since(l.granted) >= max {
-		noRenew = true // held for MaxHold: no more renewals
-	}
-	if noRenew {
-		l.mu.Lock()
-		l.noRenew = true
-		if !l.stopped {
-			l.timer.Reset(time.Until(deadline))
-		}
-		l.mu.Unlock()
-		return
-	}
-	ctx, cancel := context.WithDeadline(context.Background(), deadline)
-	l.mu.Lock()
-	l.cancelRenewal = cancel
-	stopped = l.stopped
-	l.mu.Unlock()
-	if stopped {
-		cancel()
-		return
-	}
-	err := l.Renew(ctx)
-	cancel()
-	l.mu.Lock()
-	l.cancelRenewal = nil
-	stopped = l.stopped
-	l.mu.Unlock()
-	if stopped && err != nil && !errors.Is(err, redsem.ErrLeaseLost) {
-		return // cancelled by stopWatchdog: the release decides
-	}
-	next := ttl / 3
-	switch {
-	case err == nil:
-	case errors.Is(err, redsem.ErrLeaseLost):
-		l.markLost()
-		return
-	default:
-		// Redis unreachable: try again soon, until the deadline passes.
-		retry := max(min(ttl/10, time.Second), time.Millisecond)
-		next = min(retry, time.Until(deadline))
-	}
-	l.mu.Lock()
-	if !l.stopped {
-		l.timer.Reset(max(next, 0))
-	}
-	l.mu.Unlock()
-}
-
-// expire gives up a lease whose deadline passed unrenewed: it releases the
-// slots in Redis at once (best effort, at most releaseBound: the entry may
-// still be listed for a moment past the local deadline, which is early by
-// design), so that waiters are woken and the slots can be taken again, and
-// then marks the lease lost. When Done closes the slots are free, or Redis
-// could not be reached in time (then they expire there on their own).
-func (l *Lease) expire() {
-	ctx, cancel := context.WithTimeout(context.Background(), l.e.releaseBound())
-	_, _, _ = l.e.release(ctx, l.id, "force")
-	cancel()
-	l.markLost()
+	ev := redsem.Event{Kind: kind, LeaseID: l.id, Slot: l.slots[0], Token: l.token, Hold: at.Sub(l.granted)}
+	return func() { l.e.emit(ev) }
 }

@@ -1,0 +1,386 @@
+package redsem_test
+
+import (
+	"context"
+	"errors"
+	"net"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/redsem/redsem"
+	"github.com/redsem/redsem/fair"
+	"github.com/redsem/redsem/internal/redistest"
+	"github.com/redsem/redsem/lua"
+)
+
+// Issue 31: races between the engine's goroutines. Each test holds back a
+// reply or a pub/sub message, as a slow network does, at the moment that
+// matters, and failed before the one-owner rework of internal/core as its
+// comment says.
+
+// lateReply holds back the reply of the next call of one script (the
+// command ran in Redis; its reply comes d late).
+type lateReply struct {
+	script lua.Script
+	d      atomic.Int64 // ns; 0: off
+	held   atomic.Int32 // replies held back so far
+}
+
+func (h *lateReply) arm(d time.Duration) { h.d.Store(int64(d)) }
+
+func (h *lateReply) matches(cmd redis.Cmder) bool {
+	args := cmd.Args()
+	if len(args) < 2 {
+		return false
+	}
+	name, _ := args[0].(string)
+	arg, _ := args[1].(string)
+	switch strings.ToLower(name) {
+	case "evalsha", "evalsha_ro":
+		return arg == h.script.Hash()
+	case "eval", "eval_ro":
+		return arg == h.script.Source()
+	case "fcall", "fcall_ro":
+		return arg == h.script.Function()
+	}
+	return false
+}
+
+func (h *lateReply) DialHook(next redis.DialHook) redis.DialHook { return next }
+
+func (h *lateReply) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		err := next(ctx, cmd)
+		if h.matches(cmd) {
+			if d := h.d.Swap(0); d > 0 {
+				h.held.Add(1)
+				time.Sleep(time.Duration(d))
+			}
+		}
+		return err
+	}
+}
+
+func (h *lateReply) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
+}
+
+// A Renew that Redis ran just before the lease's local deadline, whose
+// reply came after it: Renew reports success only if the lease is held in
+// Redis until the Deadline it then reports. Before: the lease's deadline
+// timer force-released the lease while the renewal was in flight, and
+// Renew still returned nil (variant: Deadline moved ahead, then the lease
+// was removed from Redis); another client's TryAcquire got the slot at once.
+func TestRenewNearDeadlineIsNotUndone(t *testing.T) {
+	forEach(t, func(t *testing.T, v variant) {
+		ctx := redistest.Ctx(t, 20*time.Second)
+		name := redistest.Name(t)
+		late := &lateReply{script: lua.Renew}
+		c := redistest.Client(t)
+		c.AddHook(late)
+		const ttl = 400 * time.Millisecond
+		s := mustNew(t, v, c, name, 1, opts{LeaseTTL: ttl, DisableAutoRenew: true})
+		other := mustNew(t, v, redistest.Client(t), name, 1, opts{LeaseTTL: ttl})
+		for round := 0; round < 3; round++ {
+			l, err := s.TryAcquire(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			// Renew 10-30 ms before the local deadline; its reply comes
+			// 80 ms late, well after the deadline.
+			time.Sleep(time.Until(l.Deadline()) - time.Duration(10+10*round)*time.Millisecond)
+			late.arm(80 * time.Millisecond)
+			err = l.Renew(ctx)
+			if err != nil {
+				// Redis may have run it after the lease expired there (a
+				// loaded machine): then it must say the lease is lost.
+				if !errors.Is(err, redsem.ErrLeaseLost) {
+					t.Fatalf("round %d: Renew: %v", round, err)
+				}
+				continue
+			}
+			dl := l.Deadline()
+			if l.Err() != nil {
+				t.Fatalf("round %d: Renew returned nil on a lease that is lost: %v", round, l.Err())
+			}
+			if !time.Now().Before(dl) {
+				t.Fatalf("round %d: Renew returned nil, and Deadline is %v past", round, time.Since(dl))
+			}
+			// Held until dl: nobody else gets the slot, the lease is not
+			// ended, and Redis lists it, now and after its old deadline's
+			// timer would have run.
+			for _, wait := range []time.Duration{0, 50 * time.Millisecond} {
+				time.Sleep(wait)
+				o, err := other.TryAcquire(ctx)
+				if time.Now().After(dl) {
+					t.Fatalf("round %d: the check ran after the renewed deadline (machine too slow)", round)
+				}
+				if err == nil {
+					_ = o.Release(ctx)
+					t.Fatalf("round %d: Renew returned nil with deadline %v ahead, yet another client got the slot", round, time.Until(dl))
+				}
+				if !errors.Is(err, redsem.ErrNoSlot) {
+					t.Fatal(err)
+				}
+				if l.Err() != nil {
+					t.Fatalf("round %d: Renew returned nil, then the lease was lost before its deadline: %v", round, l.Err())
+				}
+			}
+			if err := l.Release(ctx); err != nil {
+				t.Fatalf("round %d: Release after a successful Renew: %v", round, err)
+			}
+		}
+		if late.held.Load() == 0 {
+			t.Fatal("no renewal reply was held back: the test tested nothing")
+		}
+	})
+}
+
+// gatedConn holds back what the server sends on a pub/sub connection while
+// its dialer's gate is closed: read, then kept until the gate opens (so
+// messages come late, in order, and nothing is lost).
+type gatedConn struct {
+	net.Conn
+	d      *gatedDialer
+	pubsub atomic.Bool
+}
+
+func (c *gatedConn) Write(b []byte) (int, error) {
+	if strings.Contains(strings.ToLower(string(b)), "subscribe") {
+		c.pubsub.Store(true)
+	}
+	return c.Conn.Write(b)
+}
+
+func (c *gatedConn) Read(b []byte) (int, error) {
+	n, err := c.Conn.Read(b)
+	if c.pubsub.Load() {
+		c.d.mu.Lock()
+		gate := c.d.gate
+		c.d.mu.Unlock()
+		if gate != nil {
+			<-gate
+		}
+	}
+	return n, err
+}
+
+type gatedDialer struct {
+	mu   sync.Mutex
+	gate chan struct{} // nil: open
+}
+
+func (d *gatedDialer) dial(ctx context.Context, network, addr string) (net.Conn, error) {
+	var nd net.Dialer
+	c, err := nd.DialContext(ctx, network, addr)
+	if err != nil {
+		return nil, err
+	}
+	return &gatedConn{Conn: c, d: d}, nil
+}
+
+func (d *gatedDialer) close() {
+	d.mu.Lock()
+	d.gate = make(chan struct{})
+	d.mu.Unlock()
+}
+
+func (d *gatedDialer) open() {
+	d.mu.Lock()
+	if d.gate != nil {
+		close(d.gate)
+		d.gate = nil
+	}
+	d.mu.Unlock()
+}
+
+// A fair grant made before a data loss and delivered after the waiter
+// queued again (on the new data, under a new session) is not taken: the
+// waiter's Acquire ends only with the grant Redis makes it now. Before: W's
+// Acquire returned slot 0 with its old token while Q2 held slot 0 under
+// limit 1 (FLUSHALL stands in for a restart without persistence).
+func TestStaleFairGrantAfterDataLoss(t *testing.T) {
+	srv := redistest.Start(t)
+	ctx := redistest.Ctx(t, 30*time.Second)
+	name := redistest.Name(t)
+	o := fair.Options{LeaseTTL: 5 * time.Second, QueueTTL: 900 * time.Millisecond}
+	newSem := func(c redis.UniversalClient) *fair.Semaphore {
+		s, err := fair.New(c, name, 1, o)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = s.Close() })
+		return s
+	}
+	gd := &gatedDialer{}
+	t.Cleanup(gd.open)
+	wopt := srv.Options()
+	wopt.Dialer = gd.dial
+	wc := redis.NewClient(wopt)
+	t.Cleanup(func() { _ = wc.Close() })
+	admin := srv.Client(t)
+	h := newSem(srv.Client(t))
+	w := newSem(wc)
+	q2 := newSem(srv.Client(t))
+
+	first, err := h.Acquire(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	type result struct {
+		l   redsem.Lease
+		err error
+	}
+	got := make(chan result, 1)
+	go func() {
+		l, err := w.Acquire(ctx)
+		got <- result{l, err}
+	}()
+	waiters := func(n int) func() (bool, error) {
+		return func() (bool, error) {
+			st, err := q2.Status(ctx)
+			return err == nil && len(st.Waiters) == n, err
+		}
+	}
+	redistest.WaitFor(t, 5*time.Second, "W queued", waiters(1))
+
+	// W's pub/sub reads are held back; H's release grants W (the "g"
+	// message waits in W's connection); then the data is lost.
+	gd.close()
+	if err := first.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	redistest.WaitFor(t, 5*time.Second, "W granted", func() (bool, error) {
+		st, err := q2.Status(ctx)
+		return err == nil && len(st.Holders) == 1 && len(st.Waiters) == 0, err
+	})
+	if err := admin.FlushAll(ctx).Err(); err != nil {
+		t.Fatal(err)
+	}
+	q, err := q2.TryAcquire(ctx)
+	if err != nil {
+		t.Fatalf("Q2 on the emptied semaphore: %v", err)
+	}
+	// W's process finds its session dead at its next beat and queues W
+	// again under a new one.
+	redistest.WaitFor(t, 5*time.Second, "W queued again", waiters(1))
+	gd.open() // the old grant arrives now
+
+	select {
+	case r := <-got:
+		if r.err == nil {
+			t.Fatalf("W's Acquire returned slots %v (token %d) from before the data loss while Q2 holds slot %d under limit 1",
+				r.l.Slots(), r.l.Token(), q.Slot())
+		}
+		t.Fatalf("W's Acquire failed: %v", r.err)
+	case <-time.After(300 * time.Millisecond):
+	}
+	if err := q.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	r := <-got
+	if r.err != nil {
+		t.Fatal(r.err)
+	}
+	defer r.l.Release(ctx)
+	st, err := q2.Status(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(st.Holders) != 1 || st.Holders[0].ID != r.l.ID() || st.Holders[0].Token != r.l.Token() || st.Holders[0].Slot != r.l.Slot() {
+		t.Fatalf("W's lease (id %s, slot %d, token %d) is not what Redis holds: %+v", r.l.ID(), r.l.Slot(), r.l.Token(), st.Holders)
+	}
+}
+
+// An "x" message (SetLimit evicted the waiter as too heavy) that arrives
+// after the waiter queued again does not end its Acquire: the waiter asks
+// Redis, which still has it queued. Before: W's AcquireN returned ErrWeight
+// and skipped the undo, so its new queue entry stayed behind as a ghost
+// that held up the queue until its session expired.
+func TestStaleEvictionAfterRequeue(t *testing.T) {
+	srv := redistest.Start(t)
+	ctx := redistest.Ctx(t, 30*time.Second)
+	name := redistest.Name(t)
+	o := fair.Options{LeaseTTL: 5 * time.Second, QueueTTL: 900 * time.Millisecond}
+	newSem := func(c redis.UniversalClient) *fair.Semaphore {
+		s, err := fair.New(c, name, 2, o)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = s.Close() })
+		return s
+	}
+	gd := &gatedDialer{}
+	t.Cleanup(gd.open)
+	wopt := srv.Options()
+	wopt.Dialer = gd.dial
+	wc := redis.NewClient(wopt)
+	t.Cleanup(func() { _ = wc.Close() })
+	admin := srv.Client(t)
+	h := newSem(srv.Client(t))
+	w := newSem(wc)
+	q2 := newSem(srv.Client(t))
+
+	first, err := h.AcquireN(ctx, 2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer first.Release(ctx)
+	type result struct {
+		l   redsem.Lease
+		err error
+	}
+	got := make(chan result, 1)
+	go func() {
+		l, err := w.AcquireN(ctx, 2)
+		got <- result{l, err}
+	}()
+	waiters := func(n int) func() (bool, error) {
+		return func() (bool, error) {
+			st, err := q2.Status(ctx)
+			return err == nil && len(st.Waiters) == n, err
+		}
+	}
+	redistest.WaitFor(t, 5*time.Second, "W queued", waiters(1))
+	gd.close()
+	if err := h.SetLimit(ctx, 1); err != nil { // evicts W: its "x" message waits
+		t.Fatal(err)
+	}
+	redistest.WaitFor(t, 5*time.Second, "W evicted", waiters(0))
+	if err := admin.FlushAll(ctx).Err(); err != nil {
+		t.Fatal(err)
+	}
+	q, err := q2.TryAcquire(ctx) // limit 2 again (the data is gone): one slot left
+	if err != nil {
+		t.Fatal(err)
+	}
+	redistest.WaitFor(t, 5*time.Second, "W queued again", waiters(1))
+	gd.open() // the old "x" arrives now
+
+	select {
+	case r := <-got:
+		if r.err == nil {
+			_ = r.l.Release(ctx)
+		}
+		t.Fatalf("W's AcquireN(2) ended while it is queued and may be admitted: lease %v, err %v", r.l, r.err)
+	case <-time.After(300 * time.Millisecond):
+	}
+	if err := q.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	r := <-got
+	if r.err != nil {
+		t.Fatal(r.err)
+	}
+	if err := r.l.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	st, err := q2.Status(ctx)
+	if err != nil || len(st.Holders)+len(st.Waiters) != 0 {
+		t.Fatalf("left behind: %+v %v", st, err)
+	}
+}
