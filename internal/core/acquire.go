@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"log/slog"
 	"math/rand/v2"
-	"strings"
 	"time"
 
 	"github.com/google/uuid"
@@ -256,10 +255,7 @@ func (c *call) classify(err error) error {
 	if context.Cause(c.ctx) == redsem.ErrClosed {
 		return redsem.ErrClosed
 	}
-	if strings.HasPrefix(err.Error(), "redsem: ") {
-		return err // the library's own: it says what it is about already
-	}
-	return e.wrap(err)
+	return e.wrap(err) // the library's own errors (own) come back as they are
 }
 
 // needsUndo reports whether a call that failed with err may have left a

@@ -308,9 +308,9 @@ func (e *Engine) ctxErr(ctx context.Context, err error) error {
 	cause := context.Cause(ctx)
 	var out error
 	if cause != nil && cause != base {
-		out = fmt.Errorf("redsem: %q: gave up: %w (%w)", e.cfg.Name, base, cause)
+		out = &namedError{fmt.Errorf("redsem: %q: gave up: %w (%w)", e.cfg.Name, base, cause)}
 	} else {
-		out = fmt.Errorf("redsem: %q: gave up: %w", e.cfg.Name, base)
+		out = &namedError{fmt.Errorf("redsem: %q: gave up: %w", e.cfg.Name, base)}
 	}
 	if err != nil && !errors.Is(err, base) {
 		out = errors.Join(out, err)
@@ -323,17 +323,50 @@ func (e *Engine) ctxErr(ctx context.Context, err error) error {
 // redsem.ErrUnavailable too, and one that says the connection lacks
 // authentication says so.
 func (e *Engine) wrap(err error) error {
-	if strings.HasPrefix(err.Error(), "redsem: ") {
+	if own(err) {
 		return err
 	}
 	switch {
 	case Unreachable(err):
 		e.unreachable(err)
-		return fmt.Errorf("redsem: %q: %w: %w", e.cfg.Name, redsem.ErrUnavailable, err)
+		return &namedError{fmt.Errorf("redsem: %q: %w: %w", e.cfg.Name, redsem.ErrUnavailable, err)}
 	case authError(err):
-		return fmt.Errorf("redsem: %q: Redis refused the request without authentication (set the password, and the user, in the client's options): %w", e.cfg.Name, err)
+		return &namedError{fmt.Errorf("redsem: %q: Redis refused the request without authentication (set the password, and the user, in the client's options): %w", e.cfg.Name, err)}
 	}
-	return fmt.Errorf("redsem: %q: %w", e.cfg.Name, err)
+	return &namedError{fmt.Errorf("redsem: %q: %w", e.cfg.Name, err)}
+}
+
+// namedError is an error that wrap or ctxErr made: it names the semaphore
+// already, and wrap leaves it as it is.
+type namedError struct{ err error }
+
+func (e *namedError) Error() string { return e.err.Error() }
+func (e *namedError) Unwrap() error { return e.err }
+
+// ownSentinels are the errors that only the library makes (with its own
+// text, naming the semaphore where it has one): an error that matches one
+// is the library's, never the client's.
+var ownSentinels = []error{
+	redsem.ErrNoSlot, redsem.ErrLeaseLost, redsem.ErrReleased, redsem.ErrLimitMismatch, redsem.ErrInvalidConfig,
+	redsem.ErrClosed, redsem.ErrNotReplicated, redsem.ErrWeight, redsem.ErrRateLimited, redsem.ErrUnavailable,
+	redsem.ErrQueueFull, errCancelled, errSessionDied, errReleasing,
+}
+
+// own reports whether err is one the library made (by its type or the
+// sentinel it matches, never by its text): the acquire path's
+// classification and wrap add nothing to it.
+func own(err error) bool {
+	var n *namedError
+	var r *ReplyError
+	if errors.As(err, &n) || errors.As(err, &r) {
+		return true
+	}
+	for _, s := range ownSentinels {
+		if errors.Is(err, s) {
+			return true
+		}
+	}
+	return false
 }
 
 // authError reports whether err is Redis refusing an unauthenticated
