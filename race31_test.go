@@ -76,15 +76,34 @@ func (h *lateReply) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.Pr
 // Renew still returned nil (variant: Deadline moved ahead, then the lease
 // was removed from Redis); another client's TryAcquire got the slot at once.
 func TestRenewNearDeadlineIsNotUndone(t *testing.T) {
+	const ttl = 400 * time.Millisecond
 	forEach(t, func(t *testing.T, v variant) {
+		renewNearDeadline(t, func(c redis.UniversalClient, name string, noRenew bool) redsem.Semaphore {
+			return mustNew(t, v, c, name, 1, opts{LeaseTTL: ttl, DisableAutoRenew: noRenew})
+		})
+	})
+	t.Run("fair-rated", func(t *testing.T) {
+		renewNearDeadline(t, func(c redis.UniversalClient, name string, noRenew bool) redsem.Semaphore {
+			s, err := fair.New(c, name, 1, fair.Options{LeaseTTL: ttl, DisableAutoRenew: noRenew,
+				Rate: redsem.Rate{Limit: 100, Per: time.Second}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { _ = s.Close() })
+			return s
+		})
+	})
+}
+
+func renewNearDeadline(t *testing.T, newSem func(c redis.UniversalClient, name string, noRenew bool) redsem.Semaphore) {
+	{
 		ctx := redistest.Ctx(t, 20*time.Second)
 		name := redistest.Name(t)
 		late := &lateReply{script: lua.Renew}
 		c := redistest.Client(t)
 		c.AddHook(late)
-		const ttl = 400 * time.Millisecond
-		s := mustNew(t, v, c, name, 1, opts{LeaseTTL: ttl, DisableAutoRenew: true})
-		other := mustNew(t, v, redistest.Client(t), name, 1, opts{LeaseTTL: ttl})
+		s := newSem(c, name, true)
+		other := newSem(redistest.Client(t), name, false)
 		for round := 0; round < 3; round++ {
 			l, err := s.TryAcquire(ctx)
 			if err != nil {
@@ -137,7 +156,7 @@ func TestRenewNearDeadlineIsNotUndone(t *testing.T) {
 		if late.held.Load() == 0 {
 			t.Fatal("no renewal reply was held back: the test tested nothing")
 		}
-	})
+	}
 }
 
 // gatedConn holds back what the server sends on a pub/sub connection while
