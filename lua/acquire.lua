@@ -217,6 +217,6 @@ end
 local seq = num('_seq') + 1
 set('_seq', seq)
 redis.call('ZADD', Q, fmt(seq), id)
-set(id, 'W|' .. sid .. '|' .. fmt(n) .. '|' .. fmt(lease_ms) .. '|' .. owner)
+put(id, 'W|' .. sid .. '|' .. fmt(n) .. '|' .. fmt(lease_ms) .. '|' .. owner)
 set('_q', num('_q') + 1)
 return refused(num('_q') - 1)

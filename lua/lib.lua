@@ -100,7 +100,7 @@ end
 -- "1e3", "0x10", "inf" and "nan" are refused, not converted.
 local function int_arg(i, name, min, max)
   local s = ARGV[i]
-  local v = type(s) == 'string' and string.find(s, '^%d+$') and #s <= 16 and tonumber(s)
+  local v = s and string.find(s, '^%d+$') and #s <= 16 and tonumber(s) -- ARGV: strings or nil
   if not v or v < min or v > (max or 9007199254740991) then
     return nil, fail('bad ' .. name .. ': ' .. tostring(s))
   end
@@ -115,7 +115,7 @@ local function stored_limit(v)
   if v == nil or v == false then
     return nil
   end
-  local n = type(v) == 'string' and string.find(v, '^%d+$') and #v <= 8 and tonumber(v)
+  local n = string.find(v, '^%d+$') and #v <= 8 and tonumber(v) -- v: a text read from Redis
   if not n or n < 1 or n > MAX_LIMIT then
     return false
   end
@@ -173,7 +173,7 @@ end
 local CRL, CRP
 local function client_arg()
   local s = ARGV[3]
-  if type(s) == 'string' and string.find(s, ':', 1, true) then
+  if s and string.find(s, ':', 1, true) then
     local l, r = string.match(s, '^(%d+):(%d+:%d+)$')
     local rl, rp
     if l and #l <= 8 then
@@ -194,7 +194,7 @@ local CLOCK_US
 local function clock()
   local t = redis.call('TIME')
   local s, us = tonumber(t[1]), tonumber(t[2])
-  CLOCK_MS = s * 1000 + math.floor(us / 1000)
+  CLOCK_MS = s * 1000 + (us - us % 1000) / 1000
   CLOCK_US = s * 1000000 + us
   return CLOCK_MS, CLOCK_US
 end
@@ -211,13 +211,15 @@ local function fmt(n)
 end
 
 -- The meta hash is read once per script (HMGET of the counters and of the
--- records a script needs) and written once at the end (flush).
+-- records a script needs) and written once at the end (flush). The
+-- counters (see the top of this file): _hz, _limit, _fixed, _token, _used,
+-- _hw, _seq, _q, _next, _want, _prune, _rx.
 local META, DIRTY, GONE
-local COUNTERS = {'_hz', '_limit', '_fixed', '_token', '_used', '_hw', '_seq', '_q', '_next', '_want', '_prune', '_rx'}
 
--- load reads the counters (in COUNTERS' order, spelled out: building the
--- argument list in a table on every call cost more than the HMGET) and,
--- if given, the record of one id.
+-- load reads the counters and, if given, the record of one id, into a
+-- new META built by one table constructor (sized once: filling an empty
+-- table field by field grew it four times). The HMGET's fields are spelled
+-- out: building its argument list in a table on every call cost more.
 local RATE_LOADED
 local function load(id)
   local v
@@ -225,22 +227,21 @@ local function load(id)
     -- A client with a rate: the rate's counters too, in the same call.
     v = redis.call('HMGET', M, '_hz', '_limit', '_fixed', '_token', '_used', '_hw', '_seq', '_q', '_next', '_want', '_prune', '_rx',
       '_rate', '_frate', '_rsum', '_rold', '_rwake', id or '_')
-    local f = {'_rate', '_frate', '_rsum', '_rold', '_rwake'}
-    for i = 1, 5 do
-      META[f[i]] = v[12 + i]
-    end
+    META = {_hz = v[1], _limit = v[2], _fixed = v[3], _token = v[4], _used = v[5], _hw = v[6], _seq = v[7], _q = v[8],
+      _next = v[9], _want = v[10], _prune = v[11], _rx = v[12],
+      _rate = v[13], _frate = v[14], _rsum = v[15], _rold = v[16], _rwake = v[17]}
     RATE_LOADED = true
     if id then
       META[id] = v[18]
     end
   elseif id then
     v = redis.call('HMGET', M, '_hz', '_limit', '_fixed', '_token', '_used', '_hw', '_seq', '_q', '_next', '_want', '_prune', '_rx', id)
-    META[id] = v[13]
+    META = {_hz = v[1], _limit = v[2], _fixed = v[3], _token = v[4], _used = v[5], _hw = v[6], _seq = v[7], _q = v[8],
+      _next = v[9], _want = v[10], _prune = v[11], _rx = v[12], [id] = v[13]}
   else
     v = redis.call('HMGET', M, '_hz', '_limit', '_fixed', '_token', '_used', '_hw', '_seq', '_q', '_next', '_want', '_prune', '_rx')
-  end
-  for i = 1, 12 do
-    META[COUNTERS[i]] = v[i]
+    META = {_hz = v[1], _limit = v[2], _fixed = v[3], _token = v[4], _used = v[5], _hw = v[6], _seq = v[7], _q = v[8],
+      _next = v[9], _want = v[10], _prune = v[11], _rx = v[12]}
   end
 end
 
@@ -330,32 +331,53 @@ local function next_expiry()
   return v
 end
 
-local function set(f, v)
-  if type(v) == 'number' then
-    NUMS[f] = v
-    v = fmt(v) -- Lua's own conversion prints 1e+14 for large numbers
-  else
-    NUMS[f] = nil
+-- set writes the number v to a meta field (flush sends it): kept as one in
+-- NUMS, written as fmt(v), or as text when the caller formatted it
+-- already. put writes a text. (Two functions rather than a type() test in
+-- one: each C function a script calls costs more than the test saves.)
+local function set(f, v, text)
+  NUMS[f] = v
+  META[f] = text or fmt(v) -- Lua's own conversion prints 1e+14 for large numbers
+  DIRTY[f] = true
+  if GONE then
+    GONE[f] = nil
   end
+end
+
+local function put(f, v)
+  NUMS[f] = nil
   META[f] = v
   DIRTY[f] = true
-  GONE[f] = nil
+  if GONE then
+    GONE[f] = nil
+  end
 end
 
 local function del(f)
   NUMS[f] = nil
   META[f] = false
   DIRTY[f] = nil
+  GONE = GONE or {}
   GONE[f] = true
 end
 
 -- records loads the meta records of ids not loaded yet, in one HMGET.
 local function records(ids)
-  local want = {}
-  for _, id in ipairs(ids) do
+  local want
+  for i = 1, #ids do -- numeric loops: ipairs calls a C function per element
+    local id = ids[i]
     if META[id] == nil then
+      want = want or {}
       want[#want + 1] = id
     end
+  end
+  if not want then
+    return
+  end
+  if #want == 1 then
+    -- One record (a Release's own, admit's head waiter): no tables.
+    META[want[1]] = redis.call('HGET', M, want[1])
+    return
   end
   for i = 1, #want, CHUNK do
     local part = {unpack(want, i, math.min(i + CHUNK - 1, #want))}
@@ -395,6 +417,11 @@ local FREED, FREED_I, FREED_SORTED
 
 -- add_free writes slots[from..] into the free set.
 local function add_free(slots, from)
+  if from == #slots then
+    local s = slots[from]
+    redis.call('ZADD', F, s, s)
+    return
+  end
   for i = from, #slots, CHUNK / 2 do
     local args = {}
     for k = i, math.min(i + CHUNK / 2 - 1, #slots) do
@@ -417,12 +444,16 @@ local function flush()
       hset[n + 2] = META[f]
       n = n + 2
     end
-    for i = 1, n, CHUNK do
-      redis.call('HSET', M, unpack(hset, i, math.min(i + CHUNK - 1, n)))
+    if n <= CHUNK then
+      redis.call('HSET', M, unpack(hset))
+    else
+      for i = 1, n, CHUNK do
+        redis.call('HSET', M, unpack(hset, i, math.min(i + CHUNK - 1, n)))
+      end
     end
     DIRTY = {}
   end
-  if next(GONE) ~= nil then
+  if GONE and next(GONE) ~= nil then
     local hdel, n = {}, 0
     for f in pairs(GONE) do
       n = n + 1
@@ -431,7 +462,7 @@ local function flush()
     for i = 1, n, CHUNK do
       redis.call('HDEL', M, unpack(hdel, i, math.min(i + CHUNK - 1, n)))
     end
-    GONE = {}
+    GONE = nil
   end
   if HZ_MOVED then
     local hz = META['_hz']
@@ -476,29 +507,42 @@ local function init(now)
     o = redis.call('GET', O)
   end
   if stored_limit(o) then
-    set('_fixed', o)
+    put('_fixed', o)
   end
   local r = META['_r']
   if r == nil then
     r = redis.call('GET', R)
   end
   if r and stored_rate(r) then
-    set('_frate', r)
-    set('_rx', '1')
+    put('_frate', r)
+    put('_rx', '1')
   end
-  set('_hz', '0')
-  set('_next', 'inf')
+  put('_hz', '0')
+  put('_next', 'inf')
   extend(now, now)
+end
+
+-- slot_list returns the slots of a record's "s1,s2,..." as a list.
+local function slot_list(slots)
+  if not string.find(slots, ',', 1, true) then
+    return {tonumber(slots)} -- one slot: most leases
+  end
+  local list = {}
+  for s in string.gmatch(slots, '%d+') do
+    list[#list + 1] = tonumber(s)
+  end
+  return list
 end
 
 -- parse_lease returns token, slots (a list) and owner of a lease record.
 local function parse_lease(rec)
   local token, slots, owner = string.match(rec, '^L|(%d+)|([%d,]+)|(.*)$')
-  local list = {}
-  for s in string.gmatch(slots, '%d+') do
-    list[#list + 1] = tonumber(s)
-  end
-  return tonumber(token), list, owner
+  return tonumber(token), slot_list(slots), owner
+end
+
+-- lease_slots returns the slots (a list) of a lease record.
+local function lease_slots(rec)
+  return slot_list(string.match(rec, '^L|%d+|([%d,]+)|'))
 end
 
 -- parse_waiter returns session, weight, lease_ms and owner of a waiter record.
@@ -512,15 +556,15 @@ local function give_back(slots)
   if #slots == 0 then
     return
   end
-  if FREED or num('_hw') == num('_used') then
-    -- The free set holds no slot: keep them for a grant of this call.
-    if not FREED then
-      FREED, FREED_I = {}, 1
-    end
+  if FREED then
     for _, s in ipairs(slots) do
       FREED[#FREED + 1] = s
     end
     FREED_SORTED = false
+  elseif num('_hw') == num('_used') then
+    -- The free set holds no slot: keep them for a grant of this call
+    -- (the list is FREED's from now on: callers pass one they drop).
+    FREED, FREED_I, FREED_SORTED = slots, 1, #slots == 1
   else
     add_free(slots, 1)
   end
@@ -530,26 +574,39 @@ end
 -- drop_holders removes holder entries and frees their slots. It returns
 -- how many of the ids had a holder entry.
 local function drop_holders(ids)
-  if #ids == 0 then
+  local k = #ids
+  if k == 0 then
     return 0
   end
   records(ids)
-  local removed = 0
-  for i = 1, #ids, CHUNK do
-    removed = removed + redis.call('ZREM', H, unpack(ids, i, math.min(i + CHUNK - 1, #ids)))
+  local removed
+  if k == 1 then
+    removed = redis.call('ZREM', H, ids[1])
+  else
+    removed = 0
+    for i = 1, k, CHUNK do
+      removed = removed + redis.call('ZREM', H, unpack(ids, i, math.min(i + CHUNK - 1, k)))
+    end
   end
-  local slots = {}
-  for _, id in ipairs(ids) do
+  local slots
+  for i = 1, k do
+    local id = ids[i]
     local rec = get(id)
     if rec and string.sub(rec, 1, 1) == 'L' then
-      local _, list = parse_lease(rec)
-      for _, s in ipairs(list) do
-        slots[#slots + 1] = s
+      local list = lease_slots(rec)
+      if not slots then
+        slots = list
+      else
+        for _, s in ipairs(list) do
+          slots[#slots + 1] = s
+        end
       end
       del(id)
     end
   end
-  give_back(slots)
+  if slots then
+    give_back(slots)
+  end
   return removed
 end
 
@@ -566,7 +623,7 @@ local function expire(now)
     set('_next', now) -- more may be due: the next call goes on
   else
     local first = redis.call('ZRANGE', H, 0, 0, 'WITHSCORES')
-    set('_next', first[2] or 'inf')
+    put('_next', first[2] or 'inf')
   end
   return #dead
 end
@@ -651,7 +708,7 @@ end
 -- tombstone marks id as released ("R"), cancelled ("C") or a SetLimit call
 -- that ran ("S") until until_ms.
 local function tombstone(id, kind, now, until_ms)
-  set(id, kind)
+  put(id, kind)
   redis.call('ZADD', E, fmt(until_ms), id)
   extend(now, until_ms)
 end
@@ -703,7 +760,7 @@ local function take_slots(n)
     end
     FREED_I = last + 1
   elseif have > 0 then
-    local popped = redis.call('ZPOPMIN', F, math.min(n, have))
+    local popped = redis.call('ZPOPMIN', F, n < have and n or have)
     for i = 1, #popped, 2 do
       if popped[i] == SENTINEL then
         redis.call('ZADD', F, 'inf', SENTINEL) -- never happens while the counters hold
@@ -712,12 +769,14 @@ local function take_slots(n)
       end
     end
   end
-  local hw = num('_hw')
-  while #slots < n do
-    slots[#slots + 1] = hw
-    hw = hw + 1
+  if #slots < n then
+    local hw = num('_hw')
+    while #slots < n do
+      slots[#slots + 1] = hw
+      hw = hw + 1
+    end
+    set('_hw', hw)
   end
-  set('_hw', hw)
   set('_used', num('_used') + n)
   return slots
 end
@@ -777,8 +836,8 @@ local function establish_rate()
     if CRL == 0 then
       del('_rate')
     else
-      set('_rate', fmt(CRL) .. '/' .. fmt(CRP))
-      set('_rx', '1')
+      put('_rate', fmt(CRL) .. '/' .. fmt(CRP))
+      put('_rx', '1')
     end
     RL = nil -- rate() reads it again
   end
@@ -813,7 +872,7 @@ local function rate_trim(now_us)
     set('_rold', cutoff) -- more may be due: the next call goes on
   else
     local first = redis.call('ZRANGE', W, 0, 0, 'WITHSCORES')
-    set('_rold', first[2] or 'inf')
+    put('_rold', first[2] or 'inf')
   end
 end
 
@@ -900,19 +959,27 @@ end
 
 -- grant makes id a holder of n slots until deadline, with the next fencing
 -- token: never less than the server clock in microseconds, so tokens keep
--- increasing even when the counter is lost. Returns token and slots.
+-- increasing even when the counter is lost. Returns the token, the slots
+-- (a list) and the slots as the record and the messages write them ("s1,s2").
 local function grant(id, n, now, now_us, deadline, owner)
   local slots = take_slots(n)
-  local token = math.max(num('_token') + 1, now_us)
-  set('_token', token)
-  set(id, 'L|' .. fmt(token) .. '|' .. table.concat(slots, ',') .. '|' .. owner)
+  local token = num('_token') + 1
+  if token < now_us then
+    token = now_us
+  end
+  local t = fmt(token)
+  set('_token', token, t)
+  -- table.concat would format a number with "%.14g" (C's slow path for
+  -- fractions): one slot, as most leases hold, goes through fmt.
+  local list = n == 1 and fmt(slots[1]) or table.concat(slots, ',')
+  put(id, 'L|' .. t .. '|' .. list .. '|' .. owner)
   redis.call('ZADD', H, fmt(deadline), id)
   if deadline < next_expiry() then
     set('_next', deadline)
   end
   extend(now, deadline)
   rate_record(token, n, now)
-  return token, slots
+  return token, slots, list
 end
 
 local function publish(channel, msg)
@@ -1013,15 +1080,17 @@ local function admit(now, now_us, limit)
       redis.call('ZADD', Q, seq, id) -- the rate's window is full: keep the place
       local wake = fmt(RATE_AT) .. ' ' .. id
       if get('_rwake') ~= wake then
-        set('_rwake', wake)
+        put('_rwake', wake)
         publish(CHAN .. ':s:' .. sid, 'w ' .. id .. ' ' .. rate_ms(now_us))
       end
       break
     else
       set('_q', num('_q') - 1)
-      local deadline = math.min(now + lease_ms, sdl)
-      local token, slots = grant(id, n, now, now_us, deadline, owner)
-      local list = table.concat(slots, ',')
+      local deadline = now + lease_ms
+      if sdl < deadline then
+        deadline = sdl
+      end
+      local token, _, list = grant(id, n, now, now_us, deadline, owner)
       publish(CHAN .. ':s:' .. sid, 'g ' .. id .. ' ' .. fmt(token) .. ' ' .. fmt(deadline) .. ' ' .. list)
       out[#out + 1] = id
       out[#out + 1] = token
@@ -1075,8 +1144,9 @@ local function hint(now)
 end
 
 local function append(dst, src)
-  for _, v in ipairs(src) do
-    dst[#dst + 1] = v
+  local n = #dst
+  for i = 1, #src do
+    dst[n + i] = src[i]
   end
   return dst
 end
@@ -1097,7 +1167,7 @@ local function bind(keys, argv)
   CLOCK_MS, CLOCK_US = 0, 0
   CRL, CRP = 0, 0
   RL, RP_US, RATE_AT, RATE_LOADED = nil, nil, nil, false
-  META, DIRTY, GONE, NUMS = {}, {}, {}, {}
+  META, DIRTY, GONE, NUMS = nil, {}, nil, {} -- META: load makes it; GONE: del
   FREED = nil
   HZ_MOVED = false
   SDL = nil

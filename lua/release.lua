@@ -30,7 +30,9 @@ local keep_ms = 0
 if mode ~= 'force' then
   keep_ms, err = int_arg(6, 'record_ms', 1)
   if err then return err end
-  keep_ms = math.min(keep_ms, TOMB_MS)
+  if keep_ms > TOMB_MS then
+    keep_ms = TOMB_MS
+  end
 end
 
 local now, now_us = clock()

@@ -34,6 +34,6 @@ end
 redis.call('ZADD', H, 'XX', fmt(now + lease_ms), id)
 -- A live renewal needs only the horizon (extend); the other counters stay
 -- unread and unwritten.
-META['_hz'] = redis.call('HGET', M, '_hz')
+META = {_hz = redis.call('HGET', M, '_hz')}
 extend(now, now + lease_ms)
 return finish({1, now, now + lease_ms})

@@ -31,8 +31,8 @@ rate_load(true)
 tombstone(call, 'S', now, now + TOMB_MS)
 local v = fmt(rl) .. '/' .. fmt(rp)
 redis.call('SET', R, v)
-set('_frate', v)
-set('_rx', '1')
+put('_frate', v)
+put('_rx', '1')
 expire(now)
 -- Waiters heavier than the new rate's limit can never be admitted.
 if rl > 0 then
