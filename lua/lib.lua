@@ -813,6 +813,18 @@ local function rate()
   return RL
 end
 
+-- rate_keep keeps every key (so the window's records) until the youngest
+-- record leaves a window of per_ms: when the period in force grows
+-- (SetRate, or an idle semaphore taking a client's rate), grants made
+-- before must still count against it after the leases that kept the keys
+-- alive have ended.
+local function rate_keep(per_ms)
+  local r = redis.call('ZREVRANGE', W, 1, 1, 'WITHSCORES') -- 0: the sentinel
+  if r[2] then
+    extend(CLOCK_MS, math.floor(tonumber(r[2]) / 1000) + per_ms + 1)
+  end
+end
+
 -- establish_rate is establish for the rate: true, or nil and the rate
 -- that live clients established ("limit/per_ms") when it differs from the
 -- client's while slots are held or waiters queued. An idle semaphore takes
@@ -838,6 +850,7 @@ local function establish_rate()
     else
       put('_rate', fmt(CRL) .. '/' .. fmt(CRP))
       put('_rx', '1')
+      rate_keep(CRP)
     end
     RL = nil -- rate() reads it again
   end

@@ -289,3 +289,61 @@ func TestRateWakeTimeWeighted(t *testing.T) {
 		rwExpectRefused(ctx, t, c, k, lim, recs, rl, n, perMs, "again-"+strconv.Itoa(n), true)
 	}
 }
+
+// A period that grows keeps the window's records for as long as they count
+// against it: SetRate to a longer period, and an idle semaphore that takes
+// a client's longer rate, extend every key until the youngest record
+// leaves the new window, so that grants made before still refuse others
+// once the leases that kept the keys alive have ended (setrate.lua: "grants
+// made before the call count against the new rate"). Before: 2 grants
+// under 2/1s, then SetRate 2/1h: rate_ms said an hour, but the keys (and
+// the records with them) expired about 2 s later, and new grants came in.
+func TestLongerPeriodKeepsWindow(t *testing.T) {
+	ctx := redistest.Ctx(t, 30*time.Second)
+	c := redistest.Client(t)
+	const hourMs = 3_600_000
+	checkTTL := func(t *testing.T, k core.Keys, youngest int64) {
+		t.Helper()
+		now := rwServerUs(ctx, t, c)
+		need := time.Duration(youngest+hourMs*1000-now) * time.Microsecond
+		for _, key := range []string{k.List[core.KeyWindow], k.List[core.KeyMeta]} {
+			ttl, err := c.PTTL(ctx, key).Result()
+			if err != nil {
+				t.Fatal(err)
+			}
+			if ttl < need {
+				t.Fatalf("%s: TTL %v, want at least %v: until the youngest record leaves a window of an hour", key, ttl, need)
+			}
+		}
+	}
+	t.Run("SetRate", func(t *testing.T) {
+		name := redistest.Name(t)
+		k := core.KeysFor("redsem", name)
+		twin := core.KeysFor("redsem", name+"-twin")
+		lim := "5:2:1000"
+		a := rwGrant(ctx, t, c, k, lim, "g0", 1, 150)
+		b := rwGrant(ctx, t, c, k, lim, "g1", 1, 150)
+		rwGrant(ctx, t, c, twin, 5, "g0", 1, 150)
+		if _, err := run(ctx, t, c, lua.SetRate, k, lim, "call-1", 2, hourMs); err != nil {
+			t.Fatal(err)
+		}
+		checkTTL(t, k, b.token)
+		// Idle until a semaphore without a rate lost its keys: the window
+		// still refuses, for about an hour.
+		redistest.WaitFor(t, 10*time.Second, "the twin's keys to expire", func() (bool, error) {
+			n, err := c.Exists(ctx, twin.List...).Result()
+			return n == 0, err
+		})
+		rwExpectRefused(ctx, t, c, k, lim, []rwRec{a, b}, 2, 1, hourMs, "after-idle", false)
+	})
+	t.Run("IdleTakesClientRate", func(t *testing.T) {
+		k := core.KeysFor("redsem", redistest.Name(t))
+		a := rwGrant(ctx, t, c, k, "5:2:1000", "g0", 1, 100)
+		b := rwGrant(ctx, t, c, k, "5:2:1000", "g1", 1, 100)
+		// Both leases end; a client with 2 per hour finds the semaphore
+		// idle and establishes its rate: the two grants count against it.
+		rwWaitServerUs(ctx, t, c, b.token+150_000)
+		rwExpectRefused(ctx, t, c, k, "5:2:3600000", []rwRec{a, b}, 2, 1, hourMs, "longer", false)
+		checkTTL(t, k, b.token)
+	})
+}

@@ -33,6 +33,9 @@ local v = fmt(rl) .. '/' .. fmt(rp)
 redis.call('SET', R, v)
 put('_frate', v)
 put('_rx', '1')
+if rl > 0 then
+  rate_keep(rp) -- a longer period keeps the records it still counts
+end
 expire(now)
 -- Waiters heavier than the new rate's limit can never be admitted.
 if rl > 0 then
