@@ -19,13 +19,17 @@ type FamilyOptions struct {
 	// Shards is how many hash slots the members are spread over (a
 	// member's shard is a stable hash of its key); each shard has its own
 	// sessions key and channel, and a process keeps at most one session,
-	// subscription and heartbeat per shard it uses. Zero: 16 when client
-	// is a *redis.ClusterClient (enough to cover 16 masters, 5 or 6 shards
-	// per master of 3), else 1; at most 1024. The first process that uses
-	// the family records its shard count in Redis; a client built with
-	// another gets a *redsem.ConfigError from Acquire and TryAcquire, so
-	// every process of a family must use the same (see docs/operations.md,
-	// "Families on a cluster").
+	// subscription and heartbeat per shard it uses. Zero: 1, on every
+	// client (a *redis.ClusterClient too), the key layout of families made
+	// before shards existed, so that a default never changes what a key
+	// means; at most 1024. On a cluster, set it (16 covers up to 16
+	// masters, 5 or 6 shards per master of 3) once no process of an older
+	// version uses the family: those write no record and keep the one-shard
+	// layout. The first process that uses the family records its shard
+	// count in Redis; a client built with another (the default included)
+	// gets a *redsem.ConfigError from Acquire, TryAcquire, SetLimit and
+	// SetRate, so every process of a family must use the same (see
+	// docs/operations.md, "Families on a cluster").
 	Shards int
 }
 

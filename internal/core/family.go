@@ -24,6 +24,9 @@ type Family struct {
 	root      *Engine // the family's validated settings; checks the eviction policy once
 	idleAfter time.Duration
 	shards    []*famShard // len: the shard count
+	// defaulted: the options left Shards zero (DefaultShards), for the
+	// mismatch error's text.
+	defaulted bool
 
 	mu     sync.Mutex // guards closed
 	closed bool
@@ -52,7 +55,8 @@ type famShard struct {
 // Family whose members have cfg's settings. idleAfter is how long a member
 // with no call in flight and no live lease is kept; zero: DefaultIdleAfter.
 // shards is how many hash tags the members are spread over, at most
-// MaxShards; zero: DefaultShards of cfg's client.
+// MaxShards; zero: DefaultShards (one, whatever the client, so that a
+// default never changes what a key means; see DefaultShards).
 func NewFamily(cfg Config, idleAfter time.Duration, shards int) (*Family, error) {
 	root, err := New(cfg)
 	if err != nil {
@@ -65,12 +69,13 @@ func NewFamily(cfg Config, idleAfter time.Duration, shards int) (*Family, error)
 		idleAfter = DefaultIdleAfter
 	}
 	if shards < 0 || shards > MaxShards {
-		return nil, cfgErr("Shards", "%d is not in [0, %d] (0: the default, %d on a cluster client, else 1)", shards, MaxShards, DefaultClusterShards)
+		return nil, cfgErr("Shards", "%d is not in [0, %d] (0: the default, %d)", shards, MaxShards, DefaultShards)
 	}
-	if shards == 0 {
-		shards = DefaultShards(cfg.Client)
+	defaulted := shards == 0
+	if defaulted {
+		shards = DefaultShards
 	}
-	f := &Family{root: root, idleAfter: idleAfter, members: map[string]*Engine{}, shards: make([]*famShard, shards)}
+	f := &Family{root: root, idleAfter: idleAfter, members: map[string]*Engine{}, shards: make([]*famShard, shards), defaulted: defaulted}
 	for i := range f.shards {
 		f.shards[i] = &famShard{}
 	}
@@ -106,9 +111,13 @@ func (f *Family) compareShards(ctx context.Context) error {
 // shardsMismatch is the error of a client whose shard count is not the
 // one recorded in Redis.
 func (f *Family) shardsMismatch(recorded string) error {
+	built := strconv.Itoa(len(f.shards))
+	if f.defaulted {
+		built += " (Shards zero: the default, " + strconv.Itoa(DefaultShards) + " on every client)"
+	}
 	return cfgErr("FamilyOptions.Shards", "family %q spreads its members over %s shards (recorded in Redis by its first user, key %s); "+
-		"this client was built with %d: give every client of the family the same Shards", f.root.cfg.Name, recorded,
-		ShardsKey(f.root.cfg.Prefix, f.root.cfg.Name), len(f.shards))
+		"this client was built with %s: give every client of the family the same Shards", f.root.cfg.Name, recorded,
+		ShardsKey(f.root.cfg.Prefix, f.root.cfg.Name), built)
 }
 
 // checkShards makes sure that every process of the family spreads its
@@ -118,6 +127,14 @@ func (f *Family) shardsMismatch(recorded string) error {
 // Family. A mismatch is a *redsem.ConfigError; a failure to reach Redis
 // is returned raw (the acquire rides it out) and the check runs again at
 // the next call.
+//
+// Processes of a version before shards write no record and never read
+// one; they use the one-shard layout, which is why the default is one
+// shard (DefaultShards): a default client records "1" where they run, and
+// a client built with more shards then gets the mismatch error instead of
+// splitting the family. Only a client built with Shards > 1 that records
+// first can split a family with such processes; that is documented (set
+// Shards only once every process of the family has this version).
 func (f *Family) checkShards(ctx context.Context) error {
 	if f.shardsOK.Load() {
 		return nil

@@ -2,6 +2,7 @@ package core
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"runtime"
@@ -29,7 +30,9 @@ import (
 //     status.lua).
 //   - A server that refuses FUNCTION (Redis 6.2, miniredis, an ACL, a
 //     managed service) keeps EVALSHA for the client's life; that is logged
-//     once at Info.
+//     once at Info. A load that fails otherwise (Redis unreachable, or in a
+//     passing state: MISCONF after a failed save, OOM, LOADING, READONLY;
+//     see refused) is tried again libRetry later.
 //   - An FCALL answered "Function not found" (a restart without
 //     persistence, a failover to a server that never saw the library, a
 //     new master) is run again at once with EVALSHA, so the caller sees no
@@ -207,18 +210,55 @@ func loadLibrary(ctx context.Context, c redis.UniversalClient) error {
 }
 
 // refused reports whether err is a server refusing FUNCTION for good: an
-// unknown command (Redis before 7, miniredis), an ACL, or a managed
-// service that disables it.
+// unknown command (Redis before 7, miniredis, a command renamed away), an
+// ACL, or a managed service or proxy that disables it. Only a reply of the
+// server can say so (a network error or a timeout is tried again), and its
+// leading code word decides, not the words of its message: NOPERM is a
+// refusal; ERR (or a reply without a code) is one when its message names
+// an unknown or disabled command; any other code is the server's state
+// (MISCONF after a failed save, whose message says that writes "are
+// disabled", OOM, LOADING, BUSY, READONLY, MASTERDOWN, CLUSTERDOWN, ...)
+// and is tried again after libRetry. Taking a passing state for a refusal
+// would keep the client on EVALSHA for its life; the other mistake costs
+// one failed FUNCTION LOAD per libRetry.
 func refused(err error) bool {
-	msg := strings.ToLower(err.Error())
-	if strings.HasPrefix(msg, "oom ") || strings.HasPrefix(msg, "loading ") || strings.HasPrefix(msg, "busy") ||
-		strings.HasPrefix(msg, "readonly ") || strings.HasPrefix(msg, "masterdown ") {
-		return false // the server's state, not a refusal of FUNCTION: tried again later
+	var reply redis.Error
+	if !errors.As(err, &reply) {
+		return false
 	}
-	for _, s := range []string{"unknown command", "unknown subcommand", "noperm", "no permissions", "disabled", "not allowed"} {
-		if strings.Contains(msg, s) {
-			return true
+	msg := reply.Error()
+	code, rest := replyCode(msg)
+	if code == "ERR" {
+		if inner, _ := replyCode(rest); inner != "" {
+			code = inner // a proxy that puts ERR before the server's code (as KVRocks does)
+		}
+	}
+	switch code {
+	case "NOPERM":
+		return true
+	case "ERR", "":
+		msg = strings.ToLower(msg)
+		for _, s := range []string{"unknown command", "unknown subcommand", "unsupported command", "no permissions", "disabled", "not allowed"} {
+			if strings.Contains(msg, s) {
+				return true
+			}
 		}
 	}
 	return false
+}
+
+// replyCode splits an error reply into its code (the leading word, when it
+// is two or more capital letters, as Redis's ERR, NOPERM, MISCONF, OOM are)
+// and the rest of the message; code is "" for a reply without one.
+func replyCode(msg string) (code, rest string) {
+	word, rest, _ := strings.Cut(msg, " ")
+	if len(word) < 2 {
+		return "", msg
+	}
+	for i := 0; i < len(word); i++ {
+		if word[i] < 'A' || word[i] > 'Z' {
+			return "", msg
+		}
+	}
+	return word, rest
 }

@@ -18,23 +18,17 @@ import (
 const (
 	// MaxShards bounds FamilyOptions.Shards.
 	MaxShards = 1024
-	// DefaultClusterShards is the number of shards of a family whose client
-	// is a *redis.ClusterClient and whose options leave Shards zero: enough
-	// to cover a cluster of up to 16 masters, and 5 or 6 shards per master
-	// of a 3-master cluster. On any other client the default is 1.
-	DefaultClusterShards = 16
+	// DefaultShards is the shard count of a family whose options leave
+	// Shards zero, on every client (a *redis.ClusterClient too): the
+	// layout of families made before shards existed, whose processes
+	// write no shard record and never read one. A default must never
+	// change what a key means: a default of more than one shard would make
+	// a process of this version and one of an older version two holders
+	// of the same key. More shards only when the user sets Shards.
+	DefaultShards = 1
 	// clusterSlots is the number of hash slots of a Redis Cluster.
 	clusterSlots = 16384
 )
-
-// DefaultShards is the shard count of a family on client when its options
-// leave Shards zero.
-func DefaultShards(client redis.UniversalClient) int {
-	if _, ok := client.(*redis.ClusterClient); ok {
-		return DefaultClusterShards
-	}
-	return 1
-}
 
 // ShardOf is the shard of member key in a family of shards shards: FNV-1a
 // (32 bits) of the key's bytes, modulo shards. It is part of the key

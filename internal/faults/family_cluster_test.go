@@ -28,11 +28,12 @@ func TestClusterFamily(t *testing.T) {
 	if got, err := cc.ClusterKeySlot(ctx, core.ShardsKey(core.DefaultPrefix, name)).Result(); err != nil || got != slot {
 		t.Fatalf("shard record in slot %d (%v), the family's tag in %d", got, err, slot)
 	}
-	// On a cluster client a family has DefaultClusterShards shards: each
+	// The families below have 16 shards (set: the default is one): each
 	// member's keys, its shard's sessions key and channels are in its
 	// shard's slot (as Slot computes it).
+	const shards = 16
 	for _, key := range []string{"a", "b{", "}c", "%7B"} {
-		k := core.MemberKeys(core.DefaultPrefix, name, core.DefaultClusterShards, key)
+		k := core.MemberKeys(core.DefaultPrefix, name, shards, key)
 		want := int64(core.Slot(k.List[0]))
 		for _, rk := range append(append([]string(nil), k.List...), k.Chan, k.Free, k.Want, k.Chan+":s:0123456789abcdef") {
 			got, err := cc.ClusterKeySlot(ctx, rk).Result()
@@ -47,7 +48,7 @@ func TestClusterFamily(t *testing.T) {
 
 	// Only the grant message can wake the waiter in time: long fallback and
 	// lease, and the holder is in another family on another client.
-	o := fair.FamilyOptions{Options: fair.Options{LeaseTTL: time.Minute, QueueTTL: 2 * time.Minute, FallbackInterval: time.Minute}}
+	o := fair.FamilyOptions{Options: fair.Options{LeaseTTL: time.Minute, QueueTTL: 2 * time.Minute, FallbackInterval: time.Minute}, Shards: shards}
 	holders, err := fair.NewFamily(cl.Client(t), name, 1, o)
 	if err != nil {
 		t.Fatal(err)

@@ -60,9 +60,10 @@ func scriptCallsOn(t *testing.T, ctx context.Context, c *redis.Client) int {
 	return int(n)
 }
 
-// A family of either variant on a 3-master cluster (default shards) spreads over the
-// masters: with 3 000 keys held, each master holds at least 20% of the
-// members' keys and ran at least 20% of the script calls. Three processes
+// A family of either variant on a 3-master cluster (16 shards, set: the
+// default is one) spreads over the masters: with 3 000 keys held, each
+// master holds at least 20% of the members' keys and ran at least 20% of
+// the script calls. Three processes
 // (three clients, three families) then share 90 keys of limit 2, and no key
 // ever has more than 2 holders; one master is killed and its replica takes
 // over: keys on the other masters keep being granted throughout (no call
@@ -75,6 +76,7 @@ func TestClusterFamilyShards(t *testing.T) {
 }
 
 func testClusterFamilyShards(t *testing.T, variant string) {
+	const shards = 16
 	// go-redis keeps dialling a dead node from a goroutine of its pool
 	// that notices the client's Close only after its next second of sleep.
 	checkLeaks(t, goleak.IgnoreAnyFunction("github.com/redis/go-redis/v9/internal/pool.(*ConnPool).tryDial"))
@@ -88,7 +90,7 @@ func testClusterFamilyShards(t *testing.T, variant string) {
 		var get func(key string) (redsem.Semaphore, error)
 		if variant == "fair" {
 			f, err := fair.NewFamily(cl.Client(t), name, 2, fair.FamilyOptions{Options: fair.Options{
-				LeaseTTL: 5 * time.Second, QueueTTL: 3 * time.Second, FallbackInterval: 300 * time.Millisecond}})
+				LeaseTTL: 5 * time.Second, QueueTTL: 3 * time.Second, FallbackInterval: 300 * time.Millisecond}, Shards: shards})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -96,7 +98,7 @@ func testClusterFamilyShards(t *testing.T, variant string) {
 			get = func(key string) (redsem.Semaphore, error) { return f.Get(key) }
 		} else {
 			f, err := unfair.NewFamily(cl.Client(t), name, 2, unfair.FamilyOptions{Options: unfair.Options{
-				LeaseTTL: 5 * time.Second, FallbackInterval: 300 * time.Millisecond}})
+				LeaseTTL: 5 * time.Second, FallbackInterval: 300 * time.Millisecond}, Shards: shards})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -159,7 +161,7 @@ func testClusterFamilyShards(t *testing.T, variant string) {
 		totalMetas += metas[i]
 		totalCalls += calls[i]
 	}
-	t.Logf("3 000 members over 3 masters (%d shards): members %v, script calls %v", core.DefaultClusterShards, metas, calls)
+	t.Logf("3 000 members over 3 masters (%d shards): members %v, script calls %v", shards, metas, calls)
 	if totalMetas != keys {
 		t.Fatalf("%d member records on the masters, want %d", totalMetas, keys)
 	}
@@ -178,7 +180,7 @@ func testClusterFamilyShards(t *testing.T, variant string) {
 	const hot = 90
 	onMaster := make([]int, hot)
 	for i := range hot {
-		onMaster[i] = owner(core.Slot(core.MemberKeys(core.DefaultPrefix, name, core.DefaultClusterShards, fmt.Sprint("hot-", i)).List[0]))
+		onMaster[i] = owner(core.Slot(core.MemberKeys(core.DefaultPrefix, name, shards, fmt.Sprint("hot-", i)).List[0]))
 	}
 	var (
 		inUse     [hot]atomic.Int32
