@@ -85,7 +85,7 @@ func runSetLimit(args []string, stdout, stderr io.Writer) int {
 	}
 	if c.noShardRecord {
 		fmt.Fprintf(stderr, "note: family %q has no shard record yet (no client used it): this was written for a family of one shard; "+
-			"clients built with Shards > 1 (the default on a cluster client) will not see it\n", pos[0])
+			"clients built with Shards > 1 will not see it\n", pos[0])
 	}
 	return exitOK
 }

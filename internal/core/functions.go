@@ -158,11 +158,8 @@ func (e *Engine) loadLibrary() {
 	if wait || !l.mode.CompareAndSwap(libUnknown, libLoading) {
 		return
 	}
-	e.undos.Add(1) // Close waits for it (a few ms: the load is bounded)
-	go func() {
-		defer e.undos.Done()
-		ctx, cancel := context.WithTimeout(e.stopped, libLoadTimeout)
-		defer cancel()
+	ctx, cancel := context.WithTimeout(context.Background(), libLoadTimeout)
+	e.background(ctx, cancel, func(ctx context.Context) {
 		err := loadLibrary(ctx, e.cfg.Client)
 		name, _ := lua.Library()
 		switch {
@@ -185,7 +182,7 @@ func (e *Engine) loadLibrary() {
 			l.mu.Unlock()
 			l.mode.Store(libUnknown)
 		}
-	}()
+	})
 }
 
 // loadLibrary loads the library on the client's server (on every master of
