@@ -47,16 +47,18 @@ type Engine struct {
 
 	sent [lua.SetRate + 1]atomic.Bool // scripts sent whole once (see loaded)
 
-	hubMu  sync.Mutex
-	hub    *hub
-	closed bool // under hubMu
+	hubMu sync.Mutex
+	hub   *hub
 
-	stopped context.Context // ends on Close: stops undo retries
+	// stopped ends on Close (a family's, for its members): the one place
+	// that says the semaphore is closed. Calls bind their context to it,
+	// background work ends with it, and no hub is started once it ended.
+	stopped context.Context
 	stop    context.CancelFunc
 	undos   sync.WaitGroup
 
-	// A member of a keyed family shares the family's hub (hubMu, hub and
-	// closed above are unused) and is dropped from the family's map once
+	// A member of a keyed family shares the family's hub (hubMu and hub
+	// above are unused) and is dropped from the family's map once
 	// idle: no call in flight and no live lease (active), for the family's
 	// idle period since used (unix ns).
 	fam    *Family
@@ -65,14 +67,13 @@ type Engine struct {
 	used   atomic.Int64
 }
 
-// hubSlot returns where the engine's waiting machinery lives: the mutex,
-// the hub pointer and the closed flag it guards; the engine's own, or its
-// family shard's.
-func (e *Engine) hubSlot() (*sync.Mutex, **hub, *bool) {
+// hubSlot returns where the engine's waiting machinery lives: the mutex
+// and the hub pointer it guards; the engine's own, or its family shard's.
+func (e *Engine) hubSlot() (*sync.Mutex, **hub) {
 	if e.shard != nil {
-		return &e.shard.mu, &e.shard.hub, &e.shard.closed
+		return &e.shard.mu, &e.shard.hub
 	}
-	return &e.hubMu, &e.hub, &e.closed
+	return &e.hubMu, &e.hub
 }
 
 // busy and idle bracket a call or a lease of a family member, so that the
@@ -120,14 +121,14 @@ func (e *Engine) Close() error {
 	if e.fam != nil {
 		return nil
 	}
+	// The calls first (and no hub starts after this): shutdown waits for
+	// a heartbeat in flight, which against a dead Redis may take its
+	// whole bound.
+	e.stop()
 	e.hubMu.Lock()
 	h := e.hub
 	e.hub = nil
-	e.closed = true
 	e.hubMu.Unlock()
-	// The calls first: shutdown waits for a heartbeat in flight, which
-	// against a dead Redis may take its whole bound.
-	e.stop()
 	if h != nil {
 		h.shutdown()
 	}
@@ -156,12 +157,8 @@ func (e *Engine) background(ctx context.Context, cancel context.CancelFunc, fn f
 // Redis after an abandoned call).
 func (e *Engine) WaitUndos() { e.undos.Wait() }
 
-func (e *Engine) isClosed() bool {
-	mu, _, closed := e.hubSlot()
-	mu.Lock()
-	defer mu.Unlock()
-	return *closed
-}
+// isClosed reports whether Close (the family's, for a member) was called.
+func (e *Engine) isClosed() bool { return e.stopped.Err() != nil }
 
 // run calls a script with the semaphore's keys and the common ARGV prefix
 // (channel base, publish command, limit).
@@ -563,7 +560,7 @@ func parseRate(s string) redsem.Rate {
 // deliverGrants wakes local waiters named in a script reply's grant list,
 // without waiting for the pub/sub message.
 func (e *Engine) deliverGrants(script string, v []any, from int, now int64, sent time.Time) {
-	mu, slot, _ := e.hubSlot()
+	mu, slot := e.hubSlot()
 	mu.Lock()
 	h := *slot
 	mu.Unlock()

@@ -28,14 +28,11 @@ type Family struct {
 	// mismatch error's text.
 	defaulted bool
 
-	mu     sync.Mutex // guards closed
-	closed bool
-
 	// shardsOK: the shard count recorded in Redis was found equal to ours
 	// (checkShards, once per Family).
 	shardsOK atomic.Bool
 
-	mmu     sync.Mutex // guards members, sweep and the shards' tags; never held with mu
+	mmu     sync.Mutex // guards members, sweep and the shards' tags
 	members map[string]*Engine
 	sweep   *time.Timer
 }
@@ -46,9 +43,8 @@ type famShard struct {
 	tag    string  // ShardTag; "" until its first member is made (under mmu)
 	alerts *alerts // its members' (per slot on a cluster); set with tag
 
-	mu     sync.Mutex // guards hub and closed (the members' hubSlot)
-	hub    *hub
-	closed bool
+	mu  sync.Mutex // guards hub (the members' hubSlot)
+	hub *hub
 }
 
 // NewFamily validates cfg (Name is the family's name) and returns a
@@ -167,10 +163,7 @@ func (f *Family) Name() string { return f.root.cfg.Name }
 // dropped it as idle). key has the rules of a semaphore name (non-empty
 // UTF-8, at most MaxNameLen bytes).
 func (f *Family) Get(key string) (*Engine, error) {
-	f.mu.Lock()
-	closed := f.closed
-	f.mu.Unlock()
-	if closed {
+	if f.root.isClosed() {
 		return nil, redsem.ErrClosed
 	}
 	f.mmu.Lock()
@@ -238,9 +231,7 @@ func (f *Family) dropIdle() {
 // later calls; Get returns redsem.ErrClosed. Leases already granted keep
 // working.
 func (f *Family) Close() error {
-	f.mu.Lock()
-	f.closed = true
-	f.mu.Unlock()
+	f.root.stop() // the members' calls and undo retries, before the hubs' wait; no hub starts after it
 	var hubs []*hub
 	for _, sh := range f.shards {
 		sh.mu.Lock()
@@ -248,10 +239,8 @@ func (f *Family) Close() error {
 			hubs = append(hubs, sh.hub)
 			sh.hub = nil
 		}
-		sh.closed = true
 		sh.mu.Unlock()
 	}
-	f.root.stop() // the members' calls and undo retries, before the hubs' wait
 	for _, h := range hubs {
 		h.shutdown()
 	}

@@ -108,9 +108,9 @@ func (e *Engine) register(ctx context.Context, id string, n int) (*waiter, error
 			return nil, err // no session made in a shard of a layout that is not the family's
 		}
 	}
-	mu, slot, closed := e.hubSlot()
+	mu, slot := e.hubSlot()
 	mu.Lock()
-	if *closed {
+	if e.isClosed() {
 		mu.Unlock()
 		return nil, redsem.ErrClosed
 	}
@@ -269,7 +269,7 @@ func (h *hub) poke() {
 }
 
 func (h *hub) stopIfIdle() {
-	mu, slot, _ := h.e.hubSlot()
+	mu, slot := h.e.hubSlot()
 	mu.Lock()
 	h.mu.Lock()
 	idle := len(h.waiters) == 0 && !h.closed
@@ -419,7 +419,7 @@ func (h *hub) run() {
 		if err == nil {
 			h.readyErr = redsem.ErrClosed
 		}
-		mu, slot, _ := h.e.hubSlot()
+		mu, slot := h.e.hubSlot()
 		mu.Lock()
 		if *slot == h {
 			*slot = nil
