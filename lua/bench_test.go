@@ -159,6 +159,25 @@ func scriptCases(ctx context.Context, c *redis.Client, mode string) []scriptCase
 		_, err := run1(ctx, c, lua.Release, k, 5, "none", "owner", 15000) // runs prune
 		return err
 	}, tryRelease)
+	// The unfair cycle on fresh keys: a new semaphore every 8 cycles (its
+	// first call makes its keys), so that meta stays a listpack of about
+	// 20 fields and ended a small one.
+	bench("unfair-try-release-fresh", nil, func(p redis.Pipeliner, k core.Keys, i int) {
+		fk := core.KeysFor("redsem", k.List[core.KeyMeta]+"-"+strconv.Itoa(i/8))
+		call(p, fk, lua.Acquire, 5, id(i), 1, 30000, "try", "-", 0, "bench", 0)
+		call(p, fk, lua.Release, 5, id(i), "owner", 15000)
+	})
+	// The unfair cycle in the steady state of a semaphore released ~2 000
+	// times a second: 10 000 tombstones (5 s of it, none due yet: meta a
+	// hash table, ended a skiplist), and 30 000 whose ends are spread over
+	// the next 15 s (more than 15 s of it: as many end each second as are
+	// made, so prune removes ~2 000 a second).
+	bench("unfair-try-release-10k", func(k core.Keys) error {
+		return fillTombstones(ctx, c, k, 10000, func(i int) int64 { return 15000 })
+	}, tryRelease)
+	bench("unfair-try-release-30k", func(k core.Keys) error {
+		return fillTombstones(ctx, c, k, 30000, func(i int) int64 { return 1 + int64(15000*i/30000) })
+	}, tryRelease)
 	// The uncontended fair cycle: a queue-mode acquire granted at once, then
 	// Release, under a live session.
 	bench("fair-queue-release", func(k core.Keys) error {
@@ -459,4 +478,38 @@ func commandStats(ctx context.Context, c *redis.Client) (map[string][2]int64, er
 		m[name] = [2]int64{calls, usec}
 	}
 	return m, nil
+}
+
+// fillTombstones makes k a semaphore whose meta holds n release tombstones
+// ("R", as release.lua leaves them), the i-th listed in ended until
+// lifeMS(i) ms from now (server time): the keys afresh, one cycle of the
+// scripts to make them, then the records written directly (much faster
+// than n cycles, under callgrind too).
+func fillTombstones(ctx context.Context, c *redis.Client, k core.Keys, n int, lifeMS func(i int) int64) error {
+	if err := c.Del(ctx, k.List...).Err(); err != nil {
+		return err
+	}
+	if _, err := run1(ctx, c, lua.Acquire, k, 5, "fill", 1, 30000, "try", "-", 0, "bench", 0); err != nil {
+		return err
+	}
+	if _, err := run1(ctx, c, lua.Release, k, 5, "fill", "owner", 15000); err != nil {
+		return err
+	}
+	now, err := c.Time(ctx).Result()
+	if err != nil {
+		return err
+	}
+	ms := now.UnixMilli()
+	for i := 0; i < n; i += 500 {
+		p := c.Pipeline()
+		for j := i; j < min(i+500, n); j++ {
+			id := "fill-" + strconv.Itoa(j)
+			p.HSet(ctx, k.List[core.KeyMeta], id, "R")
+			p.ZAdd(ctx, k.List[core.KeyEnded], redis.Z{Score: float64(ms + lifeMS(j)), Member: id})
+		}
+		if _, err := p.Exec(ctx); err != nil {
+			return err
+		}
+	}
+	return nil
 }
