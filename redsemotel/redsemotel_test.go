@@ -113,7 +113,7 @@ func int64s(xs []int) []int64 {
 	return out
 }
 
-// Spans: names, parent and child, attributes, and every acquire outcome.
+// Spans: names, parent and child, attributes, and every acquire error.type.
 func TestSpans(t *testing.T) {
 	for _, variant := range variants {
 		t.Run(variant, func(t *testing.T) {
@@ -162,33 +162,42 @@ func TestSpans(t *testing.T) {
 			}
 
 			acq := s.ended("redsem.acquire")
-			want := []string{"granted", "no_slot", "timeout", "canceled", "error", "closed"}
+			want := []string{"", "no_slot", "timeout", "canceled", "_OTHER", "closed"} // error.type
 			weights := []int64{2, 1, 1, 1, 3, 1}
 			if len(acq) != len(want) {
 				t.Fatalf("%d acquire spans, want %d", len(acq), len(want))
 			}
 			for i, sp := range acq {
 				at := attrs(sp.Attributes())
-				if got := at[redsemotel.AttrOutcome].AsString(); got != want[i] {
-					t.Errorf("acquire span %d: outcome %q, want %q", i, got, want[i])
+				if et, ok := at[redsemotel.AttrErrorType]; ok != (want[i] != "") || et.AsString() != want[i] {
+					t.Errorf("acquire span %d: error.type %q (set: %v), want %q", i, et.AsString(), ok, want[i])
 				}
-				if at[redsemotel.AttrSemaphore].AsString() != s.sem.Name() {
-					t.Errorf("acquire span %d: redsem.semaphore %v", i, at[redsemotel.AttrSemaphore])
+				if len(sp.Events()) != 0 {
+					t.Errorf("acquire span %d: events %v, want none (no RecordError)", i, sp.Events())
 				}
-				if at[redsemotel.AttrWeight].AsInt64() != weights[i] {
-					t.Errorf("acquire span %d: redsem.weight %v, want %d", i, at[redsemotel.AttrWeight], weights[i])
+				if _, ok := at[redsemotel.AttrOutcome]; ok {
+					t.Errorf("acquire span %d has the old redsem.outcome", i)
+				}
+				if at[redsemotel.AttrSemaphoreVariant].AsString() != variant {
+					t.Errorf("acquire span %d: redsem.semaphore.variant %v, want %s", i, at[redsemotel.AttrSemaphoreVariant], variant)
+				}
+				if at[redsemotel.AttrSemaphoreName].AsString() != s.sem.Name() {
+					t.Errorf("acquire span %d: redsem.semaphore %v", i, at[redsemotel.AttrSemaphoreName])
+				}
+				if at[redsemotel.AttrAcquireWeight].AsInt64() != weights[i] {
+					t.Errorf("acquire span %d: redsem.weight %v, want %d", i, at[redsemotel.AttrAcquireWeight], weights[i])
 				}
 				if sp.Parent().SpanID() != parent.SpanContext().SpanID() || sp.SpanContext().TraceID() != parent.SpanContext().TraceID() {
 					t.Errorf("acquire span %d is not a child of the caller's span", i)
 				}
 				wantStatus := codes.Unset
-				if want[i] == "error" {
+				if want[i] == "_OTHER" {
 					wantStatus = codes.Error
 				}
 				if sp.Status().Code != wantStatus {
 					t.Errorf("acquire span %d (%s): status %v, want %v", i, want[i], sp.Status().Code, wantStatus)
 				}
-				if _, ok := at[redsemotel.AttrToken]; ok != (i == 0) {
+				if _, ok := at[redsemotel.AttrLeaseToken]; ok != (i == 0) {
 					t.Errorf("acquire span %d (%s): has a token: %v", i, want[i], ok)
 				}
 				if sp.EndTime().Before(sp.StartTime()) || sp.EndTime().IsZero() {
@@ -196,16 +205,16 @@ func TestSpans(t *testing.T) {
 				}
 			}
 			g := attrs(acq[0].Attributes())
-			if g[redsemotel.AttrToken].AsInt64() != a.Token() ||
-				fmt.Sprint(g[redsemotel.AttrSlots].AsInt64Slice()) != fmt.Sprint(int64s(a.Slots())) {
+			if g[redsemotel.AttrLeaseToken].AsInt64() != a.Token() ||
+				fmt.Sprint(g[redsemotel.AttrLeaseSlots].AsInt64Slice()) != fmt.Sprint(int64s(a.Slots())) {
 				t.Errorf("granted span attributes %v; lease token %d, slots %v", acq[0].Attributes(), a.Token(), a.Slots())
 			}
 
 			h := holds[0]
 			ha := attrs(h.Attributes())
-			if ha[redsemotel.AttrOutcome].AsString() != "released" || ha[redsemotel.AttrWeight].AsInt64() != 2 ||
-				ha[redsemotel.AttrSemaphore].AsString() != s.sem.Name() || ha[redsemotel.AttrToken].AsInt64() != a.Token() ||
-				fmt.Sprint(ha[redsemotel.AttrSlots].AsInt64Slice()) != fmt.Sprint(int64s(a.Slots())) || h.Status().Code != codes.Unset {
+			if _, ok := ha[redsemotel.AttrErrorType]; ok || ha[redsemotel.AttrAcquireWeight].AsInt64() != 2 ||
+				ha[redsemotel.AttrSemaphoreName].AsString() != s.sem.Name() || ha[redsemotel.AttrLeaseToken].AsInt64() != a.Token() ||
+				fmt.Sprint(ha[redsemotel.AttrLeaseSlots].AsInt64Slice()) != fmt.Sprint(int64s(a.Slots())) || h.Status().Code != codes.Unset {
 				t.Errorf("hold span: %v, status %v", h.Attributes(), h.Status())
 			}
 			if h.Parent().SpanID() != parent.SpanContext().SpanID() {
@@ -219,8 +228,8 @@ func TestSpans(t *testing.T) {
 }
 
 // A lease lost without a Release (its keys deleted; renewed every 100 ms)
-// ends its hold span with outcome lost and status Error, once, and counts
-// in redsem.leases.lost; the Release that follows changes nothing.
+// ends its hold span with error.type lease_lost and status Error, once, and counts
+// in redsem.client.lease.lost; the Release that follows changes nothing.
 func TestLostLease(t *testing.T) {
 	for _, variant := range variants {
 		t.Run(variant, func(t *testing.T) {
@@ -240,7 +249,7 @@ func TestLostLease(t *testing.T) {
 				t.Fatalf("lost lease: Err %v, Context cause %v", l.Err(), context.Cause(l.Context()))
 			}
 			h := s.waitHolds(t, 1)[0]
-			if attrs(h.Attributes())[redsemotel.AttrOutcome].AsString() != "lost" || h.Status().Code != codes.Error {
+			if attrs(h.Attributes())[redsemotel.AttrErrorType].AsString() != "lease_lost" || h.Status().Code != codes.Error || len(h.Events()) != 0 {
 				t.Fatalf("hold span of a lost lease: %v, status %v", h.Attributes(), h.Status())
 			}
 			if err := l.Release(ctx); !errors.Is(err, redsem.ErrLeaseLost) {
@@ -253,24 +262,24 @@ func TestLostLease(t *testing.T) {
 				t.Fatalf("%d hold spans, want 1", n)
 			}
 			m := collect(t, s)
-			if got := sumOf(m, "redsem.leases.lost"); got != 1 {
-				t.Errorf("redsem.leases.lost = %v, want 1", got)
+			if got := sumOf(m, "redsem.client.lease.lost"); got != 1 {
+				t.Errorf("redsem.client.lease.lost = %v, want 1", got)
 			}
-			if got := sumOf(m, "redsem.slots.held"); got != 0 {
-				t.Errorf("redsem.slots.held = %v, want 0", got)
+			if got := sumOf(m, "redsem.client.slot.usage"); got != 0 {
+				t.Errorf("redsem.client.slot.usage = %v, want 0", got)
 			}
-			if got := histCount(m, "redsem.hold.duration", "lost"); got != 1 {
-				t.Errorf("hold durations with outcome lost: %d, want 1", got)
+			if got := histCount(m, holdDuration, "lease_lost"); got != 1 {
+				t.Errorf("hold durations with error.type lease_lost: %d, want 1", got)
 			}
-			if got := histCount(m, "redsem.hold.duration", "released"); got != 0 {
-				t.Errorf("hold durations with outcome released: %d, want 0", got)
+			if got := histCount(m, holdDuration, ""); got != 0 {
+				t.Errorf("hold durations without error.type: %d, want 0", got)
 			}
 		})
 	}
 }
 
 // A Release that finds its lease gone (ErrLeaseLost) ends the hold with
-// outcome lost, before it returns.
+// error.type lease_lost, before it returns.
 func TestReleaseFindsLeaseLost(t *testing.T) {
 	for _, variant := range variants {
 		t.Run(variant, func(t *testing.T) {
@@ -285,16 +294,16 @@ func TestReleaseFindsLeaseLost(t *testing.T) {
 				t.Fatalf("Release after the keys were deleted: %v, want ErrLeaseLost", err)
 			}
 			holds := s.ended("redsem.hold")
-			if len(holds) != 1 || attrs(holds[0].Attributes())[redsemotel.AttrOutcome].AsString() != "lost" ||
+			if len(holds) != 1 || attrs(holds[0].Attributes())[redsemotel.AttrErrorType].AsString() != "lease_lost" ||
 				holds[0].Status().Code != codes.Error {
 				t.Fatalf("hold spans when Release returned: %v", holds)
 			}
 			m := collect(t, s)
-			if got := sumOf(m, "redsem.leases.lost"); got != 1 {
-				t.Errorf("redsem.leases.lost = %v, want 1", got)
+			if got := sumOf(m, "redsem.client.lease.lost"); got != 1 {
+				t.Errorf("redsem.client.lease.lost = %v, want 1", got)
 			}
-			if got := sumOf(m, "redsem.slots.held"); got != 0 {
-				t.Errorf("redsem.slots.held = %v, want 0", got)
+			if got := sumOf(m, "redsem.client.slot.usage"); got != 0 {
+				t.Errorf("redsem.client.slot.usage = %v, want 0", got)
 			}
 		})
 	}
@@ -360,17 +369,17 @@ func TestLeaseMethods(t *testing.T) {
 				t.Errorf("%d hold spans after two Releases, want 1", n)
 			}
 			m := collect(t, s)
-			if got := sumOf(m, "redsem.leases.lost"); got != 0 {
-				t.Errorf("redsem.leases.lost = %v after a Release, want 0", got)
+			if got := sumOf(m, "redsem.client.lease.lost"); got != 0 {
+				t.Errorf("redsem.client.lease.lost = %v after a Release, want 0", got)
 			}
-			if got := histCount(m, "redsem.hold.duration", "released"); got != 1 {
+			if got := histCount(m, holdDuration, ""); got != 1 {
 				t.Errorf("released hold durations: %d, want 1", got)
 			}
 		})
 	}
 }
 
-// Metrics after a known workload: counts by outcome, the gauges back to
+// Metrics after a known workload: counts by error.type, the gauges back to
 // zero once every call returned and every lease ended, one lease lost.
 func TestMetrics(t *testing.T) {
 	for _, variant := range variants {
@@ -408,10 +417,10 @@ func TestMetrics(t *testing.T) {
 				got <- l
 			}()
 			redistest.WaitFor(t, 5*time.Second, "the waiter counted", func() (bool, error) {
-				return sumOf(collect(t, s), "redsem.acquire.waiting") == 1, nil
+				return sumOf(collect(t, s), "redsem.client.acquire.pending") == 1, nil
 			})
-			if held := sumOf(collect(t, s), "redsem.slots.held"); held != 2 {
-				t.Fatalf("redsem.slots.held = %v with two leases, want 2", held)
+			if held := sumOf(collect(t, s), "redsem.client.slot.usage"); held != 2 {
+				t.Fatalf("redsem.client.slot.usage = %v with two leases, want 2", held)
 			}
 			for _, l := range leases { // 2 released
 				if err := l.Release(ctx); err != nil {
@@ -422,42 +431,43 @@ func TestMetrics(t *testing.T) {
 			if w == nil {
 				t.FailNow()
 			}
-			if held := sumOf(collect(t, s), "redsem.slots.held"); held != 1 {
-				t.Fatalf("redsem.slots.held = %v with the waiter's lease, want 1", held)
+			if held := sumOf(collect(t, s), "redsem.client.slot.usage"); held != 1 {
+				t.Fatalf("redsem.client.slot.usage = %v with the waiter's lease, want 1", held)
 			}
 			s.loseKeys(t, ctx) // 1 lost
 			<-w.Done()
 			s.waitHolds(t, 3)
 
 			m := collect(t, s)
-			for name, want := range map[string]float64{"redsem.slots.held": 0, "redsem.acquire.waiting": 0, "redsem.leases.lost": 1} {
+			for name, want := range map[string]float64{"redsem.client.slot.usage": 0, "redsem.client.acquire.pending": 0, "redsem.client.lease.lost": 1} {
 				if got := sumOf(m, name); got != want {
 					t.Errorf("%s = %v after the workload, want %v", name, got, want)
 				}
 			}
-			for outcome, want := range map[string]uint64{"granted": 3, "no_slot": 3, "timeout": 1, "canceled": 0, "error": 1, "closed": 0} {
-				if n := histCount(m, "redsem.acquire.duration", outcome); n != want {
+			for outcome, want := range map[string]uint64{"": 3, "no_slot": 3, "timeout": 1, "canceled": 0, "_OTHER": 1, "closed": 0} {
+				if n := histCount(m, acquireDuration, outcome); n != want {
 					t.Errorf("%s acquire durations: %d, want %d", outcome, n, want)
 				}
 			}
-			for outcome, want := range map[string]uint64{"released": 2, "lost": 1} {
-				if n := histCount(m, "redsem.hold.duration", outcome); n != want {
+			for outcome, want := range map[string]uint64{"": 2, "lease_lost": 1} {
+				if n := histCount(m, holdDuration, outcome); n != want {
 					t.Errorf("%s hold durations: %d, want %d", outcome, n, want)
 				}
 			}
-			wantUnits := map[string]string{"redsem.acquire.duration": "s", "redsem.hold.duration": "s",
-				"redsem.slots.held": "{slot}", "redsem.acquire.waiting": "{call}", "redsem.leases.lost": "{lease}"}
+			wantUnits := map[string]string{acquireDuration: "s", holdDuration: "s",
+				"redsem.client.slot.usage": "{slot}", "redsem.client.acquire.pending": "{request}", "redsem.client.lease.lost": "{lease}"}
 			seen := 0
 			for _, sm := range m.ScopeMetrics {
-				if sm.Scope.Name != redsemotel.Scope || redsemotel.Scope != "github.com/redsem/redsem/redsemotel" {
-					t.Errorf("scope %q", sm.Scope.Name)
+				if sm.Scope.Name != redsemotel.ScopeName || redsemotel.ScopeName != "github.com/redsem/redsem/redsemotel" ||
+					sm.Scope.Version != redsemotel.Version() || sm.Scope.Version == "" {
+					t.Errorf("scope %q version %q, want version %q", sm.Scope.Name, sm.Scope.Version, redsemotel.Version())
 				}
 				for _, mt := range sm.Metrics {
 					seen++
 					if mt.Unit != wantUnits[mt.Name] {
 						t.Errorf("%s: unit %q, want %q", mt.Name, mt.Unit, wantUnits[mt.Name])
 					}
-					checkInstrument(t, mt, s.sem.Name())
+					checkInstrument(t, mt, s.sem.Name(), variant)
 				}
 			}
 			if seen != len(wantUnits) {
@@ -468,29 +478,29 @@ func TestMetrics(t *testing.T) {
 }
 
 // checkInstrument checks the kind of the metric's instrument and that each
-// of its points has redsem.semaphore (and, on the histograms,
-// redsem.outcome).
-func checkInstrument(t *testing.T, mt metricdata.Metrics, name string) {
+// of its points has redsem.semaphore.name and .variant, and nothing else
+// but (on the histograms, on failure) error.type.
+func checkInstrument(t *testing.T, mt metricdata.Metrics, name, variant string) {
 	t.Helper()
 	var sets []attribute.Set
 	switch d := mt.Data.(type) {
 	case metricdata.Histogram[float64]:
-		if mt.Name != "redsem.acquire.duration" && mt.Name != "redsem.hold.duration" {
+		if mt.Name != acquireDuration && mt.Name != holdDuration {
 			t.Errorf("%s is a histogram", mt.Name)
 		}
 		for _, p := range d.DataPoints {
-			if !p.Attributes.HasValue(redsemotel.AttrOutcome) || p.Attributes.Len() != 2 {
+			if p.Attributes.Len() != 2 && (p.Attributes.Len() != 3 || !p.Attributes.HasValue(redsemotel.AttrErrorType)) {
 				t.Errorf("%s: point attributes %v", mt.Name, p.Attributes.ToSlice())
 			}
 			sets = append(sets, p.Attributes)
 		}
 	case metricdata.Sum[int64]:
-		wantMonotonic := mt.Name == "redsem.leases.lost"
-		if d.IsMonotonic != wantMonotonic || (!wantMonotonic && mt.Name != "redsem.slots.held" && mt.Name != "redsem.acquire.waiting") {
+		wantMonotonic := mt.Name == "redsem.client.lease.lost"
+		if d.IsMonotonic != wantMonotonic || (!wantMonotonic && mt.Name != "redsem.client.slot.usage" && mt.Name != "redsem.client.acquire.pending") {
 			t.Errorf("%s: monotonic %v", mt.Name, d.IsMonotonic)
 		}
 		for _, p := range d.DataPoints {
-			if p.Attributes.Len() != 1 {
+			if p.Attributes.Len() != 2 {
 				t.Errorf("%s: point attributes %v", mt.Name, p.Attributes.ToSlice())
 			}
 			sets = append(sets, p.Attributes)
@@ -499,8 +509,11 @@ func checkInstrument(t *testing.T, mt metricdata.Metrics, name string) {
 		t.Errorf("%s: data %T", mt.Name, mt.Data)
 	}
 	for _, set := range sets {
-		if v, ok := set.Value(redsemotel.AttrSemaphore); !ok || v.AsString() != name {
-			t.Errorf("%s: redsem.semaphore %v", mt.Name, v)
+		if v, ok := set.Value(redsemotel.AttrSemaphoreName); !ok || v.AsString() != name {
+			t.Errorf("%s: redsem.semaphore.name %v", mt.Name, v)
+		}
+		if v, ok := set.Value(redsemotel.AttrSemaphoreVariant); !ok || v.AsString() != variant {
+			t.Errorf("%s: redsem.semaphore.variant %v", mt.Name, v)
 		}
 	}
 }
@@ -537,7 +550,7 @@ func TestConcurrent(t *testing.T) {
 		t.Errorf("%d hold spans, want %d", n, workers*rounds)
 	}
 	m := collect(t, s)
-	if got := sumOf(m, "redsem.slots.held") + sumOf(m, "redsem.acquire.waiting") + sumOf(m, "redsem.leases.lost"); got != 0 {
+	if got := sumOf(m, "redsem.client.slot.usage") + sumOf(m, "redsem.client.acquire.pending") + sumOf(m, "redsem.client.lease.lost"); got != 0 {
 		t.Errorf("held + waiting + lost = %v, want 0", got)
 	}
 }
@@ -578,7 +591,7 @@ func TestGlobalProviders(t *testing.T) {
 	if err := reader.Collect(context.Background(), &rm); err != nil {
 		t.Fatal(err)
 	}
-	if len(rm.ScopeMetrics) != 1 || rm.ScopeMetrics[0].Scope.Name != redsemotel.Scope {
+	if len(rm.ScopeMetrics) != 1 || rm.ScopeMetrics[0].Scope.Name != redsemotel.ScopeName {
 		t.Errorf("global meter provider: %+v", rm.ScopeMetrics)
 	}
 }
@@ -669,8 +682,8 @@ func sumOf(rm metricdata.ResourceMetrics, name string) float64 {
 }
 
 // histCount returns how many values the histogram name recorded with
-// redsem.outcome outcome.
-func histCount(rm metricdata.ResourceMetrics, name, outcome string) uint64 {
+// error.type et ("": without error.type).
+func histCount(rm metricdata.ResourceMetrics, name, et string) uint64 {
 	var n uint64
 	for _, sm := range rm.ScopeMetrics {
 		for _, m := range sm.Metrics {
@@ -679,7 +692,7 @@ func histCount(rm metricdata.ResourceMetrics, name, outcome string) uint64 {
 			}
 			if d, ok := m.Data.(metricdata.Histogram[float64]); ok {
 				for _, p := range d.DataPoints {
-					if v, ok := p.Attributes.Value("redsem.outcome"); ok && v.AsString() == outcome {
+					if v, _ := p.Attributes.Value("error.type"); v.AsString() == et {
 						n += p.Count
 					}
 				}
@@ -709,8 +722,8 @@ func TestPanicInAcquire(t *testing.T) {
 		}()
 		_, _ = sem.Acquire(context.Background())
 	}()
-	if got := sumOf(collect(t, s), "redsem.acquire.waiting"); got != 0 {
-		t.Fatalf("redsem.acquire.waiting = %v after a panicking Acquire, want 0", got)
+	if got := sumOf(collect(t, s), "redsem.client.acquire.pending"); got != 0 {
+		t.Fatalf("redsem.client.acquire.pending = %v after a panicking Acquire, want 0", got)
 	}
 	acq := s.ended("redsem.acquire")
 	if len(acq) != 1 || acq[0].Status().Code != codes.Error {
