@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
 	"slices"
 	"strconv"
 	"strings"
@@ -38,6 +39,19 @@ const (
 func TestUnfairStateMachine(t *testing.T) { runMachine(t, false) }
 func TestFairStateMachine(t *testing.T)   { runMachine(t, true) }
 
+// machineSkip returns the actions named in REDSEM_MACHINE_SKIP (comma
+// separated), which the machines leave out: to look past a known bug that
+// one kind of action finds first (e.g. "renew,renewAtDeadline").
+func machineSkip() map[string]bool {
+	out := map[string]bool{}
+	for _, s := range strings.Split(os.Getenv("REDSEM_MACHINE_SKIP"), ",") {
+		if s = strings.TrimSpace(s); s != "" {
+			out[s] = true
+		}
+	}
+	return out
+}
+
 // runMachine runs rapid's state machine against one dedicated redis-server,
 // reused by every check with a fresh semaphore name per check.
 func runMachine(t *testing.T, isFair bool) {
@@ -60,12 +74,18 @@ func runMachine(t *testing.T, isFair bool) {
 			"sleep":           m.sleep,
 			"setLimit":        m.setLimit,
 			"restart":         m.restart,
+			"flush":           m.flush,
 			"tryAtEdge":       m.tryAtEdge,
+			"renewAtDeadline": m.renewAtDeadline,
+			"storm":           m.storm,
 		}
 		if isFair {
 			actions["enqueue"] = m.enqueue
 			actions["enqueueDead"] = m.enqueueDead
 			actions["cancel"] = m.cancelWaiter
+		}
+		for name := range machineSkip() {
+			delete(actions, name)
 		}
 		rt.Repeat(actions)
 		m.drainAndCheckLeak(rt)
@@ -92,6 +112,12 @@ type machine struct {
 	norm  redsem.Semaphore // normalTTL, no auto-renew; its Acquire queues live waiters
 	crash redsem.Semaphore // crashTTL, no auto-renew: holders that stop renewing
 	close func()
+	// delay is the fault layer on cli, the client of norm and crash (rdb,
+	// the test's own client, has none): random holds of script replies and
+	// of pub/sub messages while it is on (a "storm", drawn per check and
+	// switched by the storm action), and the holds that actions choose.
+	delay *redistest.Delayer
+	cli   *redis.Client
 
 	ents        []*entity
 	byID        map[string]*entity
@@ -100,7 +126,7 @@ type machine struct {
 	counter     int
 	lastWrite   int64 // start of the last call that ran expire() and admit()
 	lastPrune   int64 // start of the last call that ran prune() when due (acquire, release, heartbeat)
-	restartUs   int64 // local µs just before the last restart; earlier tokens are lost
+	restartUs   int64 // µs of the last loss of every key (restart, flush); earlier tokens are lost
 }
 
 func newMachine(t *testing.T, rt *rapid.T, srv *redistest.Server, rdb *redis.Client, isFair bool) *machine {
@@ -116,29 +142,34 @@ func newMachine(t *testing.T, rt *rapid.T, srv *redistest.Server, rdb *redis.Cli
 			Per:   time.Duration(rapid.SampledFrom([]int{200, 350, 500}).Draw(rt, "rate_per_ms")) * time.Millisecond,
 		}
 	}
+	m.delay = redistest.NewDelayer(stormConfig(rapid.Uint64().Draw(rt, "delay_seed")))
+	m.delay.SetOn(rapid.IntRange(0, 2).Draw(rt, "storm_die") == 0) // a third of the checks start stormy
+	m.cli = m.delay.NewClient(srv.Options())
+	cli := m.cli
 	var err error
 	if isFair {
 		var a, b *fair.Semaphore
-		a, err = fair.New(rdb, m.name, m.base, fair.Options{LeaseTTL: normalTTL, QueueTTL: queueTTL,
+		a, err = fair.New(cli, m.name, m.base, fair.Options{LeaseTTL: normalTTL, QueueTTL: queueTTL,
 			DisableAutoRenew: true, FallbackInterval: fallback, Rate: m.rate})
 		if err == nil {
-			b, err = fair.New(rdb, m.name, m.base, fair.Options{LeaseTTL: crashTTL, QueueTTL: queueTTL,
+			b, err = fair.New(cli, m.name, m.base, fair.Options{LeaseTTL: crashTTL, QueueTTL: queueTTL,
 				DisableAutoRenew: true, FallbackInterval: fallback, Rate: m.rate})
 		}
 		m.norm, m.crash = a, b
-		m.close = func() { _ = a.Close(); _ = b.Close() }
+		m.close = func() { _ = a.Close(); _ = b.Close(); _ = cli.Close() }
 	} else {
 		var a, b *unfair.Semaphore
-		a, err = unfair.New(rdb, m.name, m.base, unfair.Options{LeaseTTL: normalTTL,
+		a, err = unfair.New(cli, m.name, m.base, unfair.Options{LeaseTTL: normalTTL,
 			DisableAutoRenew: true, FallbackInterval: fallback, Rate: m.rate})
 		if err == nil {
-			b, err = unfair.New(rdb, m.name, m.base, unfair.Options{LeaseTTL: crashTTL,
+			b, err = unfair.New(cli, m.name, m.base, unfair.Options{LeaseTTL: crashTTL,
 				DisableAutoRenew: true, FallbackInterval: fallback, Rate: m.rate})
 		}
 		m.norm, m.crash = a, b
-		m.close = func() { _ = a.Close(); _ = b.Close() }
+		m.close = func() { _ = a.Close(); _ = b.Close(); _ = cli.Close() }
 	}
 	if err != nil {
+		_ = cli.Close()
 		fatalf(rt, "new: %v", err)
 	}
 	return m
@@ -402,6 +433,7 @@ func (m *machine) await(rt *rapid.T, e *entity) {
 func (m *machine) settle(rt *rapid.T, e *entity, r goResult) {
 	e.pending = false
 	if r.err != nil {
+		e.endErr = r.err.Error()
 		if e.weightOut && errors.Is(r.err, redsem.ErrWeight) {
 			e.gone = true // the limit fell below its weight: it left the queue
 			return
@@ -426,7 +458,13 @@ func (m *machine) settle(rt *rapid.T, e *entity, r goResult) {
 	e.lease = r.l
 	e.ttl = normalTTL.Milliseconds()
 	if r.l.Token() < m.restartUs {
+		if e.requeued {
+			// Redis listed it again after the data loss (queued, or
+			// granted since): only a grant made since may answer it.
+			fatalf(rt, "%s: Acquire returned a grant from before the data loss (token %d, slots %v; the loss came at %d µs) after it had queued again", e.label, r.l.Token(), r.l.Slots(), m.restartUs)
+		}
 		// Granted before the last restart and returned after it: lost.
+		trace("%s returned a grant from before the data loss, before it queued again", e.label)
 		e.death = span{}
 		e.granted, e.slots, e.token = true, r.l.Slots(), r.l.Token()
 		return
@@ -454,8 +492,17 @@ func (m *machine) collect(rt *rapid.T) {
 	}
 }
 
-// check compares Redis's Status with the model; rapid runs it after every action.
+// check runs after every action: Status against the model (checkStatus),
+// the raw keys against lua/lib.lua's layout (checkLayout), and the leases
+// the library reports held against each other (checkHeldLeases).
 func (m *machine) check(rt *rapid.T) {
+	m.checkStatus(rt)
+	m.checkLayout(rt)
+	m.checkHeldLeases(rt)
+}
+
+// checkStatus compares Redis's Status with the model.
+func (m *machine) checkStatus(rt *rapid.T) {
 	m.collect(rt)
 	ctx, cancel := m.ctx()
 	defer cancel()
@@ -522,7 +569,14 @@ func (m *machine) check(rt *rapid.T) {
 			fatalf(rt, "unknown waiter %s at position %d: a cancelled Acquire left its queue entry", wt.ID, wt.Position)
 		}
 		if e.gone || e.cancelled {
-			fatalf(rt, "cancelled waiter %s is still queued at position %d", e, wt.Position)
+			why := "was released or left"
+			switch {
+			case e.endErr != "":
+				why = "left (its Acquire returned: " + e.endErr + ")"
+			case e.cancelled:
+				why = "was cancelled"
+			}
+			fatalf(rt, "waiter %s %s but is still queued at position %d", e, why, wt.Position)
 		}
 		if e.lease != nil {
 			fatalf(rt, "%s holds a lease but is still queued", e)
@@ -647,8 +701,9 @@ func (m *machine) drawWeight(rt *rapid.T) (n int, over bool) {
 }
 
 // tryAcquire: one TryAcquireN, by a holder that renews (never expires) or
-// one that crashes (never renews, crashTTL).
-func (m *machine) tryAcquire(rt *rapid.T, crash bool) {
+// one that crashes (never renews, crashTTL). It returns the lease's entity,
+// or nil if none was granted.
+func (m *machine) tryAcquire(rt *rapid.T, crash bool) *entity {
 	sem, ttl := m.norm, normalTTL
 	if crash {
 		sem, ttl = m.crash, crashTTL
@@ -667,7 +722,7 @@ func (m *machine) tryAcquire(rt *rapid.T, crash bool) {
 		if !errors.Is(err, redsem.ErrWeight) {
 			fatalf(rt, "TryAcquireN(%d) with limit %d: %v, want ErrWeight", n, m.limit, err)
 		}
-		return
+		return nil
 	}
 	m.lastWrite = w.b
 	certain, possible, queueEmpty := m.counts(w)
@@ -686,7 +741,7 @@ func (m *machine) tryAcquire(rt *rapid.T, crash bool) {
 			fatalf(rt, "TryAcquireN(%d) refused by the rate although at most %d slots were granted in the %v before", n, held, m.rate.Per)
 		}
 		rt.Logf("TryAcquireN(%d): rate limited, retry after %v", n, rl.RetryAfter)
-		return
+		return nil
 	}
 	if err != nil {
 		if !errors.Is(err, redsem.ErrNoSlot) {
@@ -696,13 +751,14 @@ func (m *machine) tryAcquire(rt *rapid.T, crash bool) {
 			fatalf(rt, "TryAcquireN(%d) refused although at most %d of %d slots may be held and nobody queues", n, possible, m.limit)
 		}
 		rt.Logf("TryAcquireN(%d): no slot (%d..%d of %d held)", n, certain, possible, m.limit)
-		return
+		return nil
 	}
 	if certain+n > m.limit {
 		fatalf(rt, "TryAcquireN(%d) granted slots %v token %d although %d of %d slots are certainly held", n, l.Slots(), l.Token(), certain, m.limit)
 	}
 	e := m.takeLease(rt, l, n, ttl, floor, w, m.arrive())
 	m.noJump(rt, e, w)
+	return e
 }
 
 // tryAtEdge (with a rate): when the window is full, a TryAcquire timed
@@ -795,6 +851,9 @@ func (m *machine) acquireShort(rt *rapid.T) {
 		}
 		rt.Logf("AcquireN(%d, %v): timed out", n, d)
 		m.awaitUndo(rt)
+		// It may have been granted before its undo took the grant back:
+		// that grant still counts in the rate's window.
+		m.add(&entity{kind: kLease, weight: n, gone: true, grantedBy: callEnd(), arrival: -1}, "T")
 		return
 	}
 	m.lastWrite, m.lastPrune = w.b, w.b // its first attempt ran after b
@@ -871,8 +930,11 @@ func (m *machine) releaseTwice(rt *rapid.T) {
 	}
 }
 
-func (m *machine) renew(rt *rapid.T) {
-	e := m.pickHeld(rt)
+func (m *machine) renew(rt *rapid.T) { m.renewOne(rt, m.pickHeld(rt)) }
+
+// renewOne renews e's lease, checks the result against the model and
+// returns it, and the window of the call.
+func (m *machine) renewOne(rt *rapid.T, e *entity) (window, error) {
 	ctx, cancel := m.ctx()
 	defer cancel()
 	// A lease given up at its deadline (no renewal: the crash holders) is
@@ -894,10 +956,11 @@ func (m *machine) renew(rt *rapid.T) {
 		e.localLost = true
 		e.death = span{}
 		rt.Logf("renew %s: lost", e)
-		return
+		return w, err
 	}
 	e.death = after(w, e.ttl)
 	rt.Logf("renewed %s until %v", e, e.death)
+	return w, nil
 }
 
 // dropRaw settles a raw waiter heavier than the limit SetLimit set during
@@ -928,11 +991,15 @@ func (m *machine) sleep(rt *rapid.T) {
 }
 
 func (m *machine) setLimit(rt *rapid.T) {
-	n := rapid.IntRange(1, 4).Draw(rt, "new_limit")
+	m.setLimitTo(rt, m.norm, rapid.IntRange(1, 4).Draw(rt, "new_limit"))
+}
+
+// setLimitTo sets the limit to n through sem.
+func (m *machine) setLimitTo(rt *rapid.T, sem redsem.Semaphore, n int) {
 	ctx, cancel := m.ctx()
 	defer cancel()
 	w := window{b: callStart()}
-	if err := m.norm.SetLimit(ctx, n); err != nil {
+	if err := sem.SetLimit(ctx, n); err != nil {
 		fatalf(rt, "SetLimit(%d): %v", n, err)
 	}
 	w.a = callEnd()
@@ -944,6 +1011,12 @@ func (m *machine) setLimit(rt *rapid.T) {
 			if e.weight > n {
 				// SetLimit ends a wait for more than the new limit (ErrWeight).
 				e.weightOut = true
+				if e.kind == kGo && e.pending {
+					// Its place is lost: its Acquire ends with ErrWeight,
+					// or (the limit raised again before its process learnt
+					// of it) it queues again, at the back.
+					e.arrival = -1
+				}
 				if e.kind == kRaw && !e.gone {
 					m.dropRaw(rt, e, w)
 				}
@@ -954,15 +1027,18 @@ func (m *machine) setLimit(rt *rapid.T) {
 }
 
 // restart replaces the server by an empty one on the same port: every lease
-// and queue entry is lost, tokens must still increase.
+// and queue entry is lost, tokens must still increase. Connections break
+// (pub/sub included) and the clients dial the new server.
 func (m *machine) restart(rt *rapid.T) {
 	if rapid.IntRange(0, 2).Draw(rt, "restart_die") != 0 {
 		rt.Skip("restart is expensive: a third of the draws")
 	}
+	// Every token of the old server is below the time after its end, every
+	// token of the new one above it (tokens never fall below the server's
+	// clock, and this machine's clock is the server's).
+	m.srv.Kill(m.t)
 	m.restartUs = time.Now().UnixMicro()
 	m.srv.Restart(m.t)
-	m.limit = m.base
-	m.grants = nil // the window is lost with everything else
 	// The client's pool may have met refused dials while the server was
 	// down; wait until it talks to the new server again.
 	for deadline := time.Now().Add(waitBound); m.rdb.Ping(context.Background()).Err() != nil; {
@@ -971,6 +1047,104 @@ func (m *machine) restart(rt *rapid.T) {
 		}
 		time.Sleep(5 * time.Millisecond)
 	}
+	m.awaitRequeue(rt, m.lost(), "restarted")
+}
+
+// flush loses every key at once (FLUSHALL: a restart without persistence
+// whose connections survive, so that what is in flight on them still
+// arrives afterwards). In the fair machine it may first put a grant in
+// flight: it holds what the pub/sub connections receive for a while,
+// releases a lease of the crash semaphore or raises the limit through it
+// (so the head waiter of the other semaphore may be admitted: the reply,
+// with the grants, goes to the crash semaphore's engine, and the grant
+// reaches the waiter by its pub/sub message alone, which is held), then
+// loses the data, takes the slots and
+// starts one more waiter: its queue attempt finds the process's session
+// gone, and the process renews the session and queues its waiters again at
+// once (else at its next heartbeat), so that the held grant, from before
+// the loss, arrives after that. A waiter seen queued again must not take it
+// (settle).
+func (m *machine) flush(rt *rapid.T) {
+	if rapid.IntRange(0, 1).Draw(rt, "flush_die") != 0 {
+		rt.Skip("half of the draws")
+	}
+	kick := false
+	if m.fair && rapid.Bool().Draw(rt, "flush_in_flight") {
+		hold := time.Duration(rapid.SampledFrom([]int{20, 50, 90}).Draw(rt, "flush_hold_ms")) * time.Millisecond
+		pending := 0
+		for _, e := range m.ents {
+			if e.kind == kGo && e.pending {
+				pending++
+			}
+		}
+		var live []*entity
+		for _, e := range m.held() {
+			if e.ttl == crashTTL.Milliseconds() && !e.localLost && e.death.aliveThroughout(window{callStart(), callEnd()}) {
+				live = append(live, e)
+			}
+		}
+		if pending > 0 {
+			m.delay.HoldPubSub(hold)
+			if len(live) > 0 && rapid.Bool().Draw(rt, "flush_by_release") {
+				e := live[rapid.IntRange(0, len(live)-1).Draw(rt, "flush_release")]
+				m.releaseOne(rt, e)
+				rt.Logf("released %s with the pub/sub connections held for %v", e, hold)
+			} else {
+				n := m.limit + rapid.IntRange(1, 3).Draw(rt, "flush_raise")
+				m.setLimitTo(rt, m.crash, n)
+				rt.Logf("raised the limit to %d with the pub/sub connections held for %v", n, hold)
+			}
+			trace("flush: a grant in flight, the pub/sub connections held for %v", hold)
+			kick = pending < maxPending
+		}
+	}
+	ctx, cancel := m.ctx()
+	defer cancel()
+	var tm *redis.TimeCmd
+	if _, err := m.rdb.TxPipelined(ctx, func(p redis.Pipeliner) error {
+		tm = p.Time(ctx)
+		p.FlushAll(ctx)
+		return nil
+	}); err != nil {
+		fatalf(rt, "FLUSHALL: %v", err)
+	}
+	// Tokens from before are at most the server's clock at the flush (but
+	// for the few µs that grants sharing a µs run ahead), tokens after it
+	// above it.
+	m.restartUs = tm.Val().UnixMicro()
+	live := m.lost()
+	if kick {
+		// The slots taken (if the rate lets one call take them all), then
+		// a new waiter of the same process: its queue attempt finds the
+		// session gone, and the process renews it and queues its waiters
+		// again at once, while the held grant is still on its way.
+		n := m.maxWeight()
+		ctx, cancel := m.ctx()
+		floor := m.maxToken
+		w := window{b: callStart()}
+		l, err := m.norm.TryAcquireN(ctx, n)
+		w.a = callEnd()
+		cancel()
+		m.lastWrite, m.lastPrune = w.b, w.b
+		switch {
+		case err == nil:
+			e := m.takeLease(rt, l, n, normalTTL, floor, w, m.arrive())
+			m.noJump(rt, e, w)
+		case !errors.Is(err, redsem.ErrNoSlot):
+			fatalf(rt, "TryAcquireN(%d) after the flush: %v", n, err)
+		}
+		e := m.launch(1, -1)
+		live = append(live, e)
+		rt.Logf("%s launched to find the session gone", e.label)
+	}
+	m.awaitRequeue(rt, live, "flushed")
+}
+
+// lost updates the model after a loss of every key at m.restartUs and
+// returns the live waiters, which queue again.
+func (m *machine) lost() []*entity {
+	m.limit = m.base
+	m.grants = nil // the window is lost with everything else
 	var live []*entity
 	for _, e := range m.ents {
 		switch {
@@ -980,6 +1154,7 @@ func (m *machine) restart(rt *rapid.T) {
 			// returned is lost and it waits for a new one.
 			e.granted, e.token, e.arrival, e.floor = false, 0, -1, m.maxToken
 			e.limitAt = max(e.limitAt, m.base)
+			e.requeued = false
 			if e.weight > m.base {
 				e.weightOut = true // its acquire asks again: above the clients' limit
 			}
@@ -990,7 +1165,13 @@ func (m *machine) restart(rt *rapid.T) {
 			e.death = span{}
 		}
 	}
-	// Wait until each live waiter has queued again or returned.
+	return live
+}
+
+// awaitRequeue waits until each live waiter has queued again or returned,
+// and marks those that Redis lists again (requeued: queued, or granted
+// since).
+func (m *machine) awaitRequeue(rt *rapid.T, live []*entity, what string) {
 	deadline := time.Now().Add(waitBound)
 	for {
 		m.collect(rt)
@@ -1005,6 +1186,20 @@ func (m *machine) restart(rt *rapid.T) {
 			for _, h := range st.Holders {
 				in[h.ID] = true
 			}
+			for _, e := range live {
+				if e.id != "" {
+					continue
+				}
+				// A waiter launched after the loss: the one id Redis
+				// lists that the model does not know.
+				for _, w := range st.Waiters {
+					if m.byID[w.ID] == nil {
+						e.id = w.ID
+						m.byID[e.id] = e
+						break
+					}
+				}
+			}
 			done := true
 			for _, e := range live {
 				if e.pending && !in[e.id] {
@@ -1012,17 +1207,20 @@ func (m *machine) restart(rt *rapid.T) {
 				}
 			}
 			if done {
+				for _, e := range live {
+					e.requeued = e.pending && in[e.id]
+				}
 				for _, w := range st.Waiters {
 					if e := m.byID[w.ID]; e != nil && e.arrival < 0 {
 						e.arrival = m.arrive()
 					}
 				}
-				rt.Logf("restarted; waiters queued again: %s", describeW(m, st.Waiters))
+				rt.Logf("%s; waiters queued again: %s", what, describeW(m, st.Waiters))
 				return
 			}
 		}
 		if time.Now().After(deadline) {
-			fatalf(rt, "after a restart, live waiters did not queue again within %v (status err %v)", waitBound, err)
+			fatalf(rt, "after the data loss (%s), live waiters did not queue again within %v (status err %v)", what, waitBound, err)
 		}
 		time.Sleep(5 * time.Millisecond)
 	}
@@ -1041,16 +1239,7 @@ func (m *machine) enqueue(rt *rapid.T) {
 		rt.Skip("enough waiters")
 	}
 	wn := rapid.IntRange(1, m.maxWeight()).Draw(rt, "weight")
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	e := &entity{kind: kGo, pending: true, cancel: cancel, result: make(chan goResult, 1), weight: wn,
-		floor: m.maxToken, limitAt: m.limit, arrival: m.arrive(), death: span{forever, forever},
-		launched: callStart()}
-	m.add(e, "W")
-	sem := m.norm
-	go func() {
-		l, err := sem.AcquireN(ctx, wn)
-		e.result <- goResult{l, err}
-	}()
+	e := m.launch(wn, m.arrive())
 	deadline := time.Now().Add(waitBound)
 	for {
 		select {
@@ -1077,6 +1266,22 @@ func (m *machine) enqueue(rt *rapid.T) {
 		}
 		time.Sleep(2 * time.Millisecond)
 	}
+}
+
+// launch starts a fair AcquireN(wn) of norm in a goroutine: a live waiter
+// (its id unknown until Status lists it).
+func (m *machine) launch(wn, arrival int) *entity {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	e := &entity{kind: kGo, pending: true, cancel: cancel, result: make(chan goResult, 1), weight: wn,
+		floor: m.maxToken, limitAt: m.limit, arrival: arrival, death: span{forever, forever},
+		launched: callStart()}
+	m.add(e, "W")
+	sem := m.norm
+	go func() {
+		l, err := sem.AcquireN(ctx, wn)
+		e.result <- goResult{l, err}
+	}()
+	return e
 }
 
 // enqueueDead queues a waiter by a raw script call, as a remote process that

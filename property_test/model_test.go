@@ -98,8 +98,12 @@ type entity struct {
 	cancelled bool
 
 	// kGo only
-	pending  bool  // Acquire has not returned
-	launched int64 // when Acquire was called (server ms)
+	// requeued: Redis listed it (queued or holding) after the last loss of
+	// every key, so its Acquire may no longer return a grant from before.
+	requeued bool
+	endErr   string // the error its Acquire returned
+	pending  bool   // Acquire has not returned
+	launched int64  // when Acquire was called (server ms)
 	cancel   func()
 	result   chan goResult
 }

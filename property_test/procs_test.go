@@ -20,6 +20,7 @@ import (
 	"github.com/redis/go-redis/v9"
 	"github.com/redsem/redsem"
 	"github.com/redsem/redsem/fair"
+	"github.com/redsem/redsem/internal/core"
 	"github.com/redsem/redsem/internal/redistest"
 	"github.com/redsem/redsem/unfair"
 	"pgregory.net/rapid"
@@ -65,6 +66,15 @@ type helperParams struct {
 	// waiting past its 3 s context is then a "timeout", not a failure.
 	RateLimit int `json:"rate_limit,omitempty"`
 	RatePerMs int `json:"rate_per_ms,omitempty"`
+	// Faults: the child's client holds script replies and pub/sub messages
+	// back at random (procDelay), with generator seed Seed.
+	Faults bool `json:"faults,omitempty"`
+}
+
+// procDelay is the fault layer of a child whose Faults is set.
+func procDelay(seed uint64) redistest.DelayConfig {
+	return redistest.DelayConfig{Seed: seed, Replies: redistest.MatchScripts(), ReplyOdds: 0.2, ReadOdds: 0.3,
+		SlowConnOdds: 0.2, Max: 20 * time.Millisecond}
 }
 
 // rate is p's Options.Rate.
@@ -102,7 +112,11 @@ func TestHelperProcess(t *testing.T) {
 	if err := json.Unmarshal([]byte(raw), &p); err != nil {
 		t.Fatal(err)
 	}
-	rdb := redis.NewClient(&redis.Options{Addr: p.Addr, ContextTimeoutEnabled: true})
+	opt := &redis.Options{Addr: p.Addr, ContextTimeoutEnabled: true}
+	rdb := redis.NewClient(opt)
+	if p.Faults {
+		rdb = redistest.NewDelayer(procDelay(p.Seed)).NewClient(opt)
+	}
 	defer rdb.Close()
 	var mu sync.Mutex
 	emit := func(r record) {
@@ -240,13 +254,14 @@ func TestConcurrentProcesses(t *testing.T) {
 			p.RateLimit = rapid.IntRange(p.Limit, 3*p.Limit).Draw(rt, "rate_limit")
 			p.RatePerMs = rapid.IntRange(50, 200).Draw(rt, "rate_per_ms")
 		}
+		p.Faults = rapid.Bool().Draw(rt, "faults")
 		nkill := rapid.IntRange(0, nproc-1).Draw(rt, "kills")
 		kills := make([]time.Duration, nkill)
 		for i := range kills {
 			kills[i] = time.Duration(rapid.IntRange(50, int(procRun.Milliseconds())-100).Draw(rt, "kill_at_ms")) * time.Millisecond
 		}
 		slices.Sort(kills)
-		trace("%s: fair %v limit %d rate %v processes %d workers %d quiet %d ms, kills %v", t.Name(), p.Fair, p.Limit, p.rate(), nproc, p.Workers, p.Quiet, kills)
+		trace("%s: fair %v limit %d rate %v processes %d workers %d quiet %d ms, kills %v, faults %v", t.Name(), p.Fair, p.Limit, p.rate(), nproc, p.Workers, p.Quiet, kills, p.Faults)
 		runProcesses(t, rt, rdb, p, nproc, kills)
 	})
 }
@@ -294,6 +309,22 @@ func runProcesses(t *testing.T, rt *rapid.T, rdb *redis.Client, p helperParams, 
 			_ = c.cmd.Process.Kill()
 		}
 	}()
+	// While the children run, the keys are read and checked against
+	// lib.lua's layout every few ms (the first problem found is reported
+	// once they are done).
+	stopPoll := make(chan struct{})
+	polled := make(chan layoutPoll, 1)
+	go pollLayout(rdb, core.KeysFor(core.DefaultPrefix, p.Name).List, p.Limit, stopPoll, polled)
+	pollDone := false
+	stopPolling := func() layoutPoll {
+		if pollDone {
+			return layoutPoll{}
+		}
+		pollDone = true
+		close(stopPoll)
+		return <-polled
+	}
+	defer stopPolling()
 	begin := time.Now()
 	order := rand.Perm(nproc)
 	for i, at := range kills {
@@ -356,6 +387,14 @@ func runProcesses(t *testing.T, rt *rapid.T, rdb *redis.Client, p helperParams, 
 			}
 		}
 	}
+	if lp := stopPolling(); lp.err != nil {
+		fatalf(rt, "reading the keys during the run: %v", lp.err)
+	} else if !lp.problems.OK() {
+		layoutFail(rt, "the keys broke lib.lua's layout during the run: ", lp.problems)
+	} else {
+		rt.Logf("the keys were read and checked %d times during the run", lp.reads)
+		trace("the keys were read and checked %d times during the run", lp.reads)
+	}
 	if len(ivs) == 0 {
 		fatalf(rt, "no lease was granted at all")
 	}
@@ -397,6 +436,40 @@ func runProcesses(t *testing.T, rt *rapid.T, rdb *redis.Client, p helperParams, 
 		}
 		fatalf(rt, "after every process ended and every deadline passed (last %d, now %d): holders %v, %d waiters",
 			lastDeadline, time.Now().UnixNano(), who, len(st.Waiters))
+	}
+}
+
+// layoutPoll is what pollLayout found: the first problems, or the first
+// error, and how many snapshots it checked.
+type layoutPoll struct {
+	problems redistest.LayoutProblems
+	err      error
+	reads    int
+}
+
+// pollLayout reads the keys and checks them (redistest.Layout.Check) every
+// few ms until stop is closed or a check fails, then sends what it found.
+func pollLayout(rdb *redis.Client, keys []string, limit int, stop <-chan struct{}, out chan<- layoutPoll) {
+	var r layoutPoll
+	defer func() { out <- r }()
+	for {
+		select {
+		case <-stop:
+			return
+		case <-time.After(10 * time.Millisecond):
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		l, err := redistest.ReadLayout(ctx, rdb, keys)
+		cancel()
+		if err != nil {
+			r.err = err
+			return
+		}
+		r.reads++
+		if p := l.Check(limit); !p.OK() {
+			r.problems = p
+			return
+		}
 	}
 }
 

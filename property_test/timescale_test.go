@@ -13,7 +13,7 @@ package property_test
 // and session); remote processes that die at once are raw script calls.
 //
 // After every action the raw keys are read in one MULTI and checked against
-// lua/lib.lua's layout (see rawState.problems), and Status against the
+// lua/lib.lua's layout (redistest.Layout.Check), and Status against the
 // model: the leases the test holds across actions, nothing else, no waiter,
 // no eviction of a live process's waiter. See docs/testing.md.
 
@@ -421,218 +421,36 @@ func (m *tsMachine) checkEvictions(rt *rapid.T) {
 	}
 }
 
-// rawState is a consistent snapshot (one MULTI) of a semaphore's keys.
+// rawState is a consistent snapshot (one MULTI) of a semaphore's keys
+// (redistest.ReadLayout), with the parts the actions look at.
 type rawState struct {
+	layout   *redistest.Layout
 	now      int64
 	meta     map[string]string
 	holders  []redis.Z // sentinel left out
-	free     []string
 	queue    []redis.Z
 	sessions map[string]float64
-	override string
 }
 
 func (m *tsMachine) readRaw(ctx context.Context) (rawState, error) {
-	k := m.keys.List
-	var tm *redis.TimeCmd
-	var h, q, s *redis.ZSliceCmd
-	var f *redis.StringSliceCmd
-	var meta *redis.MapStringStringCmd
-	var o *redis.StringCmd
-	_, err := m.admin.TxPipelined(ctx, func(p redis.Pipeliner) error {
-		tm = p.Time(ctx)
-		h = p.ZRangeWithScores(ctx, k[core.KeyHolders], 0, -1)
-		f = p.ZRange(ctx, k[core.KeyFree], 0, -1)
-		q = p.ZRangeWithScores(ctx, k[core.KeyQueue], 0, -1)
-		s = p.ZRangeWithScores(ctx, k[core.KeySessions], 0, -1)
-		meta = p.HGetAll(ctx, k[core.KeyMeta])
-		o = p.Get(ctx, k[core.KeyOverride])
-		return nil
-	})
-	if err != nil && !errors.Is(err, redis.Nil) {
+	l, err := redistest.ReadLayout(ctx, m.admin, m.keys.List)
+	if err != nil {
 		return rawState{}, err
 	}
-	r := rawState{now: tm.Val().UnixMilli(), meta: meta.Val(), sessions: map[string]float64{}, override: o.Val()}
-	for _, z := range h.Val() {
-		if z.Member != core.Sentinel {
-			r.holders = append(r.holders, z)
-		}
-	}
-	for _, x := range f.Val() {
-		if x != core.Sentinel {
-			r.free = append(r.free, x)
-		}
-	}
-	for _, z := range q.Val() {
-		if z.Member != core.Sentinel {
-			r.queue = append(r.queue, z)
-		}
-	}
-	for _, z := range s.Val() {
-		if z.Member != core.Sentinel {
-			r.sessions[z.Member.(string)] = z.Score
-		}
+	r := rawState{layout: l, now: l.Now, meta: l.Meta, holders: l.Holders, queue: l.Queue, sessions: map[string]float64{}}
+	for _, z := range l.Sessions {
+		r.sessions[z.Member.(string)] = z.Score
 	}
 	return r, nil
 }
 
-// parseSlots parses the slots of a lease record "L|token|s1,s2|owner".
-func parseLeaseRecord(rec string) (token int64, slots []int, ok bool) {
-	f := strings.SplitN(rec, "|", 4)
-	if len(f) != 4 || f[0] != "L" {
-		return 0, nil, false
+// problems checks the snapshot against lua/lib.lua's layout
+// (redistest.Layout.Check, with the live holders within limit).
+func (r rawState) problems(limit int) redistest.LayoutProblems {
+	if r.layout == nil {
+		return redistest.LayoutProblems{}
 	}
-	token, err := strconv.ParseInt(f[1], 10, 64)
-	if err != nil {
-		return 0, nil, false
-	}
-	for _, x := range strings.Split(f[2], ",") {
-		s, err := strconv.Atoi(x)
-		if err != nil {
-			return 0, nil, false
-		}
-		slots = append(slots, s)
-	}
-	return token, slots, true
-}
-
-// problems checks the snapshot against lua/lib.lua's layout: every holder
-// entry has a lease record and every lease record a holder entry; no slot is
-// held twice; every slot below the high-water mark _hw is held or free,
-// exactly once; _used is the number of slots the holder entries hold; the
-// live holders hold at most limit slots, each below it; every queue entry
-// has a waiter record and every waiter record a queue entry, and _q counts
-// them.
-func (r rawState) problems(limit int) rawProblems {
-	out := rawProblems{count: map[string]int{}, examples: map[string][]string{}}
-	add := func(kind, format string, args ...any) {
-		out.count[kind]++
-		if len(out.examples[kind]) < 2 {
-			out.examples[kind] = append(out.examples[kind], fmt.Sprintf(format, args...))
-		}
-	}
-	if r.meta["_hz"] == "" {
-		if len(r.holders)+len(r.queue)+len(r.free) > 0 {
-			add("keys partly expired", "meta is gone but %d holder, %d queue and %d free entries remain", len(r.holders), len(r.queue), len(r.free))
-		}
-		return out
-	}
-	num := func(f string) int {
-		n, _ := strconv.Atoi(r.meta[f])
-		return n
-	}
-	used, hw := num("_used"), num("_hw")
-	owner := map[int]string{}
-	inH := map[string]bool{}
-	heldSlots, liveSlots := 0, 0
-	for _, z := range r.holders {
-		id := z.Member.(string)
-		inH[id] = true
-		rec, ok := r.meta[id]
-		_, slots, isLease := parseLeaseRecord(rec)
-		if !ok || !isLease {
-			add("holder entry without a lease record", "holder entry %s has record %q, not a lease record", id, rec)
-			continue
-		}
-		heldSlots += len(slots)
-		live := int64(z.Score) > r.now
-		if live {
-			liveSlots += len(slots)
-		}
-		for _, s := range slots {
-			if s < 0 || s >= hw {
-				add("held slot above _hw", "holder %s holds slot %d outside [0, _hw=%d)", id, s, hw)
-			}
-			if live && s >= limit {
-				add("live holder's slot not below the limit", "live holder %s holds slot %d, not below the limit %d", id, s, limit)
-			}
-			if o, dup := owner[s]; dup {
-				add("slot held twice", "slot %d is held by %s and by %s", s, o, id)
-			}
-			owner[s] = id
-		}
-	}
-	freeSet := map[int]bool{}
-	for _, x := range r.free {
-		s, err := strconv.Atoi(x)
-		switch {
-		case err != nil:
-			add("bad free entry", "free entry %q is not a slot", x)
-		case s < 0 || s >= hw:
-			add("free slot above _hw", "free slot %d outside [0, _hw=%d)", s, hw)
-		case owner[s] != "":
-			add("slot free and held", "slot %d is free and held by %s", s, owner[s])
-		}
-		freeSet[s] = true
-	}
-	if len(owner)+len(freeSet) != hw {
-		var lost []int
-		for s := 0; s < hw && len(lost) < 5; s++ {
-			if owner[s] == "" && !freeSet[s] {
-				lost = append(lost, s)
-			}
-		}
-		add("slots neither held nor free", "%d slots held and %d free, but _hw is %d: slots %v (and more?) are neither held nor free", len(owner), len(freeSet), hw, lost)
-	}
-	if used != heldSlots {
-		add("_used is not the slots held", "_used is %d but the holder entries hold %d slots", used, heldSlots)
-	}
-	if liveSlots > limit {
-		add("more than the limit held", "live holders hold %d slots, limit %d", liveSlots, limit)
-	}
-	inQ := map[string]bool{}
-	for _, z := range r.queue {
-		id := z.Member.(string)
-		inQ[id] = true
-		if rec := r.meta[id]; !strings.HasPrefix(rec, "W|") {
-			add("queue entry without a waiter record", "queue entry %s has record %q, not a waiter record", id, rec)
-		}
-	}
-	if q := num("_q"); q != len(r.queue) {
-		add("_q is not the queue's length", "_q is %d but the queue holds %d entries", q, len(r.queue))
-	}
-	for f, v := range r.meta {
-		switch {
-		case strings.HasPrefix(f, "_"):
-		case strings.HasPrefix(v, "L|") && !inH[f]:
-			add("lease record without a holder entry", "lease record %s=%q has no holder entry", f, v)
-		case strings.HasPrefix(v, "W|") && !inQ[f]:
-			add("waiter record without a queue entry", "waiter record %s=%q has no queue entry", f, v)
-		}
-	}
-	return out
-}
-
-// rawProblems: what rawState.problems found, by kind.
-type rawProblems struct {
-	count    map[string]int
-	examples map[string][]string
-}
-
-func (p rawProblems) ok() bool { return len(p.count) == 0 }
-
-// summary names the kinds of problem found (stable between runs).
-func (p rawProblems) summary() string {
-	var kinds []string
-	for k := range p.count {
-		kinds = append(kinds, k)
-	}
-	sort.Strings(kinds)
-	return strings.Join(kinds, "; ")
-}
-
-// String gives each kind with its count and up to two examples.
-func (p rawProblems) String() string {
-	var kinds []string
-	for k := range p.count {
-		kinds = append(kinds, k)
-	}
-	sort.Strings(kinds)
-	var s []string
-	for _, k := range kinds {
-		s = append(s, fmt.Sprintf("%s (%d times, e.g. %s)", k, p.count[k], strings.Join(p.examples[k], ", ")))
-	}
-	return strings.Join(s, "; ")
+	return r.layout.Check(limit)
 }
 
 // rawCheck fails the test if the keys break lib.lua's invariants.
@@ -643,8 +461,8 @@ func (m *tsMachine) rawCheck(rt *rapid.T, when string) rawState {
 	if err != nil {
 		tsFatalf(rt, "read keys: %v", err)
 	}
-	if p := r.problems(m.limit); !p.ok() {
-		tsFail(rt, when+": the keys are inconsistent: "+p.summary(), when+": the keys are inconsistent: "+p.String())
+	if p := r.problems(m.limit); !p.OK() {
+		tsFail(rt, when+": the keys are inconsistent: "+p.Summary(), when+": the keys are inconsistent: "+p.String())
 	}
 	return r
 }
@@ -1237,7 +1055,7 @@ func (m *tsMachine) massAdmit(rt *rapid.T) {
 		r, _ := m.readRaw(ctx)
 		pr := r.problems(m.limit)
 		msg := fmt.Sprintf("mass admit: %s: %v; retried: %v; then the keys: ", what, callErr, retryErr)
-		tsFail(rt, msg+pr.summary(), msg+pr.String())
+		tsFail(rt, msg+pr.Summary(), msg+pr.String())
 	}
 	m.rawCheck(rt, "mass admit, after "+what)
 	// The call sent again.
@@ -1361,7 +1179,7 @@ func (m *tsMachine) massEvict(rt *rapid.T) {
 		r, _ := m.readRaw(ctx)
 		pr := r.problems(m.limit)
 		msg := fmt.Sprintf("mass evict: the holder's Release, evicting %d waiters of a dead process: %v; then the keys: ", n, err)
-		tsFail(rt, msg+pr.summary(), msg+pr.String())
+		tsFail(rt, msg+pr.Summary(), msg+pr.String())
 	}
 	// Every dead waiter leaves the queue: in this release, or (should the
 	// scripts bound their work per call) within one call per batch.

@@ -10,7 +10,10 @@
 // test binary, stopped by Main), Start for a dedicated server that the test
 // may restart or kill, Name for a semaphore name unique to the test, and
 // StartProxy for a TCP proxy in front of a server that loses replies and
-// resets connections.
+// resets connections. NewDelayer gives a client a fault layer that only
+// delays (replies after Redis ran the command, pub/sub messages), and
+// ReadLayout with Layout.Check checks a semaphore's keys against
+// lua/lib.lua's invariants.
 package redistest
 
 import (
