@@ -153,6 +153,9 @@ func TestRedisDownFailsWithinDeadline(t *testing.T) {
 				if !errors.Is(err, context.DeadlineExceeded) || took > wait+200*time.Millisecond {
 					t.Errorf("Acquire with Redis down: %v after %v, want the deadline (%v)", err, took, wait)
 				}
+				if !errors.Is(err, redsem.ErrUnavailable) || strings.Contains(err.Error(), "\n") {
+					t.Errorf("Acquire with Redis down: %q, want one line that matches ErrUnavailable", err)
+				}
 				continue
 			}
 			var netErr *net.OpError

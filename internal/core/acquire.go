@@ -238,16 +238,16 @@ func (c *call) classify(err error) error {
 		out := e.ctxErr(c.parent, err)
 		if c.dialErr != nil && (c.lastErr == nil || !Unreachable(c.lastErr)) {
 			e.unreachable(c.dialErr)
-			return errors.Join(out, fmt.Errorf("%w: %w", redsem.ErrUnavailable, c.dialErr))
+			return joinLine(out, fmt.Errorf("%w: %w", redsem.ErrUnavailable, c.dialErr))
 		}
 		if c.lastErr != nil && (err == nil || !errors.Is(err, c.lastErr)) {
 			// Redis failed transiently and did not answer since: say how,
 			// and (only if it could not be reached) that it was unavailable.
 			if Unreachable(c.lastErr) {
 				e.unreachable(c.lastErr)
-				out = errors.Join(out, fmt.Errorf("%w: %w", redsem.ErrUnavailable, c.lastErr))
+				out = joinLine(out, fmt.Errorf("%w: %w", redsem.ErrUnavailable, c.lastErr))
 			} else {
-				out = errors.Join(out, c.lastErr)
+				out = joinLine(out, c.lastErr)
 			}
 		}
 		return out

@@ -310,7 +310,7 @@ func (e *Engine) ctxErr(ctx context.Context, err error) error {
 		out = &namedError{fmt.Errorf("redsem: %q: gave up: %w", e.cfg.Name, base)}
 	}
 	if err != nil && !errors.Is(err, base) {
-		out = errors.Join(out, err)
+		out = joinLine(out, err)
 	}
 	return out
 }
@@ -332,6 +332,34 @@ func (e *Engine) wrap(err error) error {
 	}
 	return &namedError{fmt.Errorf("redsem: %q: %w", e.cfg.Name, err)}
 }
+
+// joinLine is errors.Join on one line: the errors' texts separated by
+// "; " (errors.Join puts a newline between them, which breaks one-line
+// logs). It matches (errors.Is, errors.As) whatever any of them matches.
+func joinLine(errs ...error) error {
+	var j lineErrors
+	for _, err := range errs {
+		if err != nil {
+			j = append(j, err)
+		}
+	}
+	if len(j) == 0 {
+		return nil
+	}
+	return j
+}
+
+type lineErrors []error
+
+func (j lineErrors) Error() string {
+	parts := make([]string, len(j))
+	for i, err := range j {
+		parts[i] = err.Error()
+	}
+	return strings.Join(parts, "; ")
+}
+
+func (j lineErrors) Unwrap() []error { return j }
 
 // namedError is an error that wrap or ctxErr made: it names the semaphore
 // already, and wrap leaves it as it is.
