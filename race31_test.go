@@ -217,34 +217,48 @@ func (d *gatedDialer) open() {
 	d.mu.Unlock()
 }
 
-// A fair grant made before a data loss and delivered after the waiter
-// queued again (on the new data, under a new session) is not taken: the
-// waiter's Acquire ends only with the grant Redis makes it now. Before: W's
-// Acquire returned slot 0 with its old token while Q2 held slot 0 under
-// limit 1 (FLUSHALL stands in for a restart without persistence).
-func TestStaleFairGrantAfterDataLoss(t *testing.T) {
+// staleSetup makes a dedicated server and four fair semaphores of one name
+// and limit for the stale-message tests: h, q2 and the admin client on
+// plain clients, and w on a client whose pub/sub reads gd can hold back.
+func staleSetup(t *testing.T, limit int) (admin *redis.Client, gd *gatedDialer, h, w, q2 *fair.Semaphore) {
 	srv := redistest.Start(t)
-	ctx := redistest.Ctx(t, 30*time.Second)
 	name := redistest.Name(t)
 	o := fair.Options{LeaseTTL: 5 * time.Second, QueueTTL: 900 * time.Millisecond}
 	newSem := func(c redis.UniversalClient) *fair.Semaphore {
-		s, err := fair.New(c, name, 1, o)
+		s, err := fair.New(c, name, limit, o)
 		if err != nil {
 			t.Fatal(err)
 		}
 		t.Cleanup(func() { _ = s.Close() })
 		return s
 	}
-	gd := &gatedDialer{}
+	gd = &gatedDialer{}
 	t.Cleanup(gd.open)
 	wopt := srv.Options()
 	wopt.Dialer = gd.dial
 	wc := redis.NewClient(wopt)
 	t.Cleanup(func() { _ = wc.Close() })
-	admin := srv.Client(t)
-	h := newSem(srv.Client(t))
-	w := newSem(wc)
-	q2 := newSem(srv.Client(t))
+	return srv.Client(t), gd, newSem(srv.Client(t)), newSem(wc), newSem(srv.Client(t))
+}
+
+// waitersOf is a condition for redistest.WaitFor: s has n waiters.
+func waitersOf(ctx context.Context, s *fair.Semaphore) func(n int) func() (bool, error) {
+	return func(n int) func() (bool, error) {
+		return func() (bool, error) {
+			st, err := s.Status(ctx)
+			return err == nil && len(st.Waiters) == n, err
+		}
+	}
+}
+
+// A fair grant made before a data loss and delivered after the waiter
+// queued again (on the new data, under a new session) is not taken: the
+// waiter's Acquire ends only with the grant Redis makes it now. Before: W's
+// Acquire returned slot 0 with its old token while Q2 held slot 0 under
+// limit 1 (FLUSHALL stands in for a restart without persistence).
+func TestStaleFairGrantAfterDataLoss(t *testing.T) {
+	ctx := redistest.Ctx(t, 30*time.Second)
+	admin, gd, h, w, q2 := staleSetup(t, 1)
 
 	first, err := h.Acquire(ctx)
 	if err != nil {
@@ -259,12 +273,7 @@ func TestStaleFairGrantAfterDataLoss(t *testing.T) {
 		l, err := w.Acquire(ctx)
 		got <- result{l, err}
 	}()
-	waiters := func(n int) func() (bool, error) {
-		return func() (bool, error) {
-			st, err := q2.Status(ctx)
-			return err == nil && len(st.Waiters) == n, err
-		}
-	}
+	waiters := waitersOf(ctx, q2)
 	redistest.WaitFor(t, 5*time.Second, "W queued", waiters(1))
 
 	// W's pub/sub reads are held back; H's release grants W (the "g"
@@ -321,28 +330,8 @@ func TestStaleFairGrantAfterDataLoss(t *testing.T) {
 // and skipped the undo, so its new queue entry stayed behind as a ghost
 // that held up the queue until its session expired.
 func TestStaleEvictionAfterRequeue(t *testing.T) {
-	srv := redistest.Start(t)
 	ctx := redistest.Ctx(t, 30*time.Second)
-	name := redistest.Name(t)
-	o := fair.Options{LeaseTTL: 5 * time.Second, QueueTTL: 900 * time.Millisecond}
-	newSem := func(c redis.UniversalClient) *fair.Semaphore {
-		s, err := fair.New(c, name, 2, o)
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { _ = s.Close() })
-		return s
-	}
-	gd := &gatedDialer{}
-	t.Cleanup(gd.open)
-	wopt := srv.Options()
-	wopt.Dialer = gd.dial
-	wc := redis.NewClient(wopt)
-	t.Cleanup(func() { _ = wc.Close() })
-	admin := srv.Client(t)
-	h := newSem(srv.Client(t))
-	w := newSem(wc)
-	q2 := newSem(srv.Client(t))
+	admin, gd, h, w, q2 := staleSetup(t, 2)
 
 	first, err := h.AcquireN(ctx, 2)
 	if err != nil {
@@ -358,12 +347,7 @@ func TestStaleEvictionAfterRequeue(t *testing.T) {
 		l, err := w.AcquireN(ctx, 2)
 		got <- result{l, err}
 	}()
-	waiters := func(n int) func() (bool, error) {
-		return func() (bool, error) {
-			st, err := q2.Status(ctx)
-			return err == nil && len(st.Waiters) == n, err
-		}
-	}
+	waiters := waitersOf(ctx, q2)
 	redistest.WaitFor(t, 5*time.Second, "W queued", waiters(1))
 	gd.close()
 	if err := h.SetLimit(ctx, 1); err != nil { // evicts W: its "x" message waits
