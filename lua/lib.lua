@@ -930,10 +930,15 @@ local function rate_fits(n, now_us)
     batch = 64
   end
   -- The records hold fewer slots than _rsum says (it drifted): it is
-  -- corrected to what they hold.
+  -- corrected to what they hold, and the walk runs again on the true sum
+  -- (once: it then finds the record whose leaving makes room, as n is at
+  -- most RL), so that the wake time is the window's, not now.
   set('_rsum', acc)
   if acc + n <= RL then
     return true
+  end
+  if n <= RL then
+    return rate_fits(n, now_us)
   end
   RATE_AT = now_us
   return false

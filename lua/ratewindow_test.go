@@ -347,3 +347,29 @@ func TestLongerPeriodKeepsWindow(t *testing.T) {
 		checkTTL(t, k, b.token)
 	})
 }
+
+// A drifted window sum (_rsum above what the records hold) is corrected,
+// and the wake time of a refusal is still the window's: the record whose
+// leaving makes room, plus the period. Before: the call that corrected it
+// answered rate_ms 0 (RATE_AT = now), and its caller tried again at once.
+func TestDriftedRateSumWakeTime(t *testing.T) {
+	ctx := redistest.Ctx(t, 30*time.Second)
+	c := redistest.Client(t)
+	k := core.KeysFor("redsem", redistest.Name(t))
+	const rl, perMs = 3, 10000
+	lim := fmt.Sprintf("%d:%d:%d", 10, rl, perMs)
+	var recs []rwRec
+	for i := 0; i < rl; i++ {
+		if i > 0 {
+			rwWaitServerUs(ctx, t, c, recs[i-1].token+5_000)
+		}
+		recs = append(recs, rwGrant(ctx, t, c, k, lim, "g"+strconv.Itoa(i), 1, 10000))
+	}
+	if err := c.HSet(ctx, k.List[core.KeyMeta], "_rsum", 10).Err(); err != nil {
+		t.Fatal(err)
+	}
+	rwExpectRefused(ctx, t, c, k, lim, recs, rl, 1, perMs, "drifted", false)
+	if v := c.HGet(ctx, k.List[core.KeyMeta], "_rsum").Val(); v != strconv.Itoa(rl) {
+		t.Fatalf("_rsum %q after the correction, want %d (what the records hold)", v, rl)
+	}
+}
