@@ -340,9 +340,7 @@ func (l *Lease) Release(ctx context.Context) error {
 	octx, err := l.beginOp(ctx, opRelease)
 	if err != nil {
 		l.mu.Lock()
-	}
-	l.releasing--
-	if err != nil {
+		l.releasing--
 		l.arm()
 		if l.state != held {
 			err = nil
@@ -354,6 +352,7 @@ func (l *Lease) Release(ctx context.Context) error {
 		l.mu.Unlock()
 		return err
 	}
+	l.releasing--
 	l.mu.Unlock()
 	kind, _, err := l.e.release(octx, l.id, "owner")
 	l.mu.Lock()
@@ -368,19 +367,26 @@ func (l *Lease) Release(ctx context.Context) error {
 		}
 		return err
 	}
+	return l.endRelease(kind, called)
+}
+
+// endRelease applies release.lua's answer of kind (under mu, with the
+// release as the op in flight): the lease ends released, or lost when
+// Redis held nothing for it (ErrLeaseLost). It ends the op, unlocks mu
+// and reports the end.
+func (l *Lease) endRelease(kind int, called time.Time) error {
 	l.released = true
-	st := released
+	st, err := released, error(nil)
 	if kind != ReleasedLease {
-		st = lost
+		st, err = lost, redsem.ErrLeaseLost
 	}
 	ev := l.finishLocked(st, called)
 	l.endOp()
 	l.mu.Unlock()
-	ev()
-	if st == lost {
-		return redsem.ErrLeaseLost
+	if ev != nil {
+		ev()
 	}
-	return nil
+	return err
 }
 
 // releaseLater retries a Release that failed with a transient error, with
@@ -398,12 +404,7 @@ func (l *Lease) releaseLater() {
 			}
 			octx, err := l.beginOp(ctx, opRelease)
 			if err != nil {
-				return // the lease ended, or its deadline passed
-			}
-			if l.released {
-				l.endOp()
-				l.mu.Unlock()
-				return
+				return // the lease ended (released by another call, or lost), or its deadline passed
 			}
 			l.mu.Unlock()
 			called := time.Now()
@@ -417,15 +418,7 @@ func (l *Lease) releaseLater() {
 				}
 				return
 			}
-			l.released = true
-			st := released
-			if kind != ReleasedLease {
-				st = lost
-			}
-			ev := l.finishLocked(st, called)
-			l.endOp()
-			l.mu.Unlock()
-			ev()
+			_ = l.endRelease(kind, called)
 			return
 		}
 	})
