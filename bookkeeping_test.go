@@ -8,7 +8,7 @@ import (
 	"time"
 
 	"github.com/redsem/redsem"
-	"github.com/redsem/redsem/internal/redistest"
+	"github.com/redsem/redsem/internal/testkit/redistest"
 )
 
 // Released-lease bookkeeping stays bounded under steady load: whatever a

@@ -7,7 +7,7 @@ import (
 	"time"
 
 	"github.com/redsem/redsem"
-	"github.com/redsem/redsem/internal/redistest"
+	"github.com/redsem/redsem/internal/testkit/redistest"
 )
 
 // An idle semaphore is not live: once nothing is held or queued, the limit

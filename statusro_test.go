@@ -4,7 +4,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/redsem/redsem/internal/redistest"
+	"github.com/redsem/redsem/internal/testkit/redistest"
 )
 
 // Status runs status.lua with EVALSHA_RO (Redis 7.0) so that it may run on

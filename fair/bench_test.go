@@ -12,10 +12,10 @@ import (
 	"github.com/google/uuid"
 	"github.com/redsem/redsem"
 	"github.com/redsem/redsem/fair"
-	"github.com/redsem/redsem/internal/bench"
-	"github.com/redsem/redsem/internal/benchtest"
 	"github.com/redsem/redsem/internal/core"
-	"github.com/redsem/redsem/internal/redistest"
+	"github.com/redsem/redsem/internal/redisinfo"
+	"github.com/redsem/redsem/internal/testkit/benchtest"
+	"github.com/redsem/redsem/internal/testkit/redistest"
 	"github.com/redsem/redsem/lua"
 )
 
@@ -92,7 +92,7 @@ func benchQueued(b *testing.B, n int) {
 		b.Fatalf("queue length %d, want %d", r.Queue, n)
 	}
 	ids := make([]string, 0, 1024)
-	before, err := bench.ReadStats(ctx, c)
+	before, err := redisinfo.ReadStats(ctx, c)
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -118,7 +118,7 @@ func benchQueued(b *testing.B, n int) {
 		}
 	}
 	b.StopTimer()
-	after, err := bench.ReadStats(ctx, c)
+	after, err := redisinfo.ReadStats(ctx, c)
 	if err != nil {
 		b.Fatal(err)
 	}

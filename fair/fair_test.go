@@ -9,7 +9,7 @@ import (
 
 	"github.com/redsem/redsem"
 	"github.com/redsem/redsem/fair"
-	"github.com/redsem/redsem/internal/redistest"
+	"github.com/redsem/redsem/internal/testkit/redistest"
 )
 
 func TestFIFOOrder(t *testing.T) {

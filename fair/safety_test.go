@@ -10,7 +10,7 @@ import (
 
 	"github.com/redsem/redsem"
 	"github.com/redsem/redsem/fair"
-	"github.com/redsem/redsem/internal/redistest"
+	"github.com/redsem/redsem/internal/testkit/redistest"
 )
 
 // Many goroutines on several Semaphore instances (separate sessions)

@@ -17,7 +17,7 @@ import (
 	"time"
 
 	"github.com/redsem/redsem/fencing"
-	"github.com/redsem/redsem/internal/redistest"
+	"github.com/redsem/redsem/internal/testkit/redistest"
 	"github.com/redsem/redsem/unfair"
 )
 

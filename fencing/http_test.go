@@ -11,7 +11,7 @@ import (
 	"time"
 
 	"github.com/redsem/redsem/fencing"
-	"github.com/redsem/redsem/internal/redistest"
+	"github.com/redsem/redsem/internal/testkit/redistest"
 )
 
 // fencedServer runs Middleware(guard, handler) where the handler echoes the

@@ -10,7 +10,7 @@ import (
 
 	_ "github.com/jackc/pgx/v5/stdlib" // database/sql driver "pgx", tests only
 	"github.com/redis/go-redis/v9"
-	"github.com/redsem/redsem/internal/redistest"
+	"github.com/redsem/redsem/internal/testkit/redistest"
 )
 
 func TestMain(m *testing.M) { os.Exit(redistest.MainNoLeaks(m)) }

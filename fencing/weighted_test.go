@@ -15,7 +15,7 @@ import (
 
 	"github.com/redsem/redsem/fencing"
 	"github.com/redsem/redsem/internal/core"
-	"github.com/redsem/redsem/internal/redistest"
+	"github.com/redsem/redsem/internal/testkit/redistest"
 	"github.com/redsem/redsem/lua"
 	"github.com/redsem/redsem/unfair"
 )

@@ -9,7 +9,7 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/redsem/redsem/internal/core"
-	"github.com/redsem/redsem/internal/redistest"
+	"github.com/redsem/redsem/internal/testkit/redistest"
 	"github.com/redsem/redsem/lua"
 )
 

@@ -9,7 +9,7 @@ import (
 
 	"github.com/anishathalye/porcupine"
 	"github.com/redsem/redsem"
-	"github.com/redsem/redsem/internal/redistest"
+	"github.com/redsem/redsem/internal/testkit/redistest"
 )
 
 // The checker's self-test: semaphores with a deliberate bug, put in by a

@@ -10,7 +10,7 @@ import (
 	"os"
 	"testing"
 
-	"github.com/redsem/redsem/internal/redistest"
+	"github.com/redsem/redsem/internal/testkit/redistest"
 )
 
 // Budget: rapid's defaults (100 checks of ~30 steps) take minutes against a

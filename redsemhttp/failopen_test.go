@@ -9,7 +9,7 @@ import (
 	"time"
 
 	"github.com/redsem/redsem/fair"
-	"github.com/redsem/redsem/internal/redistest"
+	"github.com/redsem/redsem/internal/testkit/redistest"
 	"github.com/redsem/redsem/redsemhttp"
 	"github.com/redsem/redsem/unfair"
 )

@@ -7,7 +7,7 @@ import (
 	"time"
 
 	"github.com/redsem/redsem"
-	"github.com/redsem/redsem/internal/redistest"
+	"github.com/redsem/redsem/internal/testkit/redistest"
 	"github.com/redsem/redsem/redsemotel"
 	"github.com/redsem/redsem/unfair"
 	metricnoop "go.opentelemetry.io/otel/metric/noop"

@@ -5,7 +5,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/redsem/redsem/internal/redistest"
+	"github.com/redsem/redsem/internal/testkit/redistest"
 	"go.opentelemetry.io/otel/sdk/metric/metricdata"
 )
 

@@ -11,7 +11,7 @@ import (
 	"time"
 
 	"github.com/redsem/redsem/fair"
-	"github.com/redsem/redsem/internal/redistest"
+	"github.com/redsem/redsem/internal/testkit/redistest"
 	"github.com/redsem/redsem/redsemotel"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"

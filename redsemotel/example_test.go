@@ -8,7 +8,7 @@ import (
 	"github.com/google/uuid"
 	"github.com/redis/go-redis/v9"
 	"github.com/redsem/redsem/fair"
-	"github.com/redsem/redsem/internal/redistest"
+	"github.com/redsem/redsem/internal/testkit/redistest"
 	"github.com/redsem/redsem/redsemotel"
 	"github.com/redsem/redsem/unfair"
 	"go.opentelemetry.io/otel/attribute"

@@ -16,7 +16,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/stdlib" // tests only: the PostgreSQL driver under the connector
 	"github.com/redsem/redsem"
-	"github.com/redsem/redsem/internal/redistest"
+	"github.com/redsem/redsem/internal/testkit/redistest"
 )
 
 func TestMain(m *testing.M) { os.Exit(redistest.MainNoLeaks(m)) }

@@ -8,9 +8,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/redsem/redsem/internal/bench"
-	"github.com/redsem/redsem/internal/benchtest"
-	"github.com/redsem/redsem/internal/redistest"
+	"github.com/redsem/redsem/internal/redisinfo"
+	"github.com/redsem/redsem/internal/testkit/benchtest"
+	"github.com/redsem/redsem/internal/testkit/redistest"
 	"github.com/redsem/redsem/unfair"
 )
 
@@ -50,7 +50,7 @@ func BenchmarkAcquireWaiters(b *testing.B) {
 			ctx, cancel := context.WithCancel(context.Background())
 			defer cancel()
 			c := redistest.Client(b)
-			count := &bench.CommandCounter{}
+			count := &redisinfo.CommandCounter{}
 			c.AddHook(count)
 			s, err := unfair.New(c, redistest.Name(b), 1,
 				unfair.Options{FallbackInterval: time.Minute})

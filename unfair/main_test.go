@@ -4,7 +4,7 @@ import (
 	"os"
 	"testing"
 
-	"github.com/redsem/redsem/internal/redistest"
+	"github.com/redsem/redsem/internal/testkit/redistest"
 )
 
 func TestMain(m *testing.M) { os.Exit(redistest.MainNoLeaks(m)) }

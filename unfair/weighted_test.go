@@ -8,7 +8,7 @@ import (
 	"time"
 
 	"github.com/redsem/redsem"
-	"github.com/redsem/redsem/internal/redistest"
+	"github.com/redsem/redsem/internal/testkit/redistest"
 	"github.com/redsem/redsem/unfair"
 )
 

@@ -12,7 +12,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 	"github.com/redsem/redsem"
-	"github.com/redsem/redsem/internal/cli"
+	"github.com/redsem/redsem/cmd/redsem/internal/cli"
 	"github.com/redsem/redsem/internal/core"
 )
 

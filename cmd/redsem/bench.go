@@ -3,7 +3,7 @@ package main
 import (
 	"io"
 
-	"github.com/redsem/redsem/internal/bench"
+	"github.com/redsem/redsem/cmd/redsem/internal/bench"
 )
 
 // runBench is "redsem bench": the harness of package bench, which also

@@ -8,7 +8,7 @@ import (
 	"strconv"
 
 	"github.com/redis/go-redis/v9"
-	"github.com/redsem/redsem/internal/cli"
+	"github.com/redsem/redsem/cmd/redsem/internal/cli"
 	"github.com/redsem/redsem/internal/core"
 )
 

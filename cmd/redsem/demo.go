@@ -21,10 +21,10 @@ import (
 	"github.com/alicebob/miniredis/v2"
 	"github.com/redis/go-redis/v9"
 	"github.com/redsem/redsem"
+	"github.com/redsem/redsem/cmd/redsem/internal/bench"
+	"github.com/redsem/redsem/cmd/redsem/internal/cli"
 	"github.com/redsem/redsem/fair"
 	"github.com/redsem/redsem/fencing"
-	"github.com/redsem/redsem/internal/bench"
-	"github.com/redsem/redsem/internal/cli"
 	"github.com/redsem/redsem/internal/redisproc"
 	"github.com/redsem/redsem/unfair"
 )

@@ -8,7 +8,7 @@ import (
 	"testing"
 
 	"github.com/redsem/redsem/internal/redisproc"
-	"github.com/redsem/redsem/internal/redistest"
+	"github.com/redsem/redsem/internal/testkit/redistest"
 )
 
 // pickRedis: --redis or REDIS_URL first, then a redis-server from PATH,

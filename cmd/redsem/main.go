@@ -1,7 +1,7 @@
 // Command redsem operates redsem semaphores: it shows who holds and who waits
 // (status, watch), fixes a stuck semaphore at run time (set-limit, release,
 // purge), runs a self-contained demo and measures (bench, the harness of
-// internal/bench).
+// cmd/redsem/internal/bench).
 //
 //	go run ./cmd/redsem demo
 //	redsem status NAME [--key KEY] [--top N] [--json] [--lease-ttl 30s]
@@ -27,7 +27,7 @@ import (
 	"sort"
 
 	"github.com/redis/go-redis/v9"
-	"github.com/redsem/redsem/internal/cli"
+	"github.com/redsem/redsem/cmd/redsem/internal/cli"
 )
 
 // commands maps each subcommand to its run function: args after the

@@ -18,10 +18,10 @@ import (
 
 	"github.com/redis/go-redis/v9"
 	"github.com/redsem/redsem"
+	"github.com/redsem/redsem/cmd/redsem/internal/cli"
 	"github.com/redsem/redsem/fair"
-	"github.com/redsem/redsem/internal/cli"
 	"github.com/redsem/redsem/internal/core"
-	"github.com/redsem/redsem/internal/redistest"
+	"github.com/redsem/redsem/internal/testkit/redistest"
 	"github.com/redsem/redsem/unfair"
 )
 

@@ -13,7 +13,7 @@ import (
 	"text/tabwriter"
 	"time"
 
-	"github.com/redsem/redsem/internal/cli"
+	"github.com/redsem/redsem/cmd/redsem/internal/cli"
 )
 
 func runStatus(args []string, stdout, stderr io.Writer) int {

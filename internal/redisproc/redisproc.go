@@ -1,7 +1,7 @@
 // Package redisproc starts throw-away redis-server processes: Start for
 // tools that need a Redis and find none (the demo and bench of the redsem
 // command), and Run, the one implementation of "start a server process and
-// wait until it answers", on which internal/redistest builds its test
+// wait until it answers", on which internal/testkit/redistest builds its test
 // servers, clusters and sentinels. Binary says which server binary they
 // start: redis-server from PATH, or the one $REDSEM_REDIS_SERVER names
 // (how the tests run against Valkey).
