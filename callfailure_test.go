@@ -16,7 +16,7 @@ import (
 )
 
 // Issue 19, found 5: the engine's own bugs, one test each (the scripts'
-// are in lua/regress19_test.go). Each failed on 521bc1f as its comment
+// are in lua/records_test.go). Each failed on 521bc1f as its comment
 // quotes; docs/testing.md lists them.
 
 // A call whose context has already ended sends nothing: no acquire, and no
