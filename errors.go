@@ -93,9 +93,7 @@ type RateMismatchError struct {
 }
 
 func (e *RateMismatchError) Error() string {
-	return fmt.Sprintf("redsem: rate mismatch for %q: this client was built with rate %v, "+
-		"but live clients established rate %v (use SetRate to change it for all)",
-		e.Name, e.Client, e.Established)
+	return mismatchMessage("rate", e.Name, e.Client, e.Established, "SetRate")
 }
 
 // Is reports whether target is ErrLimitMismatch.
@@ -109,13 +107,20 @@ type LimitMismatchError struct {
 }
 
 func (e *LimitMismatchError) Error() string {
-	return fmt.Sprintf("redsem: limit mismatch for %q: this client was built with limit %d, "+
-		"but live clients established limit %d (use SetLimit to change it for all)",
-		e.Name, e.Client, e.Established)
+	return mismatchMessage("limit", e.Name, e.Client, e.Established, "SetLimit")
 }
 
 // Is reports whether target is ErrLimitMismatch.
 func (e *LimitMismatchError) Is(target error) bool { return target == ErrLimitMismatch }
+
+// mismatchMessage is the text of a LimitMismatchError or RateMismatchError:
+// what ("limit" or "rate") of semaphore name differs between this client
+// and the live ones, and setter changes it for all.
+func mismatchMessage(what, name string, client, established any, setter string) string {
+	return fmt.Sprintf("redsem: %s mismatch for %q: this client was built with %[1]s %[3]v, "+
+		"but live clients established %[1]s %[4]v (use %[5]s to change it for all)",
+		what, name, client, established, setter)
+}
 
 // ConfigError is returned by New for invalid configuration. It matches
 // ErrInvalidConfig.
