@@ -67,36 +67,32 @@ func New(opts Options) *Metrics {
 	if hb == nil {
 		hb = DefaultBuckets()
 	}
-	name := []string{"name"}
+	// Every series has the label name (the semaphore's), then labels.
+	opt := func(name, help string) prometheus.Opts {
+		return prometheus.Opts{Namespace: ns, Name: name, Help: help, ConstLabels: opts.ConstLabels}
+	}
+	gauge := func(name, help string, labels ...string) *prometheus.GaugeVec {
+		return prometheus.NewGaugeVec(prometheus.GaugeOpts(opt(name, help)), append([]string{"name"}, labels...))
+	}
+	counter := func(name, help string, labels ...string) *prometheus.CounterVec {
+		return prometheus.NewCounterVec(prometheus.CounterOpts(opt(name, help)), append([]string{"name"}, labels...))
+	}
+	histogram := func(name, help string, buckets []float64) *prometheus.HistogramVec {
+		return prometheus.NewHistogramVec(prometheus.HistogramOpts{Namespace: ns, Name: name, Help: help,
+			ConstLabels: opts.ConstLabels, Buckets: buckets}, []string{"name"})
+	}
 	return &Metrics{
-		holders: prometheus.NewGaugeVec(prometheus.GaugeOpts{
-			Namespace: ns, Name: "holders", ConstLabels: opts.ConstLabels,
-			Help: "Leases this process holds now (acquired minus released and lost); sum over processes for the global count.",
-		}, name),
-		acquires: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Namespace: ns, Name: "acquire_total", ConstLabels: opts.ConstLabels,
-			Help: "Acquire and granted TryAcquire calls by result: ok, timeout, unavailable, error, mismatch.",
-		}, []string{"name", "result"}),
-		wait: prometheus.NewHistogramVec(prometheus.HistogramOpts{
-			Namespace: ns, Name: "wait_seconds", ConstLabels: opts.ConstLabels, Buckets: wb,
-			Help: "Time from the call of Acquire to the grant, for granted acquires.",
-		}, name),
-		hold: prometheus.NewHistogramVec(prometheus.HistogramOpts{
-			Namespace: ns, Name: "hold_seconds", ConstLabels: opts.ConstLabels, Buckets: hb,
-			Help: "Time from the grant to the Release call, or to the loss of the lease.",
-		}, name),
-		lost: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Namespace: ns, Name: "leases_lost_total", ConstLabels: opts.ConstLabels,
-			Help: "Leases that expired or were removed before their release.",
-		}, name),
-		evicted: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Namespace: ns, Name: "waiters_evicted_total", ConstLabels: opts.ConstLabels,
-			Help: "Fair waiters that found their queue entry evicted (and queued again).",
-		}, name),
-		policy: prometheus.NewGaugeVec(prometheus.GaugeOpts{
-			Namespace: ns, Name: "eviction_policy_unsafe", ConstLabels: opts.ConstLabels,
-			Help: "1 when the Redis maxmemory-policy may evict the semaphore's keys (noeviction is recommended).",
-		}, []string{"name", "policy"}),
+		holders: gauge("holders",
+			"Leases this process holds now (acquired minus released and lost); sum over processes for the global count."),
+		acquires: counter("acquire_total",
+			"Acquire and granted TryAcquire calls by result: ok, timeout, unavailable, error, mismatch.", "result"),
+		wait: histogram("wait_seconds", "Time from the call of Acquire to the grant, for granted acquires.", wb),
+		hold: histogram("hold_seconds", "Time from the grant to the Release call, or to the loss of the lease.", hb),
+		lost: counter("leases_lost_total", "Leases that expired or were removed before their release."),
+		evicted: counter("waiters_evicted_total",
+			"Fair waiters that found their queue entry evicted (and queued again)."),
+		policy: gauge("eviction_policy_unsafe",
+			"1 when the Redis maxmemory-policy may evict the semaphore's keys (noeviction is recommended).", "policy"),
 	}
 }
 
