@@ -87,21 +87,12 @@ func (c *Cluster) ID(n *Server) string { return c.ids[n] }
 // Options returns go-redis cluster options for the nodes: loopback
 // addresses, short timeouts, contexts honoured.
 func (c *Cluster) Options() *redis.ClusterOptions {
-	return &redis.ClusterOptions{
-		Addrs:                 c.Addrs(),
-		ContextTimeoutEnabled: true,
-		DialTimeout:           2 * time.Second,
-		ReadTimeout:           3 * time.Second,
-		WriteTimeout:          3 * time.Second,
-	}
+	return clientOptions(c.Addrs()...).Cluster()
 }
 
 // Client returns a new cluster client, closed when the test ends.
 func (c *Cluster) Client(t testing.TB) *redis.ClusterClient {
-	t.Helper()
-	cc := redis.NewClusterClient(c.Options())
-	t.Cleanup(func() { _ = cc.Close() })
-	return cc
+	return closeAtEnd(t, redis.NewClusterClient(c.Options()))
 }
 
 // form assigns slots, introduces the nodes to each other, attaches the

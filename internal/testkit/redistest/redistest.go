@@ -149,8 +149,15 @@ func (s *Server) Options() *redis.Options {
 			return opt
 		}
 	}
-	return &redis.Options{
-		Addr:                  s.Addr,
+	return clientOptions(s.Addr).Simple()
+}
+
+// clientOptions are the options of this package's clients of addrs (one
+// server's, or a cluster's nodes'): short timeouts, and contexts honoured
+// for every read and write.
+func clientOptions(addrs ...string) *redis.UniversalOptions {
+	return &redis.UniversalOptions{
+		Addrs:                 addrs,
 		ContextTimeoutEnabled: true,
 		DialTimeout:           2 * time.Second,
 		ReadTimeout:           3 * time.Second,
@@ -160,8 +167,11 @@ func (s *Server) Options() *redis.Options {
 
 // Client returns a new client of s, closed when the test ends.
 func (s *Server) Client(t testing.TB) *redis.Client {
-	t.Helper()
-	c := redis.NewClient(s.Options())
+	return closeAtEnd(t, redis.NewClient(s.Options()))
+}
+
+// closeAtEnd closes c when the test ends, and returns it.
+func closeAtEnd[C interface{ Close() error }](t testing.TB, c C) C {
 	t.Cleanup(func() { _ = c.Close() })
 	return c
 }
