@@ -10,7 +10,6 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/redsem/redsem"
-	"github.com/redsem/redsem/lua"
 )
 
 // The acquire path, in one place and one shape:
@@ -124,22 +123,22 @@ func (e *Engine) begin(ctx context.Context, n int) (*call, error) {
 // attempt runs acquire.lua once in mode ("try", "wait" or "queue") with
 // session sid (queue mode). A reply with a code that is an error (limit
 // mismatch, weight, queue full, cancelled) comes back as that error.
-func (c *call) attempt(mode, sid string) (attempt, error) {
+func (c *call) attempt(mode, sid string) (acquireReply, error) {
 	if err := c.ctx.Err(); err != nil {
-		return attempt{}, err // nothing sent
+		return acquireReply{}, err // nothing sent
 	}
 	c.tried = true
 	if f := c.e.fam; f != nil {
 		if err := f.checkShards(c.ctx); err != nil {
-			return attempt{}, err // nothing sent that writes a member's keys
+			return acquireReply{}, err // nothing sent that writes a member's keys
 		}
 	}
 	refuseAfter, err := c.e.refuseAfter(c.ctx)
 	if err != nil {
-		return attempt{}, err // nothing sent that writes
+		return acquireReply{}, err // nothing sent that writes
 	}
 	c.sent = true
-	a, err := c.e.acquireOnce(c.ctx, c.id, c.n, mode, sid, refuseAfter)
+	a, err := c.e.acquire(c.ctx, acquireArgs{id: c.id, n: c.n, mode: mode, sid: sid, refuseAfter: refuseAfter})
 	if err == nil || !Transient(err) {
 		if err == nil || !errors.Is(err, c.ctx.Err()) {
 			c.replied, c.lastErr, c.backoff = true, nil, 0
@@ -279,7 +278,7 @@ const closeUndoBound = 250 * time.Millisecond
 func (c *call) undo() {
 	if c.e.cfg.Fair && c.parent.Err() == nil && context.Cause(c.ctx) == redsem.ErrClosed {
 		ctx, cancel := context.WithTimeout(c.parent, closeUndoBound)
-		_, _, err := c.e.release(ctx, c.id, "undo")
+		_, err := c.e.release(ctx, c.id, "undo")
 		cancel()
 		if err == nil {
 			return
@@ -324,7 +323,8 @@ func (e *Engine) waitFair(c *call) (*Lease, error) {
 				continue
 			}
 		}
-		sid := w.h.session()
+		s := w.h.session()
+		sid := s.ID()
 		a, err := c.attempt("queue", sid)
 		switch {
 		case err == nil && a.code == codeGranted:
@@ -332,7 +332,7 @@ func (e *Engine) waitFair(c *call) (*Lease, error) {
 		case errors.Is(err, errSessionDied):
 			// Its session expired (the process was paused, or cut off):
 			// a new one, and every waiter of the process queues again.
-			if err = w.h.renewSession(c.ctx, sid); err != nil {
+			if err = s.renew(c.ctx, sid); err != nil {
 				if err = c.retry(err); err != nil {
 					return nil, err
 				}
@@ -344,7 +344,7 @@ func (e *Engine) waitFair(c *call) (*Lease, error) {
 			}
 			continue
 		}
-		w.h.queued(e, a.hint)
+		s.queued(e, a.hint)
 		g, ok, err := c.awaitGrant(w, sid, a.floor)
 		if err != nil {
 			return nil, err
@@ -500,7 +500,7 @@ func (e *Engine) undo(ctx context.Context, id string) {
 	uctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), e.cfg.LeaseTTL)
 	e.background(uctx, cancel, func(ctx context.Context) {
 		for wait := 20 * time.Millisecond; ; wait = min(2*wait, time.Second) {
-			if _, _, err := e.release(ctx, id, "undo"); err == nil || !Transient(err) {
+			if _, err := e.release(ctx, id, "undo"); err == nil || !Transient(err) {
 				return
 			}
 			if !sleepCtx(ctx, jitter(wait)) {
@@ -520,86 +520,6 @@ func sleepCtx(ctx context.Context, d time.Duration) bool {
 	case <-ctx.Done():
 		return false
 	}
-}
-
-// errCancelled is acquire.lua's "this id was cancelled by its own undo, or
-// the request came after its caller's deadline": nothing was written.
-var errCancelled = errors.New("redsem: acquire cancelled by its own undo")
-
-// Reply codes of acquire.lua.
-const (
-	codeGranted     = 1
-	codeQueued      = 0 // not granted (queued or not)
-	codeMismatch    = -1
-	codeCancelled   = -2
-	codeWeight      = -3
-	codeQueueFull   = -4
-	codeSessionDied = -5 // queue mode: the session is not live
-	codeRateDiffers = -6 // the client's rate disagrees with the established one
-)
-
-// attempt is one run of acquire.lua, decoded.
-type attempt struct {
-	code     int64
-	now      int64 // server ms
-	token    int64
-	slots    []int
-	deadline time.Time // granted: local estimate, never late
-	hint     int64     // not granted: ms until a holder may expire (or the rate lets a request in), -1 none
-	position int64     // not granted: place in the queue, -1 not queued
-	rateMs   int64     // not granted: a slot was free but the rate's window was full: ms until it has room; -1 not so
-	other    int64     // mismatch: established limit; weight: limit; queue full: entries
-	rateMax  int64     // weight: the rate's limit in force (0: none)
-	rate     string    // rate mismatch: the established rate, "limit/per_ms"
-	// rateInForce: not granted with rateMs >= 0: the rate in force
-	rateInForce redsem.Rate
-	// floor: queue mode, not granted: every grant made before this attempt
-	// ran has a token at most floor, every grant made after it a greater
-	// one (acquire.lua's max(_token, now_us - 1)).
-	floor int64
-}
-
-// decodeAttempt checks and decodes an acquire.lua reply; sent is when the
-// request left.
-func decodeAttempt(v []any, sent time.Time) (attempt, error) {
-	r := reader{script: "acquire", v: v}
-	a := attempt{code: r.int(), now: r.int()}
-	switch a.code {
-	case codeGranted:
-		a.token = r.int()
-		dl := r.int()
-		for r.more() {
-			a.slots = append(a.slots, int(r.int()))
-		}
-		if len(a.slots) == 0 {
-			r.fail("no slots")
-		}
-		a.deadline = expiresBy(sent, dl-a.now)
-	case codeQueued:
-		a.hint, a.position, a.rateMs = r.int(), r.int(), -1
-		if r.more() {
-			a.rateMs = r.int()
-		}
-		if r.more() {
-			a.rateInForce = redsem.Rate{Limit: int(r.int()), Per: time.Duration(r.int()) * time.Millisecond}
-		}
-		if r.more() {
-			a.floor = r.int()
-		}
-	case codeWeight:
-		a.other = r.int()
-		if r.more() {
-			a.rateMax = r.int()
-		}
-	case codeMismatch, codeQueueFull:
-		a.other = r.int()
-	case codeRateDiffers:
-		a.rate = r.str()
-	case codeCancelled, codeSessionDied:
-	default:
-		r.fail("unknown code")
-	}
-	return a, r.err
 }
 
 // refuseAfter is the server time (ms) after which an acquire request of a
@@ -630,46 +550,15 @@ func (e *Engine) refuseAfter(ctx context.Context) (int64, error) {
 	return s + 1000, nil
 }
 
-// acquireOnce runs acquire.lua once for id. mode is "try", "wait" or
-// "queue"; sid is the fair session (queue mode). Its errors are raw: the
-// call classifies them.
-func (e *Engine) acquireOnce(ctx context.Context, id string, n int, mode, sid string, refuseAfter int64) (attempt, error) {
-	if sid == "" {
-		sid = "-"
-	}
-	v, sent, err := e.script(ctx, e.cfg.Client, lua.Acquire, e.cfg.Limit, id, n, ms(e.cfg.LeaseTTL), mode, sid,
-		ms(3*e.cfg.Fallback), e.cfg.Owner, e.cfg.MaxWaiters, refuseAfter)
-	if err != nil {
-		return attempt{}, err
-	}
-	a, err := decodeAttempt(v, sent)
-	if err != nil {
-		return a, err
-	}
-	e.clock.observe(sent, a.now)
-	switch a.code {
-	case codeMismatch:
-		return a, &redsem.LimitMismatchError{Name: e.cfg.Name, Client: e.cfg.Limit, Established: int(a.other)}
-	case codeRateDiffers:
-		return a, &redsem.RateMismatchError{Name: e.cfg.Name, Client: e.cfg.Rate, Established: parseRate(a.rate)}
-	case codeWeight:
-		if int64(n) <= a.other && a.rateMax > 0 {
-			return a, fmt.Errorf("redsem: %q: %d slots wanted, the rate in force grants %d per period: %w", e.cfg.Name, n, a.rateMax, redsem.ErrWeight)
-		}
-		return a, fmt.Errorf("redsem: %q: %d slots wanted, limit in force is %d: %w", e.cfg.Name, n, a.other, redsem.ErrWeight)
-	case codeQueueFull:
-		return a, fmt.Errorf("redsem: %q: %d waiters queued: %w", e.cfg.Name, a.other, redsem.ErrQueueFull)
-	case codeCancelled:
-		return a, errCancelled
-	case codeSessionDied:
-		return a, errSessionDied
-	}
-	return a, nil
-}
-
 // releaseBound bounds a release that ends a lease the client gave up
 // (MaxHold, or its deadline passed without renewal): Done waits for it
 // that long at most.
 func (e *Engine) releaseBound() time.Duration {
 	return min(100*time.Millisecond, max(e.cfg.LeaseTTL/10, time.Millisecond))
+}
+
+// jitter spreads d over [0.5d, 1.5d) so that clients that failed together do
+// not retry together.
+func jitter(d time.Duration) time.Duration {
+	return time.Duration(float64(d) * (0.5 + rand.Float64()))
 }

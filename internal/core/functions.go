@@ -109,36 +109,6 @@ func (e *Engine) ScriptMode() string {
 	return "evalsha"
 }
 
-// fcaller is the part of a client or connection that calls functions.
-type fcaller interface {
-	FCall(ctx context.Context, function string, keys []string, args ...any) *redis.Cmd
-	FCallRO(ctx context.Context, function string, keys []string, args ...any) *redis.Cmd
-}
-
-// fcall runs script s as a function on c when the library is loaded;
-// ok is false when it did not (not loaded, c cannot, or the server no longer
-// has the library), and the caller then runs it with EVALSHA.
-func (e *Engine) fcall(ctx context.Context, c redis.Scripter, s lua.Script, argv []any) (v []any, ok bool, err error) {
-	fn := s.Function()
-	f, can := c.(fcaller)
-	if fn == "" || !can || !e.lib.ready() {
-		return nil, false, nil
-	}
-	var cmd *redis.Cmd
-	if s == lua.Status {
-		cmd = f.FCallRO(ctx, fn, e.keys.List, argv...)
-	} else {
-		cmd = f.FCall(ctx, fn, e.keys.List, argv...)
-	}
-	v, err = cmd.Slice()
-	if err != nil && (strings.Contains(err.Error(), "Function not found") || refused(err)) {
-		e.lib.mode.CompareAndSwap(libReady, libUnknown)
-		e.loadLibrary()
-		return nil, false, nil
-	}
-	return v, true, err
-}
-
 // loadLibrary starts a background load of the library on the engine's
 // client, unless one is in flight, it is loaded, the server refused it, or
 // the last attempt failed less than libRetry ago. It returns at once.

@@ -227,18 +227,18 @@ func (l *Lease) Renew(ctx context.Context) error {
 		return err
 	}
 	l.mu.Unlock()
-	ok, deadline, err := l.e.renew(octx, l.id)
-	return l.endRenew(octx, ok, deadline, err, false)
+	r, err := l.e.renew(octx, l.e.cfg.Client, l.id)
+	return l.endRenew(octx, r, err, false)
 }
 
 // endRenew applies a renewal's outcome (auto: the watchdog's) and ends the
 // op; it returns what Renew reports.
-func (l *Lease) endRenew(octx context.Context, ok bool, deadline time.Time, err error, auto bool) error {
+func (l *Lease) endRenew(octx context.Context, r renewReply, err error, auto bool) error {
 	l.mu.Lock()
 	var ev func()
 	switch {
-	case err == nil && ok:
-		l.deadline = deadline
+	case err == nil && r.ok:
+		l.deadline = r.deadline
 		l.renewAt = time.Now().Add(l.e.cfg.LeaseTTL / 3)
 	case err == nil:
 		ev = l.finishLocked(lost, time.Now())
@@ -285,8 +285,8 @@ func (l *Lease) fire() {
 	ctx, cancel := context.WithDeadline(context.Background(), l.deadline)
 	octx := l.startOp(ctx, opRenew)
 	l.mu.Unlock()
-	ok, deadline, err := l.e.renew(octx, l.id)
-	_ = l.endRenew(octx, ok, deadline, err, true)
+	r, err := l.e.renew(octx, l.e.cfg.Client, l.id)
+	_ = l.endRenew(octx, r, err, true)
 	cancel()
 }
 
@@ -299,7 +299,7 @@ func (l *Lease) fire() {
 // expire there on their own).
 func (l *Lease) expire(octx context.Context) {
 	ctx, cancel := context.WithTimeout(octx, l.e.releaseBound())
-	_, _, _ = l.e.release(ctx, l.id, "force")
+	_, _ = l.e.release(ctx, l.id, "force")
 	cancel()
 	l.mu.Lock()
 	ev := l.finishLocked(lost, time.Now())
@@ -354,7 +354,7 @@ func (l *Lease) Release(ctx context.Context) error {
 	}
 	l.releasing--
 	l.mu.Unlock()
-	kind, _, err := l.e.release(octx, l.id, "owner")
+	r, err := l.e.release(octx, l.id, "owner")
 	l.mu.Lock()
 	if err != nil {
 		// Still held, no longer renewed: the lease ends at its deadline
@@ -367,7 +367,7 @@ func (l *Lease) Release(ctx context.Context) error {
 		}
 		return err
 	}
-	return l.endRelease(kind, called)
+	return l.endRelease(r.kind, called)
 }
 
 // endRelease applies release.lua's answer of kind (under mu, with the
@@ -408,7 +408,7 @@ func (l *Lease) releaseLater() {
 			}
 			l.mu.Unlock()
 			called := time.Now()
-			kind, _, err := l.e.release(octx, l.id, "owner")
+			r, err := l.e.release(octx, l.id, "owner")
 			l.mu.Lock()
 			if err != nil {
 				l.endOp()
@@ -418,7 +418,7 @@ func (l *Lease) releaseLater() {
 				}
 				return
 			}
-			_ = l.endRelease(kind, called)
+			_ = l.endRelease(r.kind, called)
 			return
 		}
 	})

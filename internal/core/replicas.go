@@ -49,11 +49,11 @@ func (e *Engine) waitReplicas(ctx context.Context, l *Lease) error {
 	}
 	conn := node.Conn()
 	defer conn.Close()
-	ok, _, err := e.renewOn(ctx, conn, l.id)
+	r, err := e.renew(ctx, conn, l.id)
 	if err != nil {
 		return err
 	}
-	if !ok {
+	if !r.ok {
 		l.markLost()
 		return redsem.ErrLeaseLost
 	}

@@ -1,0 +1,98 @@
+package core
+
+import (
+	"os"
+	"path/filepath"
+	"regexp"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+)
+
+// luaSources reads the semaphore scripts' files (not the fencing ones,
+// which have their own protocol in package fencing).
+func luaSources(t *testing.T) map[string]string {
+	t.Helper()
+	files, err := filepath.Glob("../../lua/*.lua")
+	if err != nil || len(files) == 0 {
+		t.Fatalf("no lua files: %v", err)
+	}
+	out := map[string]string{}
+	for _, f := range files {
+		if strings.HasPrefix(filepath.Base(f), "fence") {
+			continue
+		}
+		b, err := os.ReadFile(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		out[filepath.Base(f)] = string(b)
+	}
+	return out
+}
+
+// TestAcquireCodesKnown holds acquire.lua's reply codes (the integer that
+// opens each reply table) to the ones declared in protocol.go, both ways:
+// a code the script returns that Go does not know would fail every call
+// that gets it ("unknown code"), and a code Go declares that no script
+// returns is a stale declaration.
+func TestAcquireCodesKnown(t *testing.T) {
+	src := luaSources(t)["acquire.lua"]
+	if src == "" {
+		t.Fatal("acquire.lua not found")
+	}
+	seen := map[int64]bool{}
+	for _, m := range regexp.MustCompile(`\{\s*(-?\d+)\s*,\s*now\b`).FindAllStringSubmatch(src, -1) {
+		seen[toInt(m[1])] = true
+	}
+	for code := range seen {
+		if _, ok := acquireCodes[code]; !ok {
+			t.Errorf("acquire.lua returns code %d, which protocol.go does not declare", code)
+		}
+	}
+	for code, name := range acquireCodes {
+		if !seen[code] {
+			t.Errorf("protocol.go declares code %d (%s), which acquire.lua never returns", code, name)
+		}
+	}
+	// Every declared code decodes: decodeAttempt knows them all.
+	for code := range acquireCodes {
+		v := []any{code, int64(0)}
+		switch code {
+		case codeGranted:
+			v = append(v, int64(1), int64(100), int64(0))
+		case codeQueued:
+			v = append(v, int64(-1), int64(0))
+		case codeMismatch, codeWeight, codeQueueFull:
+			v = append(v, int64(3))
+		case codeRateDiffers:
+			v = append(v, "2/1000")
+		}
+		if _, err := decodeAttempt(v, time.Time{}); err != nil {
+			t.Errorf("code %d (%s): %v", code, acquireCodes[code], err)
+		}
+	}
+}
+
+// TestScriptRefusalsKnown holds every error reply the scripts make
+// (lib.lua's fail) to the beginnings declared in scriptRefusals, both ways.
+func TestScriptRefusalsKnown(t *testing.T) {
+	used := map[string]bool{}
+	re := regexp.MustCompile(`\bfail\(\s*'([^']*)'`)
+	for file, src := range luaSources(t) {
+		for _, m := range re.FindAllStringSubmatch(src, -1) {
+			i := slices.IndexFunc(scriptRefusals, func(p string) bool { return strings.HasPrefix(m[1], p) })
+			if i < 0 {
+				t.Errorf("%s: fail(%q) begins with none of %q", file, m[1], scriptRefusals)
+				continue
+			}
+			used[scriptRefusals[i]] = true
+		}
+	}
+	for _, p := range scriptRefusals {
+		if !used[p] {
+			t.Errorf("scriptRefusals declares %q, which no script's fail begins with", p)
+		}
+	}
+}

@@ -1,0 +1,322 @@
+package core
+
+import (
+	"context"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/redis/go-redis/v9"
+)
+
+// session is a fair semaphore's queue session in this process (one per
+// semaphore, or per family shard): its id, under which every waiter of the
+// process queues; the heartbeat that keeps it, and so their places, alive
+// (heartbeat.lua, at a cost that grows with processes, not waiters); and
+// Done, closed when the session stops with its hub. When Redis says the
+// session died (the process paused or was cut off for longer than
+// QueueTTL), renew replaces its id and every waiter queues again under the
+// new one. It is the listener of its hub's subscription: its id's channel
+// carries its waiters' grants and requeues.
+type session struct {
+	h *hub
+
+	// Under h.mu:
+	id string // replaced by renew when the session died
+	// due is, per engine with waiters, when to beat early on its keys:
+	// just after its earliest holder may expire (the beat admits waiters
+	// into that holder's slots).
+	due map[*Engine]time.Time
+
+	renewing sync.Mutex    // one renewal at a time
+	kick     chan struct{} // a new hint: the heartbeat loop looks at due again
+	done     chan struct{}
+}
+
+func newSession(h *hub) *session {
+	return &session{h: h, id: newSessionID(), due: map[*Engine]time.Time{}, kick: make(chan struct{}, 1), done: make(chan struct{})}
+}
+
+func newSessionID() string { return strings.ReplaceAll(uuid.NewString(), "-", "") }
+
+// heartbeatEvery is how often a fair session heart-beats: three times per
+// QueueTTL, and at least as often as the fallback bound.
+func (e *Engine) heartbeatEvery() time.Duration {
+	return min(e.cfg.QueueTTL/3, e.cfg.Fallback)
+}
+
+// ID returns the session id that queue entries are made under now.
+func (s *session) ID() string {
+	s.h.mu.Lock()
+	defer s.h.mu.Unlock()
+	return s.id
+}
+
+// Done is closed when the session stopped (its hub shut down).
+func (s *session) Done() <-chan struct{} { return s.done }
+
+// session returns the hub's fair session (nil for the unfair variant).
+func (h *hub) session() *session {
+	s, _ := h.l.(*session)
+	return s
+}
+
+func (s *session) channelOf(id string) string { return s.h.e.keys.Chan + ":s:" + id }
+
+func (s *session) channel() string { return s.channelOf(s.ID()) }
+
+// start makes the session in Redis, once its channel is subscribed.
+func (s *session) start(ctx context.Context) error {
+	return s.beat(ctx, s.h.e, s.ID(), "new")
+}
+
+func (s *session) joined(w *waiter) {}
+
+func (s *session) left(e *Engine) { delete(s.due, e) }
+
+// resync makes every local waiter re-run its acquire (which reports a
+// grant or its place, or queues it again).
+func (s *session) resync() { s.h.broadcast(event{kind: evRequeue}) }
+
+// queued records the latest expiry hint of e (ms until its earliest
+// holder may expire, -1 none), and moves the next heartbeat earlier if a
+// holder expires sooner: the heartbeat admits waiters into the slots of
+// expired holders.
+func (s *session) queued(e *Engine, hint int64) {
+	if s.setHint(e, hint) {
+		s.poke()
+	}
+}
+
+// setHint records e's hint (kept only while e has waiters) and reports
+// whether it moved e's early beat earlier.
+func (s *session) setHint(e *Engine, hint int64) (earlier bool) {
+	s.h.mu.Lock()
+	defer s.h.mu.Unlock()
+	if hint < 0 || s.h.count[e] == 0 {
+		delete(s.due, e)
+		return false
+	}
+	due := time.Now().Add(time.Duration(hint+1) * time.Millisecond)
+	old, ok := s.due[e]
+	s.due[e] = due
+	return !ok || due.Before(old)
+}
+
+// wakeAt moves e's early beat to at, if it has none due sooner (and
+// waiters), and reports whether it moved.
+func (s *session) wakeAt(e *Engine, at time.Time) bool {
+	s.h.mu.Lock()
+	defer s.h.mu.Unlock()
+	if s.h.count[e] == 0 {
+		return false
+	}
+	if old, ok := s.due[e]; ok && old.Before(at) && time.Now().Before(old) {
+		return false
+	}
+	s.due[e] = at
+	return true
+}
+
+func (s *session) poke() {
+	select {
+	case s.kick <- struct{}{}:
+	default:
+	}
+}
+
+// handle takes a message of the session's channel.
+func (s *session) handle(m *redis.Message) {
+	h := s.h
+	msg, ok := parseMessage(m.Payload)
+	if !ok {
+		return
+	}
+	switch msg.ev.kind {
+	case evGrant:
+		// The grant's server deadline, in local time by the clock of the
+		// engine its waiter waits on (a family's members each keep one).
+		we := h.engineOf(msg.id)
+		if we == nil {
+			return
+		}
+		msg.ev.grant.deadline = we.clock.localAtLeast(msg.deadline).Add(-time.Millisecond)
+		// The channel names the session the waiter was queued under when
+		// Redis granted it: the waiter refuses a grant of another session.
+		msg.ev.grant.sid = strings.TrimPrefix(m.Channel, h.e.keys.Chan+":s:")
+		h.deliver(msg.id, msg.ev)
+	case evWeight:
+		h.deliver(msg.id, msg.ev)
+	case evWake:
+		// The rate's window holds back this head waiter until wait ms after
+		// the script ran: beat on its semaphore's keys then (the beat admits
+		// it). The message came after the script ran, so the beat is not
+		// early.
+		if we := h.engineOf(msg.id); we != nil && s.wakeAt(we, time.Now().Add(time.Duration(msg.ev.wait+1)*time.Millisecond)) {
+			s.poke()
+		}
+	case evRequeue:
+		// An operator removed this waiter from the queue: it queues again
+		// (and reports the eviction from its own goroutine: an Observer
+		// may call Close, which waits for this one).
+		msg.ev.evicted = true
+		h.deliver(msg.id, msg.ev)
+	}
+}
+
+// message is a decoded message of a fair session's channel.
+type message struct {
+	id       string // the waiter it is for
+	ev       event  // evGrant (grant.deadline not set), evWeight or evRequeue
+	deadline int64  // evGrant: the grant's deadline, server ms
+}
+
+// parseMessage decodes the payload of a message on a fair session's
+// channel: "g id token deadline_ms slots" (a grant), "x id limit" (SetLimit
+// made the limit smaller than the waiter's weight; "x id limit rate":
+// SetRate made the rate's), "w id ms" (the rate holds back the head waiter
+// id for ms) or "r id" (an operator removed the waiter). It reports false
+// for anything else; it never panics.
+func parseMessage(payload string) (message, bool) {
+	f := strings.Fields(payload)
+	switch {
+	case len(f) == 5 && f[0] == "g":
+		r := reader{script: "grant message", v: []any{f[1], f[2], f[3], f[4]}}
+		g := grant{id: r.str(), token: r.int()}
+		dl := r.int()
+		g.slots = r.slots()
+		if r.err != nil {
+			return message{}, false
+		}
+		return message{id: g.id, ev: event{kind: evGrant, grant: g}, deadline: dl}, true
+	case len(f) == 3 && f[0] == "x":
+		return message{id: f[1], ev: event{kind: evWeight, limit: int(toInt(f[2]))}}, true
+	case len(f) == 4 && f[0] == "x" && f[3] == "rate":
+		return message{id: f[1], ev: event{kind: evWeight, limit: int(toInt(f[2])), rate: true}}, true
+	case len(f) == 3 && f[0] == "w":
+		return message{id: f[1], ev: event{kind: evWake, wait: max(toInt(f[2]), 0)}}, true
+	case len(f) == 2 && f[0] == "r":
+		return message{id: f[1], ev: event{kind: evRequeue}}, true
+	}
+	return message{}, false
+}
+
+// run is the heartbeat: it keeps the session alive for as long as the hub
+// runs (the hub stops once it had no waiter for a while), whether or not a
+// waiter is registered at the tick: a process whose fair calls are all
+// granted at once registers each for one round trip only, and its session
+// must not die meanwhile (its next waiter would queue under a dead
+// session). It also beats early when a holder is due to expire (the beat
+// admits waiters into its slots). Done closes when it returns.
+func (s *session) run(quit <-chan struct{}) {
+	defer close(s.done)
+	h := s.h
+	every := h.e.heartbeatEvery()
+	next := time.Now().Add(every)
+	t := time.NewTimer(every)
+	defer t.Stop()
+	for {
+		// The next beat: the periodic one, or sooner just after the
+		// earliest holder of an engine with waiters may expire (the hint of
+		// its latest reply, which may have come before this loop started).
+		// An early beat runs on that engine's keys: its expiry and
+		// admission work is per semaphore. Any beat keeps the session alive.
+		h.mu.Lock()
+		at := next
+		var target *Engine
+		for e, due := range s.due {
+			if due.Before(at) {
+				at, target = due, e
+			}
+		}
+		h.mu.Unlock()
+		if !t.Stop() {
+			select {
+			case <-t.C:
+			default:
+			}
+		}
+		t.Reset(time.Until(at))
+
+		select {
+		case <-quit:
+			return
+		case <-t.C:
+			early := target != nil && h.waiting(target)
+			if !early {
+				// The periodic beat: on some engine with waiters (a
+				// family's members take turns at random), else on the
+				// engine of the latest waiter.
+				target = h.anyWaiting(h.lastEngine())
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), every+time.Second)
+			id := s.ID()
+			switch err := s.beat(ctx, target, id, "old"); {
+			case err == errSessionDied:
+				_ = s.renew(ctx, id)
+			case err != nil && early:
+				// A failed early beat is not run again at once (a refusing
+				// Redis would have it spin): the periodic one follows.
+				h.mu.Lock()
+				delete(s.due, target)
+				h.mu.Unlock()
+			}
+			cancel()
+			if !early {
+				next = time.Now().Add(every)
+			}
+		case <-s.kick: // a new hint: maybe beat earlier, no beat now
+		}
+	}
+}
+
+// beat runs one heartbeat for session id on e's keys (extending the
+// session, shared by a family's members, and admitting e's waiters whose
+// turn came; heartbeat.lua's grants go to their waiters) and records e's
+// expiry hint. It returns errSessionDied when the session had expired in
+// Redis.
+func (s *session) beat(ctx context.Context, e *Engine, id, age string) error {
+	r, err := e.heartbeat(ctx, id, age)
+	if err != nil && err != errSessionDied {
+		return err
+	}
+	s.setHint(e, r.hint)
+	return err
+}
+
+// renew replaces the session dead, which died (its heartbeats did not
+// reach Redis for QueueTTL: the process was paused or cut off), with a new
+// one: it subscribes to the new session's channel, makes the session, and
+// has every waiter queue again under it (their old places are forfeit, as
+// for any process that missed its heartbeats for QueueTTL; each reports
+// its eviction). It does nothing when the session is no longer dead (a
+// waiter and the heartbeat may both find it dead: one renews it).
+func (s *session) renew(ctx context.Context, dead string) error {
+	s.renewing.Lock()
+	defer s.renewing.Unlock()
+	h := s.h
+	h.mu.Lock()
+	if s.id != dead {
+		h.mu.Unlock()
+		return nil
+	}
+	id, ps, target := newSessionID(), h.ps, h.last
+	h.mu.Unlock()
+	if ps != nil {
+		if err := h.subscribe(ctx, ps, s.channelOf(id)); err != nil {
+			return err
+		}
+	}
+	if err := s.beat(ctx, h.anyWaiting(target), id, "new"); err != nil {
+		return err
+	}
+	h.mu.Lock()
+	s.id = id
+	h.mu.Unlock()
+	if ps != nil {
+		_ = h.unsubscribe(ctx, ps, s.channelOf(dead))
+	}
+	h.broadcast(event{kind: evRequeue, evicted: true})
+	return nil
+}
