@@ -94,18 +94,24 @@ func Analyze(recs []Record, limit, workers int, start, end int64) Metrics {
 	m.Handoffs = len(h)
 	m.HandoffP50Ms = Percentile(h, 50)
 	m.HandoffP99Ms = Percentile(h, 99)
+	m.Jain = Jain(PerWorker(recs, workers))
+	m.MaxHolders = MaxOverlap(recs)
+	return m
+}
+
+func ms(ns int64) float64 { return float64(ns) / 1e6 }
+
+// PerWorker counts the holds of each worker in [0, workers), those with
+// none as 0 (records of other workers are left out).
+func PerWorker(recs []Record, workers int) []float64 {
 	per := make([]float64, workers)
 	for _, r := range recs {
 		if r.Worker >= 0 && r.Worker < workers {
 			per[r.Worker]++
 		}
 	}
-	m.Jain = Jain(per)
-	m.MaxHolders = MaxOverlap(recs)
-	return m
+	return per
 }
-
-func ms(ns int64) float64 { return float64(ns) / 1e6 }
 
 // Utilisation is the slot-time of the holds [Got, Rel) clipped to
 // [start, end) (each hold's length times its weight), over

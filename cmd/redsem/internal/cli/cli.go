@@ -1,7 +1,8 @@
 // Package cli holds what every redsem command-line tool shares: one flag
 // set per subcommand with the flags every command takes (--redis, --prefix),
-// one-line usage errors, the exit codes, and the parsing of --redis into a
-// go-redis client. Commands of cmd/redsem and the bench harness
+// one-line usage errors, the exit codes, the parsing of --redis into a
+// go-redis client, and what commands that run until stopped need
+// (InterruptContext, IsTerminal). Commands of cmd/redsem and the bench harness
 // (cmd/redsem/internal/bench) are built on it, so that they behave alike.
 package cli
 
@@ -14,8 +15,10 @@ import (
 	"net"
 	"net/url"
 	"os"
+	"os/signal"
 	"strconv"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -199,15 +202,37 @@ func (c *Command) OwnServerByDefault(instead string) {
 // Call it after Parse. Commands that can run on a throw-away server of
 // their own (demo, bench) start one only when it returns false.
 func (c *Command) RedisGiven() (from string, given bool) {
-	c.FS.Visit(func(f *flag.Flag) {
-		if f.Name == "redis" {
-			from = "--redis"
-		}
-	})
-	if from == "" && os.Getenv("REDIS_URL") != "" {
+	switch {
+	case c.Given("redis"):
+		from = "--redis"
+	case os.Getenv("REDIS_URL") != "":
 		from = "REDIS_URL"
 	}
 	return from, from != ""
+}
+
+// Given reports whether the flag name was set on the command line. Call it
+// after Parse.
+func (c *Command) Given(name string) (given bool) {
+	c.FS.Visit(func(f *flag.Flag) { given = given || f.Name == name })
+	return given
+}
+
+// IsTerminal reports whether w is a terminal that understands escape
+// sequences (so that a live view may redraw in place).
+func IsTerminal(w io.Writer) bool {
+	f, ok := w.(*os.File)
+	if !ok {
+		return false
+	}
+	fi, err := f.Stat()
+	return err == nil && fi.Mode()&os.ModeCharDevice != 0 && !strings.EqualFold(os.Getenv("TERM"), "dumb")
+}
+
+// InterruptContext returns a context that ends on Ctrl-C (SIGINT) or
+// SIGTERM, for a command that runs until it is stopped; stop releases it.
+func InterruptContext() (ctx context.Context, stop context.CancelFunc) {
+	return signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 }
 
 // OneLine folds s onto one line: newlines become "; ", runs of white space
