@@ -2,15 +2,15 @@ package main
 
 import (
 	"bufio"
+	"cmp"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 
-	"github.com/redis/go-redis/v9"
 	"github.com/redsem/redsem"
 	"github.com/redsem/redsem/cmd/redsem/internal/cli"
 	"github.com/redsem/redsem/internal/core"
@@ -20,31 +20,28 @@ import (
 // can answer).
 var stdin io.Reader = os.Stdin
 
+const setLimitAbout = `Sets the limit of NAME to N for every client at once, overriding the limit
+each was built with. It never expires. Raising it admits fair waiters at
+once; lowering it revokes no lease: new grants wait until fewer than N slots are held.
+With --rate, also (or, without N, only) sets the rate: at most LIMIT slots
+granted in any window of PER, for every client (SetRate); --rate none removes it.`
+
 func runSetLimit(args []string, stdout, stderr io.Writer) int {
-	c := newCommand("set-limit", "NAME [N] [flags]",
-		"Sets the limit of NAME to N for every client at once, overriding the limit\n"+
-			"each was built with. It never expires. Raising it admits fair waiters at\n"+
-			"once; lowering it revokes no lease: new grants wait until fewer than N slots are held.\n"+
-			"With --rate, also (or, without N, only) sets the rate: at most LIMIT slots\n"+
-			"granted in any window of PER, for every client (SetRate); --rate none removes it.", stdout, stderr)
+	c := newCommand("set-limit", "NAME [N] [flags]", setLimitAbout, stdout, stderr)
 	rateFlag := c.FS.String("rate", "", "also set the rate to `LIMIT/PER` (e.g. 60/1m, 100/1s, 5/250ms; none: no rate bound)")
 	c.withKey()
 	pos, code, stop := c.ParseBetween(args, 1, 2, "NAME N (N may be left out with --rate)")
 	if stop {
 		return code
 	}
-	n := 0
+	n, rate, setRate := 0, redsem.Rate{}, c.Given("rate")
+	var err error
 	if len(pos) == 2 {
-		var err error
 		if n, err = strconv.Atoi(pos[1]); err != nil || n < 1 || n > core.MaxLimit {
 			return c.UsageError("limit %q is not an integer in [1, %d]", pos[1], core.MaxLimit)
 		}
 	}
-	setRate := false
-	var rate redsem.Rate
-	c.FS.Visit(func(f *flag.Flag) { setRate = setRate || f.Name == "rate" })
 	if setRate {
-		var err error
 		if rate, err = redsem.ParseRate(*rateFlag); err != nil {
 			return c.UsageError("--rate: %v", err)
 		}
@@ -54,7 +51,7 @@ func runSetLimit(args []string, stdout, stderr io.Writer) int {
 	} else if n == 0 {
 		return c.UsageError("missing arguments: want NAME N, or NAME --rate LIMIT/PER")
 	}
-	ss, code, stop := c.openRead(pos[0], readOpts{})
+	ss, code, stop := c.openRead(pos[0], 0)
 	if stop {
 		return code
 	}
@@ -77,11 +74,8 @@ func runSetLimit(args []string, stdout, stderr io.Writer) int {
 		if err := e.SetRate(ctx, rate); err != nil {
 			return c.Fail(cli.ReachErr(t, err))
 		}
-		was := before.Rate
-		if was == "" {
-			was = "none"
-		}
-		fmt.Fprintf(stdout, "rate of %s: %s -> %v (for every client, now; slots granted before still count in the window)\n", c.what(e), was, rate)
+		fmt.Fprintf(stdout, "rate of %s: %s -> %v (for every client, now; slots granted before still count in the window)\n",
+			c.what(e), cmp.Or(before.Rate, "none"), rate)
 	}
 	if c.noShardRecord {
 		fmt.Fprintf(stderr, "note: family %q has no shard record yet (no client used it): this was written for a family of one shard; "+
@@ -90,20 +84,17 @@ func runSetLimit(args []string, stdout, stderr io.Writer) int {
 	return exitOK
 }
 
+const releaseAbout = `Force-releases the holder with lease id ID (as shown by status; a unique
+prefix is enough), with the script a client's Release runs (leaving no
+tombstone), and admits the next waiters. The holder's process learns it at
+its next renewal (within LeaseTTL/3): its lease reports ErrLeaseLost. ID
+may also be a fair waiter's: it leaves the queue, and its process queues it
+again at the back.`
+
 func runRelease(args []string, stdout, stderr io.Writer) int {
-	c := newCommand("release", "NAME ID [flags]",
-		"Force-releases the holder with lease id ID (as shown by status; a unique\n"+
-			"prefix is enough), with the script a client's Release runs (leaving no\n"+
-			"tombstone), and admits the next waiters. The holder's process learns it at\n"+
-			"its next renewal (within LeaseTTL/3): its lease reports ErrLeaseLost. ID\n"+
-			"may also be a fair waiter's: it leaves the queue, and its process queues it\n"+
-			"again at the back.", stdout, stderr)
+	c := newCommand("release", "NAME ID [flags]", releaseAbout, stdout, stderr)
 	c.withKey()
-	pos, code, stop := c.Parse(args, 2, "NAME ID")
-	if stop {
-		return code
-	}
-	ss, code, stop := c.openRead(pos[0], readOpts{})
+	pos, ss, code, stop := c.parseRead(args, 2, "NAME ID")
 	if stop {
 		return code
 	}
@@ -140,69 +131,51 @@ func runRelease(args []string, stdout, stderr io.Writer) int {
 // resolveID returns the live holder or waiter id that arg names exactly or
 // is the unique prefix of; an arg that names none is returned as is.
 func resolveID(s *snapshot, arg string) (string, error) {
-	var match []string
+	var ids, match []string
 	for _, h := range s.Holders {
-		if h.ID == arg {
-			return arg, nil
-		}
-		if strings.HasPrefix(h.ID, arg) {
-			match = append(match, h.ID)
-		}
+		ids = append(ids, h.ID)
 	}
 	for _, w := range s.Waiters {
-		if w.ID == arg {
+		ids = append(ids, w.ID)
+	}
+	for _, id := range ids {
+		if id == arg {
 			return arg, nil
 		}
-		if strings.HasPrefix(w.ID, arg) {
-			match = append(match, w.ID)
+		if strings.HasPrefix(id, arg) {
+			match = append(match, id)
 		}
 	}
-	if len(match) > 1 {
-		return "", fmt.Errorf("id prefix %q is ambiguous: %s", arg, strings.Join(match, ", "))
-	}
-	if len(match) == 1 {
+	switch len(match) {
+	case 0:
+		return arg, nil
+	case 1:
 		return match[0], nil
 	}
-	return arg, nil
+	return "", fmt.Errorf("id prefix %q is ambiguous: %s", arg, strings.Join(match, ", "))
 }
 
+const purgeAbout = `Deletes every key of semaphore NAME, the set-limit override included.
+Holders lose their leases (they learn it at their next renewal), fair
+waiters queue again, and the next client establishes the limit afresh.
+It asks for confirmation on stdin unless --yes.`
+
 func runPurge(args []string, stdout, stderr io.Writer) int {
-	c := newCommand("purge", "NAME [flags]",
-		"Deletes every key of semaphore NAME, the set-limit override included.\n"+
-			"Holders lose their leases (they learn it at their next renewal), fair\n"+
-			"waiters queue again, and the next client establishes the limit afresh.\n"+
-			"It asks for confirmation on stdin unless --yes.", stdout, stderr)
+	c := newCommand("purge", "NAME [flags]", purgeAbout, stdout, stderr)
 	yes := c.FS.Bool("yes", false, "do not ask for confirmation")
 	c.withKey()
-	pos, code, stop := c.Parse(args, 1, "NAME")
-	if stop {
-		return code
-	}
-	ss, code, stop := c.openRead(pos[0], readOpts{})
+	_, ss, code, stop := c.parseRead(args, 1, "NAME")
 	if stop {
 		return code
 	}
 	defer ss.close()
 	ctx, client, t, e, s := ss.ctx, ss.client, ss.t, ss.e, ss.s
-	keys := e.Keys().List
-	if c.member() != "" {
+	present := s.present
+	if c.key != "" {
 		// The sessions key is the whole family's: its other members'
 		// waiters live by it.
-		keys = append(append([]string(nil), keys[:core.KeySessions]...), keys[core.KeySessions+1:]...)
-	}
-	var present []string
-	pipe := client.Pipeline()
-	cmds := make([]*redis.IntCmd, len(keys))
-	for i, k := range keys {
-		cmds[i] = pipe.Exists(ctx, k)
-	}
-	if _, err := pipe.Exec(ctx); err != nil {
-		return c.Fail(cli.ReachErr(t, err))
-	}
-	for i, k := range keys {
-		if cmds[i].Val() > 0 {
-			present = append(present, k)
-		}
+		sessions := e.Keys().List[core.KeySessions]
+		present = slices.DeleteFunc(present, func(k string) bool { return k == sessions })
 	}
 	if len(present) == 0 {
 		fmt.Fprintf(stdout, "nothing to purge: %s has no keys under prefix %q\n", c.what(e), c.Prefix)

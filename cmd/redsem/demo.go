@@ -8,14 +8,10 @@ import (
 	"fmt"
 	"io"
 	mrand "math/rand/v2"
-	"os"
-	"os/signal"
 	"slices"
-	"sort"
 	"strings"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"time"
 
 	"github.com/alicebob/miniredis/v2"
@@ -25,6 +21,7 @@ import (
 	"github.com/redsem/redsem/cmd/redsem/internal/cli"
 	"github.com/redsem/redsem/fair"
 	"github.com/redsem/redsem/fencing"
+	"github.com/redsem/redsem/internal/core"
 	"github.com/redsem/redsem/internal/redisproc"
 	"github.com/redsem/redsem/unfair"
 )
@@ -40,15 +37,22 @@ type demoConfig struct {
 	acquireTimeout time.Duration
 }
 
+// worker names worker i of all instances' workers: "i1.w2" is instance 1's
+// worker 2.
+func (cfg demoConfig) worker(i int) string {
+	return fmt.Sprintf("i%d.w%d", i/cfg.workers, i%cfg.workers)
+}
+
+const demoAbout = `Runs simulated service instances (goroutines, each with its own Redis client)
+that share one global limit, on a fair and an unfair semaphore side by side;
+shows live who holds which slot, the queue and the tokens; then reports
+utilisation, waits and fairness, and shows a paused holder (a zombie)
+rejected by per-slot fencing. It uses --redis or REDIS_URL if given, else
+starts a throw-away redis-server from PATH (stopped at the end), else runs
+on an in-process miniredis (and says so). It removes its keys when done.`
+
 func runDemo(args []string, stdout, stderr io.Writer) int {
-	c := newCommand("demo", "[flags]",
-		"Runs simulated service instances (goroutines, each with its own Redis client)\n"+
-			"that share one global limit, on a fair and an unfair semaphore side by side;\n"+
-			"shows live who holds which slot, the queue and the tokens; then reports\n"+
-			"utilisation, waits and fairness, and shows a paused holder (a zombie)\n"+
-			"rejected by per-slot fencing. It uses --redis or REDIS_URL if given, else\n"+
-			"starts a throw-away redis-server from PATH (stopped at the end), else runs\n"+
-			"on an in-process miniredis (and says so). It removes its keys when done.", stdout, stderr)
+	c := newCommand("demo", "[flags]", demoAbout, stdout, stderr)
 	c.OwnServerByDefault("a throw-away redis-server from PATH, else an in-process miniredis")
 	var cfg demoConfig
 	c.FS.DurationVar(&cfg.duration, "duration", 12*time.Second, "how long the simulated load runs (the fencing part adds ~2s)")
@@ -65,7 +69,7 @@ func runDemo(args []string, stdout, stderr io.Writer) int {
 		cfg.hold <= 0 || cfg.refresh <= 0 || cfg.acquireTimeout <= 0 {
 		return c.UsageError("--duration, --hold, --refresh, --acquire-timeout, --instances, --workers and --limit must be positive")
 	}
-	ctx, stopSignals := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	ctx, stopSignals := cli.InterruptContext()
 	defer stopSignals()
 
 	t, line, stopRedis, err := pickRedis(ctx, c, redisproc.Start)
@@ -85,7 +89,7 @@ func runDemo(args []string, stdout, stderr io.Writer) int {
 	if err != nil {
 		return c.Fail(cli.ReachErr(t, err))
 	}
-	d := &demo{cfg: cfg, t: t, prefix: c.Prefix, out: stdout, admin: admin, tty: isTerminal(stdout)}
+	d := &demo{cfg: cfg, t: t, prefix: c.Prefix, out: stdout, admin: admin}
 	return d.run(ctx, c)
 }
 
@@ -130,7 +134,6 @@ type demo struct {
 	prefix string
 	out    io.Writer
 	admin  redis.UniversalClient
-	tty    bool
 
 	mu      sync.Mutex
 	clients []redis.UniversalClient
@@ -181,20 +184,19 @@ func (d *demo) run(ctx context.Context, c *command) int {
 	start := time.Now()
 	var wg sync.WaitGroup
 	for _, v := range variants {
-		v.start = start
 		for i, sem := range v.sems {
 			for w := 0; w < cfg.workers; w++ {
 				wg.Add(1)
 				go func() {
 					defer wg.Done()
-					v.work(loadCtx, sem, fmt.Sprintf("i%d.w%d", i, w), cfg)
+					v.work(loadCtx, sem, i*cfg.workers+w, cfg)
 				}()
 			}
 		}
 	}
 	d.live(loadCtx, variants, start)
 	wg.Wait()
-	elapsed := time.Since(start)
+	end := time.Now()
 	for _, v := range variants {
 		for _, s := range v.sems {
 			_ = s.Close()
@@ -204,7 +206,7 @@ func (d *demo) run(ctx context.Context, c *command) int {
 		fmt.Fprintln(d.out, "\ninterrupted")
 		return exitError
 	}
-	d.summary(variants, elapsed)
+	d.summary(variants, start, end)
 	if err := d.zombie(ctx, guard, zombieName); err != nil {
 		if ctx.Err() != nil {
 			fmt.Fprintln(d.out, "\ninterrupted")
@@ -222,8 +224,8 @@ func (d *demo) purge(guard *fencing.RedisGuard, zombie string, names ...string) 
 	ctx, cancel := context.WithTimeout(context.Background(), cli.OpTimeout)
 	defer cancel()
 	for _, n := range append(names, zombie) {
-		if keys, err := semaphoreKeys(d.admin, d.prefix, n); err == nil {
-			_ = d.admin.Del(ctx, keys...).Err()
+		if e, err := core.New(core.Config{Client: d.admin, Name: n, Limit: 1, Prefix: d.prefix}); err == nil {
+			_ = d.admin.Del(ctx, e.Keys().List...).Err()
 		}
 	}
 	_ = d.admin.Del(ctx, guard.FenceKey(zombie), guard.DataKey(zombie, zombieData)).Err()
@@ -235,26 +237,23 @@ type variant struct {
 	name  string
 	fair  bool
 	sems  []redsem.Semaphore // one per instance, each with its own client; sems[0] reads Status for the live view
-	start time.Time
 
-	lost atomic.Int64 // EventLeaseLost, through the Observer hook
+	lost atomic.Int64  // EventLeaseLost, through the Observer hook
+	m    bench.Metrics // what summary computed from holds
 
-	mu       sync.Mutex
-	who      map[string]string    // lease id -> worker
-	heldAt   map[string]time.Time // lease id -> when Acquire returned
-	waiting  map[string]time.Time // worker -> when it started waiting
-	grants   map[string]int       // worker -> grants
-	waits    []time.Duration
-	holdSum  time.Duration
-	holders  int // leases between Acquire returning and Release being called
-	most     int
+	mu sync.Mutex
+	// holds records every grant, as the bench harness does (Rel is 0 while
+	// it is held); Worker is the index that demoConfig.worker names.
+	holds    []bench.Record
+	byLease  map[string]int    // lease id -> its grant's index in holds
+	waiting  map[int]time.Time // worker -> when it started waiting
 	timeouts int
 	errs     int
 	lastErr  error
 }
 
 func (d *demo) setup(v *variant) error {
-	v.who, v.heldAt, v.waiting, v.grants = map[string]string{}, map[string]time.Time{}, map[string]time.Time{}, map[string]int{}
+	v.byLease, v.waiting = map[string]int{}, map[int]time.Time{}
 	observer := func(ev redsem.Event) {
 		if ev.Kind == redsem.EventLeaseLost {
 			v.lost.Add(1)
@@ -280,39 +279,35 @@ func (d *demo) setup(v *variant) error {
 
 // work is one worker: acquire, hold for a random time around cfg.hold,
 // release, again, until ctx ends.
-func (v *variant) work(ctx context.Context, s redsem.Semaphore, me string, cfg demoConfig) {
+func (v *variant) work(ctx context.Context, s redsem.Semaphore, me int, cfg demoConfig) {
 	for ctx.Err() == nil {
+		asked := time.Now()
 		v.mu.Lock()
-		v.waiting[me] = time.Now()
+		v.waiting[me] = asked
 		v.mu.Unlock()
 		actx, cancel := context.WithTimeout(ctx, cfg.acquireTimeout)
-		asked := time.Now()
 		l, err := s.Acquire(actx)
 		cancel()
 		got := time.Now()
 		v.mu.Lock()
 		delete(v.waiting, me)
 		if err != nil {
-			if ctx.Err() == nil {
-				if errors.Is(err, context.DeadlineExceeded) {
-					v.timeouts++
-				} else {
-					v.errs++
-					v.lastErr = err
-				}
+			failed := ctx.Err() == nil && !errors.Is(err, context.DeadlineExceeded) // a Redis error
+			if failed {
+				v.errs++
+				v.lastErr = err
+			} else if ctx.Err() == nil {
+				v.timeouts++
 			}
 			v.mu.Unlock()
-			if ctx.Err() == nil && !errors.Is(err, context.DeadlineExceeded) {
-				time.Sleep(100 * time.Millisecond) // a Redis error: do not spin
+			if failed {
+				time.Sleep(100 * time.Millisecond) // do not spin
 			}
 			continue
 		}
-		v.who[l.ID()] = me
-		v.heldAt[l.ID()] = got
-		v.grants[me]++
-		v.waits = append(v.waits, got.Sub(asked))
-		v.holders++
-		v.most = max(v.most, v.holders)
+		i := len(v.holds)
+		v.holds = append(v.holds, bench.Record{Worker: me, Start: asked.UnixNano(), Got: got.UnixNano()})
+		v.byLease[l.ID()] = i
 		v.mu.Unlock()
 
 		hold := time.Duration(float64(cfg.hold) * (0.5 + mrand.Float64())) // the simulated work
@@ -323,9 +318,7 @@ func (v *variant) work(ctx context.Context, s redsem.Semaphore, me string, cfg d
 			t.Stop()
 		}
 		v.mu.Lock()
-		v.holders--
-		v.holdSum += time.Since(got)
-		delete(v.heldAt, l.ID())
+		v.holds[i].Rel = time.Now().UnixNano()
 		v.mu.Unlock()
 		rctx, rcancel := context.WithTimeout(context.Background(), cli.OpTimeout)
 		_ = l.Release(rctx)
@@ -345,12 +338,12 @@ func (d *demo) live(ctx context.Context, vs []*variant, start time.Time) {
 		}
 		cols := make([][]string, len(vs))
 		for i, v := range vs {
-			cols[i] = v.frame(ctx, d.cfg.limit)
+			cols[i] = v.frame(ctx, d.cfg)
 		}
 		if ctx.Err() != nil {
 			return
 		}
-		if d.tty {
+		if cli.IsTerminal(d.out) {
 			fmt.Fprint(d.out, "\033[H\033[2J")
 		}
 		fmt.Fprintf(d.out, "--- t=%.1fs (read from Redis with Status; who = instance.worker) ---\n", time.Since(start).Seconds())
@@ -362,7 +355,7 @@ func (d *demo) live(ctx context.Context, vs []*variant, start time.Time) {
 }
 
 // frame is the live view of one variant, a few lines of at most 48 chars.
-func (v *variant) frame(ctx context.Context, limit int) []string {
+func (v *variant) frame(ctx context.Context, cfg demoConfig) []string {
 	rctx, cancel := cli.OpContext(ctx)
 	st, err := v.sems[0].Status(rctx)
 	cancel()
@@ -376,18 +369,18 @@ func (v *variant) frame(ctx context.Context, limit int) []string {
 	for _, h := range st.Holders {
 		bySlot[h.Slot] = h
 	}
-	for s := 0; s < limit; s++ {
+	for s := 0; s < cfg.limit; s++ {
 		h, ok := bySlot[s]
 		if !ok {
 			lines = append(lines, fmt.Sprintf("slot %d  (free)", s))
 			continue
 		}
-		who, held := v.who[h.ID], ""
-		if who == "" {
-			who = h.ID[:6]
-		}
-		if at, ok := v.heldAt[h.ID]; ok {
-			held = fmt.Sprintf("%.2fs", time.Since(at).Seconds())
+		who, held := h.ID[:6], ""
+		if i, ok := v.byLease[h.ID]; ok {
+			who = cfg.worker(v.holds[i].Worker)
+			if v.holds[i].Rel == 0 {
+				held = fmt.Sprintf("%.2fs", time.Since(time.Unix(0, v.holds[i].Got)).Seconds())
+			}
 		}
 		lines = append(lines, fmt.Sprintf("slot %d  %-6s token %d %s", s, who, h.Token, held))
 	}
@@ -404,23 +397,18 @@ func (v *variant) frame(ctx context.Context, limit int) []string {
 	} else {
 		lines = append(lines, "queue in Redis: none (unfair waiters retry)")
 	}
-	longest, since := "", time.Time{}
+	longest, since := -1, time.Time{}
 	for w, t := range v.waiting {
-		if since.IsZero() || t.Before(since) {
+		if longest < 0 || t.Before(since) {
 			longest, since = w, t
 		}
 	}
-	if longest != "" {
-		lines = append(lines, fmt.Sprintf("waiting: %d, longest %s %.2fs", len(v.waiting), longest, time.Since(since).Seconds()))
+	if longest >= 0 {
+		lines = append(lines, fmt.Sprintf("waiting: %d, longest %s %.2fs", len(v.waiting), cfg.worker(longest), time.Since(since).Seconds()))
 	} else {
 		lines = append(lines, "waiting: 0")
 	}
-	total := 0
-	for _, n := range v.grants {
-		total += n
-	}
-	lines = append(lines, fmt.Sprintf("grants so far: %d", total))
-	return lines
+	return append(lines, fmt.Sprintf("grants so far: %d", len(v.holds)))
 }
 
 // sideBySide lays out columns of lines next to each other.
@@ -448,32 +436,33 @@ func sideBySide(cols [][]string, width int) []string {
 	return out
 }
 
-// summary reports what the workers measured.
-func (d *demo) summary(vs []*variant, elapsed time.Duration) {
+// summary reports what the workers measured between start and end, as
+// the bench harness analyses it (bench.Analyze).
+func (d *demo) summary(vs []*variant, start, end time.Time) {
 	cfg := d.cfg
+	workers := cfg.instances * cfg.workers
 	fmt.Fprintf(d.out, "results over %.1fs (limit %d, %d workers per semaphore; holds and waits measured by the workers):\n",
-		elapsed.Seconds(), cfg.limit, cfg.instances*cfg.workers)
+		end.Sub(start).Seconds(), cfg.limit, workers)
+	for _, v := range vs {
+		v.m = bench.Analyze(v.holds, cfg.limit, workers, start.UnixNano(), end.UnixNano())
+	}
 	rows := [][]string{{"", vs[0].label[:strings.IndexByte(vs[0].label, ' ')], vs[1].label[:strings.IndexByte(vs[1].label, ' ')], ""}}
 	add := func(name, note string, f func(v *variant) string) {
 		rows = append(rows, []string{name, f(vs[0]), f(vs[1]), note})
 	}
-	add("grants", "", func(v *variant) string { return fmt.Sprint(len(v.waits)) })
-	add("utilisation", "sum of holds / (limit x time)", func(v *variant) string {
-		return fmt.Sprintf("%.2f", v.holdSum.Seconds()/(float64(cfg.limit)*elapsed.Seconds()))
-	})
-	add("wait p50", "", func(v *variant) string { return demoDur(v.waitPercentile(50)) })
-	add("wait p99", "", func(v *variant) string { return demoDur(v.waitPercentile(99)) })
-	add("wait max", "", func(v *variant) string { return demoDur(v.waitPercentile(100)) })
+	add("grants", "", func(v *variant) string { return fmt.Sprint(v.m.Holds) })
+	add("utilisation", "sum of holds / (limit x time)", func(v *variant) string { return fmt.Sprintf("%.2f", v.m.Utilisation) })
+	add("wait p50", "", func(v *variant) string { return demoMs(v.m.WaitP50Ms) })
+	add("wait p99", "", func(v *variant) string { return demoMs(v.m.WaitP99Ms) })
+	add("wait max", "", func(v *variant) string { return demoMs(v.m.WaitMaxMs) })
 	add("timeouts", fmt.Sprintf("gave up after %s", cfg.acquireTimeout), func(v *variant) string { return fmt.Sprint(v.timeouts) })
 	add("errors", "", func(v *variant) string { return fmt.Sprint(v.errs) })
-	add("Jain's fairness", "of grants per worker; 1 = all equal", func(v *variant) string {
-		return fmt.Sprintf("%.3f", bench.Jain(grantsPerWorker(v.grants, cfg.instances, cfg.workers)))
-	})
+	add("Jain's fairness", "of grants per worker; 1 = all equal", func(v *variant) string { return fmt.Sprintf("%.3f", v.m.Jain) })
 	add("grants per worker", "min-max", func(v *variant) string {
-		g := grantsPerWorker(v.grants, cfg.instances, cfg.workers)
+		g := bench.PerWorker(v.holds, workers)
 		return fmt.Sprintf("%.0f-%.0f", slices.Min(g), slices.Max(g))
 	})
-	add("most holders at once", fmt.Sprintf("workers' own view; never above %d", cfg.limit), func(v *variant) string { return fmt.Sprint(v.most) })
+	add("most holders at once", fmt.Sprintf("workers' own view; never above %d", cfg.limit), func(v *variant) string { return fmt.Sprint(v.m.MaxHolders) })
 	add("leases lost", "from the Observer hook", func(v *variant) string { return fmt.Sprint(v.lost.Load()) })
 	for _, r := range rows {
 		fmt.Fprintf(d.out, "  %-21s %9s %9s   %s\n", r[0], r[1], r[2], r[3])
@@ -486,33 +475,12 @@ func (d *demo) summary(vs []*variant, elapsed time.Duration) {
 	fmt.Fprintln(d.out, "  fair admits strictly in arrival order, so its waits are even; unfair lets whoever retries first win.")
 }
 
-// waitPercentile is the p-th percentile of the workers' waits (nearest
-// rank, bench.Percentile).
-func (v *variant) waitPercentile(p float64) time.Duration {
-	ms := make([]float64, len(v.waits))
-	for i, w := range v.waits {
-		ms[i] = float64(w) / float64(time.Millisecond)
+// demoMs shows ms milliseconds: "12ms", or "1.25s" from a second on.
+func demoMs(ms float64) string {
+	if ms < 1000 {
+		return fmt.Sprintf("%dms", int64(ms))
 	}
-	sort.Float64s(ms)
-	return time.Duration(bench.Percentile(ms, p) * float64(time.Millisecond))
-}
-
-func demoDur(d time.Duration) string {
-	if d < time.Second {
-		return fmt.Sprintf("%dms", d.Milliseconds())
-	}
-	return fmt.Sprintf("%.2fs", d.Seconds())
-}
-
-// grantsPerWorker lists the grants of every worker, those with none as 0.
-func grantsPerWorker(grants map[string]int, instances, workers int) []float64 {
-	out := make([]float64, 0, instances*workers)
-	for i := 0; i < instances; i++ {
-		for w := 0; w < workers; w++ {
-			out = append(out, float64(grants[fmt.Sprintf("i%d.w%d", i, w)]))
-		}
-	}
-	return out
+	return fmt.Sprintf("%.2fs", ms/1000)
 }
 
 // zombieData names the data key the zombie part writes through the guard.
@@ -525,20 +493,14 @@ func (d *demo) zombie(ctx context.Context, guard *fencing.RedisGuard, name strin
 	const ttl = time.Second
 	fmt.Fprintf(d.out, "\nfencing: a paused holder (a zombie) is refused by a store that fences per slot\n")
 	fmt.Fprintf(d.out, "  (the store is package fencing's RedisGuard: it keeps the highest token per slot; limit 2, LeaseTTL %s)\n", ttl)
-	newSem := func(noRenew bool) (redsem.Semaphore, error) {
-		return unfair.New(d.client(), name, 2, unfair.Options{LeaseTTL: ttl, KeyPrefix: d.prefix, DisableAutoRenew: noRenew})
-	}
-	semA, err := newSem(true) // A will "pause": no watchdog renews its lease
-	if err != nil {
-		return err
-	}
-	semB, err := newSem(false)
-	if err != nil {
-		return err
-	}
-	semC, err := newSem(false)
-	if err != nil {
-		return err
+	var sem [3]redsem.Semaphore // A's, B's and C's
+	for i := range sem {
+		// A will "pause": no watchdog renews its lease.
+		o := unfair.Options{LeaseTTL: ttl, KeyPrefix: d.prefix, DisableAutoRenew: i == 0}
+		var err error
+		if sem[i], err = unfair.New(d.client(), name, 2, o); err != nil {
+			return err
+		}
 	}
 	key := guard.DataKey(name, zombieData)
 	write := func(l redsem.Lease, value string) string {
@@ -549,12 +511,12 @@ func (d *demo) zombie(ctx context.Context, guard *fencing.RedisGuard, name strin
 	}
 	actx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
-	a, err := semA.Acquire(actx)
+	a, err := sem[0].Acquire(actx)
 	if err != nil {
 		return err
 	}
 	say("A", "acquired slot %d, token %d; write: %s", a.Slot(), a.Token(), write(a, "from A"))
-	b, err := semB.Acquire(actx)
+	b, err := sem[1].Acquire(actx)
 	if err != nil {
 		return err
 	}
@@ -562,7 +524,7 @@ func (d *demo) zombie(ctx context.Context, guard *fencing.RedisGuard, name strin
 	say("B", "acquired slot %d, token %d; write: %s", b.Slot(), b.Token(), write(b, "from B"))
 	say("A", "pauses (think: a long GC pause) and stops renewing; its lease expires after %s", ttl)
 	waited := time.Now()
-	cl, err := semC.Acquire(actx) // blocks until A's lease expires
+	cl, err := sem[2].Acquire(actx) // blocks until A's lease expires
 	if err != nil {
 		return err
 	}
@@ -573,7 +535,11 @@ func (d *demo) zombie(ctx context.Context, guard *fencing.RedisGuard, name strin
 		b.Token(), cl.Token(), b.Slot(), write(b, "from B, again"))
 	say(" ", "(one \"highest token seen\" for the whole store would have refused B, a legitimate holder)")
 	say("A", "wakes up and writes with token %d on slot %d: %s", a.Token(), a.Slot(), write(a, "late, from A"))
-	say("A", "Release: %v", errOrOK(a.Release(actx), "ok"))
+	released := "ok"
+	if err := a.Release(actx); err != nil {
+		released = err.Error()
+	}
+	say("A", "Release: %s", released)
 	return nil
 }
 
@@ -587,11 +553,4 @@ func fenceVerdict(err error) string {
 		return "FAILED (" + cli.OneLine(err.Error()) + ")"
 	}
 	return "accepted"
-}
-
-func errOrOK(err error, ok string) string {
-	if err != nil {
-		return err.Error()
-	}
-	return ok
 }

@@ -23,10 +23,12 @@ package main
 import (
 	"fmt"
 	"io"
+	"maps"
 	"os"
-	"sort"
+	"slices"
 
 	"github.com/redis/go-redis/v9"
+	"github.com/redsem/redsem/cmd/redsem/internal/bench"
 	"github.com/redsem/redsem/cmd/redsem/internal/cli"
 )
 
@@ -39,7 +41,7 @@ var commands = map[string]func(args []string, stdout, stderr io.Writer) int{
 	"set-limit": runSetLimit,
 	"release":   runRelease,
 	"purge":     runPurge,
-	"bench":     runBench,
+	"bench":     bench.Main, // also the child processes of --procs ("redsem bench --child")
 }
 
 const usageText = `redsem operates redsem semaphores (distributed semaphores in Redis).
@@ -92,11 +94,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	}
 	cmd, ok := commands[args[0]]
 	if !ok {
-		names := make([]string, 0, len(commands))
-		for n := range commands {
-			names = append(names, n)
-		}
-		sort.Strings(names)
+		names := slices.Sorted(maps.Keys(commands))
 		fmt.Fprintf(stderr, "redsem: unknown command %q (commands: %v; see 'redsem -h')\n", args[0], names)
 		return exitUsage
 	}

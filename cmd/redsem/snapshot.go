@@ -1,10 +1,11 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
-	"sort"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -52,6 +53,8 @@ type snapshot struct {
 	MaxMemoryPolicy string   `json:"maxmemory_policy,omitempty"`
 	Warnings        []string `json:"warnings"`
 	Notes           []string `json:"notes,omitempty"`
+
+	present []string // the semaphore's keys that exist (for purge)
 }
 
 // memberInfo is one member of a keyed family, as its counters in Redis
@@ -125,7 +128,7 @@ func familyMembers(ctx context.Context, client redis.UniversalClient, prefix, na
 	if err != nil {
 		return nil, 0, err
 	}
-	sort.Strings(metas) // the same members listed whatever the order of the masters
+	slices.Sort(metas) // the same members listed whatever the order of the masters
 	if len(metas) == 0 {
 		return nil, 0, nil
 	}
@@ -160,21 +163,10 @@ func familyMembers(ctx context.Context, client redis.UniversalClient, prefix, na
 		}
 		out = append(out, m)
 	}
-	sort.Slice(out, func(i, j int) bool {
-		a, b := out[i], out[j]
-		if a.Held != b.Held {
-			return a.Held > b.Held
-		}
-		if a.Queued != b.Queued {
-			return a.Queued > b.Queued
-		}
-		return a.Key < b.Key
+	slices.SortFunc(out, func(a, b memberInfo) int { // busiest first
+		return cmp.Or(cmp.Compare(b.Held, a.Held), cmp.Compare(b.Queued, a.Queued), strings.Compare(a.Key, b.Key))
 	})
-	n := len(out)
-	if len(out) > top {
-		out = out[:top]
-	}
-	return out, n, nil
+	return out[:min(top, len(out))], len(out), nil
 }
 
 // memberAt is where the escaped member key starts in k, a key of a family
@@ -246,13 +238,10 @@ func queuedLeaseTTL(ctx context.Context, client redis.UniversalClient, metaKey s
 	return time.Duration(ttl) * time.Millisecond, "the LeaseTTL that the queued fair clients asked for"
 }
 
-// readOpts are the checks a reader asks for.
-type readOpts struct {
-	leaseTTL time.Duration // 0: unknown
-}
-
-// read takes a snapshot of name.
-func read(ctx context.Context, client redis.UniversalClient, e *core.Engine, prefix string, o readOpts) (*snapshot, error) {
+// read takes a snapshot of the session's semaphore, checking holders
+// against leaseTTL (0: unknown).
+func (ss *session) read(ctx context.Context, leaseTTL time.Duration) (*snapshot, error) {
+	client, e := ss.client, ss.e
 	keys := e.Keys()
 	st, err := e.Status(ctx)
 	if err != nil {
@@ -280,10 +269,11 @@ func read(ctx context.Context, client redis.UniversalClient, e *core.Engine, pre
 	if _, err := pipe.Exec(ctx); err != nil && !errors.Is(err, redis.Nil) {
 		return nil, err
 	}
-	s := &snapshot{Name: e.Name(), Prefix: prefix, ServerTime: now, Holders: []holderInfo{}, Waiters: []waiterInfo{}, Warnings: []string{}}
+	s := &snapshot{Name: e.Name(), Family: ss.family, Prefix: ss.prefix, ServerTime: now, Holders: []holderInfo{}, Waiters: []waiterInfo{}, Warnings: []string{}}
 	for i, c := range exist {
-		if i != core.KeyOverride && i != core.KeyRate && c.Val() > 0 {
-			s.Live = true
+		if c.Val() > 0 {
+			s.present = append(s.present, keys.List[i])
+			s.Live = s.Live || i != core.KeyOverride && i != core.KeyRate
 		}
 	}
 	if n, err := strconv.Atoi(override.Val()); err == nil {
@@ -317,15 +307,15 @@ func read(ctx context.Context, client redis.UniversalClient, e *core.Engine, pre
 	if v, err := node.ConfigGet(ctx, "maxmemory-policy").Result(); err == nil {
 		s.MaxMemoryPolicy = v["maxmemory-policy"]
 	}
-	if o.leaseTTL <= 0 && len(s.Holders) > 0 {
-		o.leaseTTL, s.LeaseTTLSource = queuedLeaseTTL(ctx, client, keys.List[core.KeyMeta])
-	} else if o.leaseTTL > 0 {
+	if leaseTTL <= 0 && len(s.Holders) > 0 {
+		leaseTTL, s.LeaseTTLSource = queuedLeaseTTL(ctx, client, keys.List[core.KeyMeta])
+	} else if leaseTTL > 0 {
 		s.LeaseTTLSource = "--lease-ttl"
 	}
-	if o.leaseTTL > 0 {
-		s.LeaseTTLMs = o.leaseTTL.Milliseconds()
+	if leaseTTL > 0 {
+		s.LeaseTTLMs = leaseTTL.Milliseconds()
 	}
-	s.check(o)
+	s.check(leaseTTL)
 	return s, nil
 }
 
@@ -348,7 +338,7 @@ func (s *snapshot) slotsHeld() int {
 }
 
 // check adds the warnings and notes that one snapshot supports.
-func (s *snapshot) check(o readOpts) {
+func (s *snapshot) check(leaseTTL time.Duration) {
 	if s.Limit != nil {
 		limit := *s.Limit
 		held := s.slotsHeld()
@@ -378,24 +368,24 @@ func (s *snapshot) check(o readOpts) {
 		if h.Slot < 0 {
 			s.warn("holder %s has no lease record (keys edited by hand?); it cannot be fenced", h.ID)
 		}
-		if o.leaseTTL <= 0 {
+		if leaseTTL <= 0 {
 			continue
 		}
-		ttl := o.leaseTTL.Milliseconds()
+		ttl := leaseTTL.Milliseconds()
 		if h.MinAgeMs != nil && *h.MinAgeMs*10 > ttl*8 {
 			s.warn("holder %s (slot %d) has held for at least %s, past 0.8 x LeaseTTL (%s): fine if it renews on purpose, else a stuck or too slow holder",
-				h.ID, h.Slot, fmtMs(*h.MinAgeMs), o.leaseTTL)
+				h.ID, h.Slot, fmtMs(*h.MinAgeMs), leaseTTL)
 		}
 		if h.ExpiresInMs*10 < ttl*2 {
 			s.warn("holder %s (slot %d) expires in %s, under 0.2 x LeaseTTL (%s): its renewals are late (the watchdog renews every LeaseTTL/3) or it renews by hand",
-				h.ID, h.Slot, fmtMs(h.ExpiresInMs), o.leaseTTL)
+				h.ID, h.Slot, fmtMs(h.ExpiresInMs), leaseTTL)
 		}
 	}
 	switch {
-	case len(s.Holders) > 0 && o.leaseTTL <= 0:
+	case len(s.Holders) > 0 && leaseTTL <= 0:
 		s.note("LeaseTTL is not stored in Redis: pass --lease-ttl to check holders against 0.8 x LeaseTTL")
 	case len(s.Holders) > 0 && s.LeaseTTLSource != "--lease-ttl":
-		s.note("holders checked against LeaseTTL %s: %s (pass --lease-ttl if holders use another)", o.leaseTTL, s.LeaseTTLSource)
+		s.note("holders checked against LeaseTTL %s: %s (pass --lease-ttl if holders use another)", leaseTTL, s.LeaseTTLSource)
 	}
 	if core.EvictingPolicy(s.MaxMemoryPolicy) {
 		s.warn("Redis maxmemory-policy is %s: it may evict the semaphore's keys (all but the set-limit override have a TTL); use noeviction", s.MaxMemoryPolicy)

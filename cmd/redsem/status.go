@@ -1,25 +1,22 @@
 package main
 
 import (
-	"context"
 	"encoding/json"
 	"fmt"
 	"io"
-	"os"
-	"os/signal"
 	"strconv"
 	"strings"
-	"syscall"
 	"text/tabwriter"
 	"time"
 
 	"github.com/redsem/redsem/cmd/redsem/internal/cli"
 )
 
+const statusAbout = `Shows the live holders (id, slot, fencing token, age, deadline), the fair
+queue (position, time to eviction), the limit in force and warnings.`
+
 func runStatus(args []string, stdout, stderr io.Writer) int {
-	c := newCommand("status", "NAME [flags]",
-		"Shows the live holders (id, slot, fencing token, age, deadline), the fair\n"+
-			"queue (position, time to eviction), the limit in force and warnings.", stdout, stderr)
+	c := newCommand("status", "NAME [flags]", statusAbout, stdout, stderr)
 	asJSON := c.FS.Bool("json", false, "print one JSON object instead of text")
 	leaseTTL := c.FS.Duration("lease-ttl", 0, "the clients' LeaseTTL, to check holders against 0.8 x LeaseTTL (not stored in Redis)")
 	top := c.FS.Int("top", 10, "without --key: list at most this many of family NAME's members, busiest first")
@@ -31,15 +28,13 @@ func runStatus(args []string, stdout, stderr io.Writer) int {
 	if *top < 0 {
 		return c.UsageError("--top must not be negative")
 	}
-	ss, code, stop := c.openRead(pos[0], readOpts{leaseTTL: *leaseTTL})
+	ss, code, stop := c.openRead(pos[0], *leaseTTL)
 	if stop {
 		return code
 	}
 	defer ss.close()
 	s := ss.s
-	if key := c.member(); key != "" {
-		s.Family = pos[0]
-	} else if *top > 0 {
+	if c.key == "" && *top > 0 {
 		members, n, err := familyMembers(ss.ctx, ss.client, c.Prefix, pos[0], *top)
 		if err != nil {
 			return c.Fail(cli.ReachErr(ss.t, err))
@@ -96,30 +91,20 @@ func render(w io.Writer, s *snapshot) {
 		fmt.Fprintf(w, "holders: %d, holding %d slots\n", len(s.Holders), s.slotsHeld())
 	}
 	if len(s.Holders) > 0 {
-		tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-		fmt.Fprintln(tw, "  SLOT\tTOKEN\tAGE\tEXPIRES IN\tDEADLINE\tOWNER\tID")
+		rows := []string{"SLOT\tTOKEN\tAGE\tEXPIRES IN\tDEADLINE\tOWNER\tID"}
 		for _, h := range s.Holders {
-			age := "?"
-			if h.MinAgeMs != nil {
-				age = ">=" + fmtMs(*h.MinAgeMs)
-			}
-			fmt.Fprintf(tw, "  %s\t%d\t%s\t%s\t%s\t%s\t%s\n", slotList(h.Slots, h.Slot), h.Token, age, fmtMs(h.ExpiresInMs),
-				h.Deadline.Format("15:04:05.000"), h.Owner, h.ID)
+			rows = append(rows, fmt.Sprintf("%s\t%d\t%s\t%s\t%s\t%s\t%s", slotList(h.Slots, h.Slot), h.Token, atLeast(h.MinAgeMs),
+				fmtMs(h.ExpiresInMs), h.Deadline.Format("15:04:05.000"), h.Owner, h.ID))
 		}
-		tw.Flush()
+		table(w, rows)
 	}
 	fmt.Fprintf(w, "waiters: %d (fair queue, head first; unfair waiters retry and are not stored in Redis)\n", len(s.Waiters))
 	if len(s.Waiters) > 0 {
-		tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-		fmt.Fprintln(tw, "  POS\tSLOTS\tWAITING\tEVICTED IN\tOWNER\tID")
+		rows := []string{"POS\tSLOTS\tWAITING\tEVICTED IN\tOWNER\tID"}
 		for _, q := range s.Waiters {
-			seen := "?"
-			if q.SeenForMs != nil {
-				seen = ">=" + fmtMs(*q.SeenForMs)
-			}
-			fmt.Fprintf(tw, "  %d\t%d\t%s\t%s\t%s\t%s\n", q.Position, q.Weight, seen, fmtMs(q.EvictInMs), q.Owner, q.ID)
+			rows = append(rows, fmt.Sprintf("%d\t%d\t%s\t%s\t%s\t%s", q.Position, q.Weight, atLeast(q.SeenForMs), fmtMs(q.EvictInMs), q.Owner, q.ID))
 		}
-		tw.Flush()
+		table(w, rows)
 	}
 	if len(s.Warnings) > 0 {
 		fmt.Fprintln(w, "warnings:")
@@ -141,11 +126,12 @@ func render(w io.Writer, s *snapshot) {
 	}
 }
 
+const watchAbout = `Shows status NAME, refreshed every --interval until Ctrl-C (or --count
+refreshes). It also tracks what one reading cannot: how long the
+semaphore has stayed full, and how long each waiter has waited.`
+
 func runWatch(args []string, stdout, stderr io.Writer) int {
-	c := newCommand("watch", "NAME [flags]",
-		"Shows status NAME, refreshed every --interval until Ctrl-C (or --count\n"+
-			"refreshes). It also tracks what one reading cannot: how long the\n"+
-			"semaphore has stayed full, and how long each waiter has waited.", stdout, stderr)
+	c := newCommand("watch", "NAME [flags]", watchAbout, stdout, stderr)
 	asJSON := c.FS.Bool("json", false, "print one JSON object per refresh (one per line)")
 	leaseTTL := c.FS.Duration("lease-ttl", 0, "the clients' LeaseTTL, to check holders against 0.8 x LeaseTTL (not stored in Redis)")
 	interval := c.FS.Duration("interval", time.Second, "time between refreshes")
@@ -159,15 +145,15 @@ func runWatch(args []string, stdout, stderr io.Writer) int {
 	if *interval <= 0 || *count < 0 || *alwaysFull <= 0 {
 		return c.UsageError("--interval and --full-after must be positive and --count not negative")
 	}
-	client, t, e, code, stop := c.open(pos[0])
+	ss, code, stop := c.open(pos[0])
 	if stop {
 		return code
 	}
-	defer c.done(client)
-	ctx, stopSignals := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer ss.close()
+	ctx, stopSignals := cli.InterruptContext()
 	defer stopSignals()
 
-	clear := isTerminal(stdout) && !*asJSON
+	clear := cli.IsTerminal(stdout) && !*asJSON
 	var fullSince time.Time // server time of the first reading of the current full run
 	firstSeen := map[string]time.Time{}
 	failed := false
@@ -180,20 +166,17 @@ func runWatch(args []string, stdout, stderr io.Writer) int {
 			}
 		}
 		rctx, cancel := cli.OpContext(ctx)
-		s, err := read(rctx, client, e, c.Prefix, readOpts{leaseTTL: *leaseTTL})
+		s, err := ss.read(rctx, *leaseTTL)
 		cancel()
 		if ctx.Err() != nil {
 			return exitOK
 		}
 		if err != nil {
 			failed = true
-			fmt.Fprintf(stderr, "redsem watch: %s\n", cli.OneLine(cli.ReachErr(t, err).Error()))
+			fmt.Fprintf(stderr, "redsem watch: %s\n", cli.OneLine(cli.ReachErr(ss.t, err).Error()))
 			continue
 		}
 		failed = false
-		if c.member() != "" {
-			s.Family = pos[0]
-		}
 		// What one reading cannot tell.
 		if s.Limit != nil && s.slotsHeld() >= *s.Limit {
 			if fullSince.IsZero() {
@@ -247,27 +230,34 @@ func renderMembers(w io.Writer, s *snapshot) {
 		more = " or more"
 	}
 	fmt.Fprintf(w, "family members: %d%s with keys in Redis; the busiest %d:\n", s.MemberCount, more, len(s.Members))
-	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "  KEY\tHELD\tLIMIT\tQUEUED")
+	rows := []string{"KEY\tHELD\tLIMIT\tQUEUED"}
 	for _, m := range s.Members {
 		limit := "?"
 		if m.Limit != nil {
 			limit = strconv.Itoa(*m.Limit)
 		}
-		fmt.Fprintf(tw, "  %s\t%d\t%s\t%d\n", m.Key, m.Held, limit, m.Queued)
+		rows = append(rows, fmt.Sprintf("%s\t%d\t%s\t%d", m.Key, m.Held, limit, m.Queued))
 	}
-	tw.Flush()
+	table(w, rows)
 	fmt.Fprintf(w, "  (HELD counts expired holders until a script removes them; 'redsem status %s --key KEY' shows one member)\n", s.Name)
 }
 
-// isTerminal reports whether w is a terminal (so watch may redraw in place).
-func isTerminal(w io.Writer) bool {
-	f, ok := w.(*os.File)
-	if !ok {
-		return false
+// table writes rows, the first of them the header, indented by two spaces,
+// with their tab-separated cells in aligned columns.
+func table(w io.Writer, rows []string) {
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	for _, r := range rows {
+		fmt.Fprintln(tw, "  "+r)
 	}
-	fi, err := f.Stat()
-	return err == nil && fi.Mode()&os.ModeCharDevice != 0 && !strings.EqualFold(os.Getenv("TERM"), "dumb")
+	tw.Flush()
+}
+
+// atLeast shows a lower bound of milliseconds: ">=1.5s", or "?" for none.
+func atLeast(ms *int64) string {
+	if ms == nil {
+		return "?"
+	}
+	return ">=" + fmtMs(*ms)
 }
 
 // slotList shows a lease's slots: "3", or "0,1,2" for a weighted lease.
