@@ -3,6 +3,7 @@ package main
 import (
 	"bufio"
 	"cmp"
+	"context"
 	"errors"
 	"fmt"
 	"io"
@@ -169,7 +170,7 @@ func runPurge(args []string, stdout, stderr io.Writer) int {
 		return code
 	}
 	defer ss.close()
-	ctx, client, t, e, s := ss.ctx, ss.client, ss.t, ss.e, ss.s
+	client, t, e, s := ss.client, ss.t, ss.e, ss.s
 	present := s.present
 	if c.key != "" {
 		// The sessions key is the whole family's: its other members'
@@ -193,6 +194,9 @@ func runPurge(args []string, stdout, stderr io.Writer) int {
 			return c.Fail(errors.New("not confirmed: nothing deleted (use --yes to skip the question)"))
 		}
 	}
+	// Not ss.ctx: the question may have taken longer than cli.OpTimeout.
+	ctx, cancel := cli.OpContext(context.Background())
+	defer cancel()
 	n, err := client.Del(ctx, present...).Result()
 	if err != nil {
 		return c.Fail(cli.ReachErr(t, err))
