@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"log/slog"
 	"math/rand/v2"
 	"time"
 
@@ -38,13 +37,35 @@ func (e *Engine) AcquireN(ctx context.Context, n int) (redsem.Lease, error) {
 	if err != nil {
 		return nil, err
 	}
-	var l *Lease
-	if e.cfg.Fair {
-		l, err = e.waitFair(c)
-	} else {
-		l, err = e.waitUnfair(c)
+	for {
+		g, ok, err := e.waiting.next(c)
+		if err != nil {
+			err = c.retry(err) // nil: ridden out, ask again
+		}
+		switch {
+		case err != nil:
+			e.waiting.done(c)
+			return c.exit(nil, err)
+		case ok:
+			e.waiting.done(c)
+			return c.exit(c.lease(g), nil)
+		}
 	}
-	return c.exit(l, err)
+}
+
+// waiting is how a call waits for its grant: the variant's strategy,
+// chosen when the engine is made. The call's goroutine runs it, and is the
+// one owner of its waiter's state.
+type waiting interface {
+	// next makes the call's next acquire request and waits as the variant
+	// does: until it is granted (ok), must ask again (ok false), or fails
+	// (a raw error: the call's loop rides a transient one out).
+	next(c *call) (g grant, ok bool, err error)
+	// done ends the call's wait: its waiter, if any, leaves the hub.
+	done(c *call)
+	// listener is what the variant's hub subscription serves: the fair
+	// session, or the unfair wake list.
+	listener(h *hub) listener
 }
 
 // TryAcquire makes one attempt and never waits.
@@ -64,7 +85,7 @@ func (e *Engine) TryAcquireN(ctx context.Context, n int) (redsem.Lease, error) {
 	switch {
 	case err != nil:
 	case a.code == codeGranted:
-		l = c.lease(a.slots, a.token, a.deadline)
+		l = c.lease(a.grant())
 	case a.rateMs >= 0:
 		err = &redsem.RateLimitedError{Name: e.cfg.Name, Rate: a.rateInForce, RetryAfter: time.Duration(a.rateMs) * time.Millisecond}
 	default:
@@ -99,6 +120,7 @@ type call struct {
 
 	backoff time.Duration
 	timer   *time.Timer // the call's one timer (retry pauses, unfair waits)
+	w       *waiter     // registered with the hub once the call waits
 }
 
 // begin checks n and that e is open, marks e busy (a family keeps the
@@ -118,33 +140,6 @@ func (e *Engine) begin(ctx context.Context, n int) (*call, error) {
 	c.timer = time.NewTimer(time.Hour)
 	c.timer.Stop()
 	return c, nil
-}
-
-// attempt runs acquire.lua once in mode ("try", "wait" or "queue") with
-// session sid (queue mode). A reply with a code that is an error (limit
-// mismatch, weight, queue full, cancelled) comes back as that error.
-func (c *call) attempt(mode, sid string) (acquireReply, error) {
-	if err := c.ctx.Err(); err != nil {
-		return acquireReply{}, err // nothing sent
-	}
-	c.tried = true
-	if f := c.e.fam; f != nil {
-		if err := f.checkShards(c.ctx); err != nil {
-			return acquireReply{}, err // nothing sent that writes a member's keys
-		}
-	}
-	refuseAfter, err := c.e.refuseAfter(c.ctx)
-	if err != nil {
-		return acquireReply{}, err // nothing sent that writes
-	}
-	c.sent = true
-	a, err := c.e.acquire(c.ctx, acquireArgs{id: c.id, n: c.n, mode: mode, sid: sid, refuseAfter: refuseAfter})
-	if err == nil || !Transient(err) {
-		if err == nil || !errors.Is(err, c.ctx.Err()) {
-			c.replied, c.lastErr, c.backoff = true, nil, 0
-		}
-	}
-	return a, err
 }
 
 // retry waits out a transient error with jittered backoff and returns nil
@@ -177,8 +172,8 @@ func (c *call) sleep(d time.Duration) bool {
 }
 
 // lease makes the lease of a grant.
-func (c *call) lease(slots []int, token int64, deadline time.Time) *Lease {
-	return c.e.newLease(c.id, slots, token, deadline)
+func (c *call) lease(g grant) *Lease {
+	return c.e.newLease(c.id, g.slots, g.token, g.deadline)
 }
 
 // exit ends the call: a grant is confirmed on replicas (if configured) and
@@ -287,201 +282,6 @@ func (c *call) undo() {
 	c.e.undo(c.parent, c.id)
 }
 
-// waitFair is the fair strategy: the call registers with the hub (whose
-// session keeps its queue entry alive), queues, and waits for its grant,
-// delivered by the hub from a release reply or a session message.
-//
-// The call's goroutine is the one owner of its waiter's state: the hub only
-// hands it events, and it decides what each means against the queue
-// attempt it made last (its session and its floor, see attempt.floor). A
-// waiter is, in turn:
-//
-//	asking   acquire.lua runs (queue mode)         granted: done; queued: waiting; session died: renew it, ask again
-//	waiting  a grant for the last attempt          done (unless its deadline passed: ask again)
-//	waiting  a grant from an older attempt         ask again (a delayed message, or from before a data loss)
-//	waiting  "evicted as too heavy"                ask again: the reply says ErrWeight if it still is
-//	waiting  resync, session renewed, removed      ask again
-//
-// So only a reply to the latest attempt, or a grant that Redis made after
-// it (its token above the attempt's floor, on the attempt's session), ends
-// the call with a lease: a message that answers an earlier attempt can
-// never hand out a slot that Redis no longer gives this waiter.
-func (e *Engine) waitFair(c *call) (*Lease, error) {
-	var w *waiter
-	defer func() {
-		if w != nil {
-			w.h.unregister(w)
-		}
-	}()
-	for {
-		if w == nil {
-			var err error
-			if w, err = e.register(c.ctx, c.id, c.n); err != nil {
-				if err = c.retry(err); err != nil {
-					return nil, err
-				}
-				continue
-			}
-		}
-		s := w.h.session()
-		sid := s.ID()
-		a, err := c.attempt("queue", sid)
-		switch {
-		case err == nil && a.code == codeGranted:
-			return c.lease(a.slots, a.token, a.deadline), nil
-		case errors.Is(err, errSessionDied):
-			// Its session expired (the process was paused, or cut off):
-			// a new one, and every waiter of the process queues again.
-			if err = s.renew(c.ctx, sid); err != nil {
-				if err = c.retry(err); err != nil {
-					return nil, err
-				}
-			}
-			continue
-		case err != nil:
-			if err = c.retry(err); err != nil {
-				return nil, err
-			}
-			continue
-		}
-		s.queued(e, a.hint)
-		g, ok, err := c.awaitGrant(w, sid, a.floor)
-		if err != nil {
-			return nil, err
-		}
-		if ok {
-			return c.lease(g.slots, g.token, g.deadline), nil
-		}
-	}
-}
-
-// awaitGrant waits for w's grant after a queue attempt under session sid
-// whose floor was floor. It returns the grant (ok), or ok false when the
-// waiter must ask Redis again (an event that this attempt cannot settle).
-func (c *call) awaitGrant(w *waiter, sid string, floor int64) (g grant, ok bool, err error) {
-	for {
-		select {
-		case ev := <-w.events:
-			switch ev.kind {
-			case evGrant:
-				g := ev.grant
-				if g.token <= floor || (g.sid != "" && g.sid != sid) {
-					// Made before this attempt ran: a delayed message, or one
-					// from before a data loss. Redis says what holds now.
-					c.e.logger().LogAttrs(context.Background(), slog.LevelDebug, "redsem: a grant older than the queue attempt refused",
-						slog.String("semaphore", c.e.cfg.Name), slog.String("waiter", c.id), slog.Int64("token", g.token))
-					return grant{}, false, nil
-				}
-				if !time.Now().Before(g.deadline) {
-					return grant{}, false, nil // granted, but this process learned too late: ask again
-				}
-				return g, true, nil
-			case evWeight:
-				// SetLimit or SetRate made this waiter too heavy, or did so to
-				// an earlier queue entry of it: the reply to asking again is
-				// ErrWeight if it still is (and then nothing is left queued).
-				return grant{}, false, nil
-			case evRequeue:
-				if ev.evicted {
-					c.e.emit(redsem.Event{Kind: redsem.EventWaiterEvicted, LeaseID: c.id})
-				}
-				return grant{}, false, nil
-			}
-		case <-c.ctx.Done():
-			return grant{}, false, c.ctx.Err()
-		}
-	}
-}
-
-// waitUnfair is the unfair strategy: the call tries; once refused it
-// subscribes to freed-slot notices (and tries again at once, so that a slot
-// freed meanwhile is not missed), then tries on each notice, or when the
-// earliest holder may have expired, or after the fallback interval.
-func (e *Engine) waitUnfair(c *call) (*Lease, error) {
-	var w *waiter
-	defer func() {
-		if w != nil {
-			w.h.passGate(w)
-			w.h.unregister(w)
-		}
-	}()
-	for {
-		mode := "try"
-		if w != nil {
-			mode = "wait"
-		}
-		a, err := c.attempt(mode, "")
-		if err != nil {
-			if err = c.retry(err); err != nil {
-				return nil, err
-			}
-			continue
-		}
-		if a.code == codeGranted {
-			return c.lease(a.slots, a.token, a.deadline), nil
-		}
-		if w == nil {
-			if w, err = e.register(c.ctx, c.id, c.n); err != nil {
-				if err = c.retry(err); err != nil {
-					return nil, err
-				}
-			}
-			continue
-		}
-		// When the rate's window holds it back, one waiter of this process
-		// (per semaphore) sleeps until the window has room and, once
-		// granted, wakes the next; the others sleep as if the slots held
-		// them back. So the moment the window frees a slot costs one try
-		// per process, not one per waiter.
-		d := e.waitFor(a.hint, a.rateMs)
-		if a.rateMs < 0 {
-			w.h.passGate(w)
-		} else if !w.h.takeGate(w) {
-			// The hint is the sooner of a holder's expiry and the
-			// window's room: only the former, if sooner, wakes it.
-			hint := a.hint
-			if hint >= a.rateMs {
-				hint = -1
-			}
-			d = e.waitFor(hint, -1)
-		}
-		c.timer.Reset(d)
-		select {
-		case <-w.events: // evFree
-		case <-c.timer.C:
-		case <-c.ctx.Done():
-			// A wake-up received but not used goes to the next waiter.
-			select {
-			case ev := <-w.events:
-				if ev.kind == evFree {
-					w.h.wakeUnfair(1)
-				}
-			default:
-			}
-			return nil, c.ctx.Err()
-		}
-		c.timer.Stop()
-	}
-}
-
-// waitFor is how long an unfair waiter sleeps without a message: until just
-// after the earliest holder deadline, at most Fallback, with ±20% jitter;
-// or, when the rate held it back (rateMs >= 0, a slot was free) and its
-// window has room before Fallback, exactly until then (and a millisecond),
-// so that the grant comes when the rate allows it.
-func (e *Engine) waitFor(hint, rateMs int64) time.Duration {
-	d := e.cfg.Fallback
-	if r := time.Duration(rateMs+1) * time.Millisecond; rateMs >= 0 && r <= d {
-		return r
-	}
-	if hint >= 0 {
-		if h := time.Duration(hint+1) * time.Millisecond; h < d {
-			d = h
-		}
-	}
-	return time.Duration(float64(d) * (0.8 + 0.4*rand.Float64()))
-}
-
 // undo cancels id after a failed or abandoned acquire: a reply lost on the
 // wire may have granted or queued it, or the request may still be in
 // flight (an abandoned call, a paused Redis). release.lua removes whatever
@@ -520,34 +320,6 @@ func sleepCtx(ctx context.Context, d time.Duration) bool {
 	case <-ctx.Done():
 		return false
 	}
-}
-
-// refuseAfter is the server time (ms) after which an acquire request of a
-// call with ctx must write nothing, 0 for none. A request that reaches
-// Redis after its caller gave up (held in the network, or behind a paused
-// server) must write nothing, even once its undo's cancellation record is
-// gone: the script is told when that is, the context's deadline in server
-// time, with a second's margin for the clocks' drift. A context without a
-// deadline (or cancelled long before it) relies on the cancellation record
-// alone.
-func (e *Engine) refuseAfter(ctx context.Context) (int64, error) {
-	d, ok := ctx.Deadline()
-	if !ok {
-		return 0, nil
-	}
-	s, known := e.clock.serverAt(d)
-	if !known {
-		// Once per Engine: the first call has no reply to go by. A failure
-		// to reach Redis is the acquire's; any other error leaves this one
-		// request bounded by its cancellation record only.
-		if err := e.readClock(ctx); err != nil && (ctx.Err() != nil || Transient(err)) {
-			return 0, err
-		}
-		if s, known = e.clock.serverAt(d); !known {
-			return 0, nil
-		}
-	}
-	return s + 1000, nil
 }
 
 // releaseBound bounds a release that ends a lease the client gave up

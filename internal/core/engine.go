@@ -53,6 +53,8 @@ type Engine struct {
 
 	sent [lua.SetRate + 1]atomic.Bool // scripts sent whole once (see loaded)
 
+	waiting waiting // the variant's waiting strategy
+
 	hubMu sync.Mutex
 	hub   *hub
 
@@ -82,13 +84,13 @@ func (e *Engine) hubSlot() (*sync.Mutex, **hub) {
 	return &e.hubMu, &e.hub
 }
 
-// listener is what the hub's subscription serves for this variant: the
-// fair session, or the unfair wake list.
-func (e *Engine) listener(h *hub) listener {
-	if e.cfg.Fair {
-		return newSession(h)
+// waitingFor is the variant's waiting strategy: the one place that the
+// variant is chosen.
+func waitingFor(cfg Config) waiting {
+	if cfg.Fair {
+		return fairWait{}
 	}
-	return unfairWake{h}
+	return unfairWait{}
 }
 
 // busy and idle bracket a call or a lease of a family member, so that the
@@ -114,6 +116,7 @@ func New(cfg Config) (*Engine, error) {
 	keys := KeysFor(cfg.Prefix, cfg.Name)
 	e := &Engine{cfg: cfg, keys: keys, pub: "PUBLISH", alerts: alertsFor(cfg.Client, keys), lib: libFor(cfg.Client)}
 	e.stopped, e.stop = context.WithCancel(context.Background())
+	e.waiting = waitingFor(cfg)
 	if _, ok := cfg.Client.(*redis.ClusterClient); ok {
 		e.pub = "SPUBLISH"
 	}

@@ -189,6 +189,7 @@ func (f *Family) Get(key string) (*Engine, error) {
 	e := &Engine{
 		cfg: cfg, keys: keys, pub: f.root.pub,
 		fam: f, shard: sh, stopped: f.root.stopped, stop: f.root.stop, alerts: sh.alerts, lib: f.root.lib,
+		waiting: f.root.waiting,
 	}
 	e.used.Store(time.Now().UnixNano())
 	f.members[key] = e

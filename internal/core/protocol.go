@@ -306,6 +306,66 @@ func (e *Engine) acquire(ctx context.Context, a acquireArgs) (acquireReply, erro
 	return r, nil
 }
 
+// attempt runs acquire.lua once in mode ("try", "wait" or "queue") with
+// session sid (queue mode). A reply with a code that is an error (limit
+// mismatch, weight, queue full, cancelled) comes back as that error.
+func (c *call) attempt(mode, sid string) (acquireReply, error) {
+	if err := c.ctx.Err(); err != nil {
+		return acquireReply{}, err // nothing sent
+	}
+	c.tried = true
+	if f := c.e.fam; f != nil {
+		if err := f.checkShards(c.ctx); err != nil {
+			return acquireReply{}, err // nothing sent that writes a member's keys
+		}
+	}
+	refuseAfter, err := c.e.refuseAfter(c.ctx)
+	if err != nil {
+		return acquireReply{}, err // nothing sent that writes
+	}
+	c.sent = true
+	a, err := c.e.acquire(c.ctx, acquireArgs{id: c.id, n: c.n, mode: mode, sid: sid, refuseAfter: refuseAfter})
+	if err == nil || !Transient(err) {
+		if err == nil || !errors.Is(err, c.ctx.Err()) {
+			c.replied, c.lastErr, c.backoff = true, nil, 0
+		}
+	}
+	return a, err
+}
+
+// refuseAfter is the server time (ms) after which an acquire request of a
+// call with ctx must write nothing, 0 for none. A request that reaches
+// Redis after its caller gave up (held in the network, or behind a paused
+// server) must write nothing, even once its undo's cancellation record is
+// gone: the script is told when that is, the context's deadline in server
+// time, with a second's margin for the clocks' drift. A context without a
+// deadline (or cancelled long before it) relies on the cancellation record
+// alone.
+func (e *Engine) refuseAfter(ctx context.Context) (int64, error) {
+	d, ok := ctx.Deadline()
+	if !ok {
+		return 0, nil
+	}
+	s, known := e.clock.serverAt(d)
+	if !known {
+		// Once per Engine: the first call has no reply to go by. A failure
+		// to reach Redis is the acquire's; any other error leaves this one
+		// request bounded by its cancellation record only.
+		if err := e.readClock(ctx); err != nil && (ctx.Err() != nil || Transient(err)) {
+			return 0, err
+		}
+		if s, known = e.clock.serverAt(d); !known {
+			return 0, nil
+		}
+	}
+	return s + 1000, nil
+}
+
+// grant is the grant of a granted reply.
+func (a acquireReply) grant() grant {
+	return grant{token: a.token, slots: a.slots, deadline: a.deadline}
+}
+
 // decodeAttempt checks and decodes an acquire.lua reply; sent is when the
 // request left.
 func decodeAttempt(v []any, sent time.Time) (acquireReply, error) {
