@@ -3,6 +3,7 @@ package core
 import (
 	"context"
 	"math/rand/v2"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -525,17 +526,13 @@ func (h *hub) takeGate(w *waiter) bool {
 func (h *hub) passGate(w *waiter) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	if h.gate[w.e] != w {
-		return
-	}
-	delete(h.gate, w.e)
-	for _, u := range h.unfair {
-		if u != w && u.e == w.e {
+	if h.gate[w.e] == w {
+		delete(h.gate, w.e)
+		if i := slices.IndexFunc(h.unfair, func(u *waiter) bool { return u != w && u.e == w.e }); i >= 0 {
 			select {
-			case u.events <- event{kind: evFree}:
+			case h.unfair[i].events <- event{kind: evFree}:
 			default: // already woken
 			}
-			return
 		}
 	}
 }
