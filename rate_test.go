@@ -16,20 +16,14 @@ import (
 	"github.com/redsem/redsem/unfair"
 )
 
-// rated is a semaphore of either variant with SetRate.
-type rated interface {
-	redsem.Semaphore
-	SetRate(ctx context.Context, rate redsem.Rate) error
-}
-
-func newRated(variant string, c redis.UniversalClient, name string, limit int, rate redsem.Rate) (rated, error) {
+func newRated(variant string, c redis.UniversalClient, name string, limit int, rate redsem.Rate) (redsem.Semaphore, error) {
 	if variant == "fair" {
 		return fair.New(c, name, limit, fair.Options{Rate: rate, LeaseTTL: 10 * time.Second, FallbackInterval: 2 * time.Second})
 	}
 	return unfair.New(c, name, limit, unfair.Options{Rate: rate, LeaseTTL: 10 * time.Second, FallbackInterval: 2 * time.Second})
 }
 
-func mustRated(t *testing.T, variant string, c redis.UniversalClient, name string, limit int, rate redsem.Rate) rated {
+func mustRated(t *testing.T, variant string, c redis.UniversalClient, name string, limit int, rate redsem.Rate) redsem.Semaphore {
 	t.Helper()
 	s, err := newRated(variant, c, name, limit, rate)
 	if err != nil {
@@ -198,7 +192,7 @@ func TestRateMismatch(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			for _, s := range []rated{b, none} {
+			for _, s := range []redsem.Semaphore{b, none} {
 				_, err := s.TryAcquire(ctx)
 				var rm *redsem.RateMismatchError
 				if !errors.Is(err, redsem.ErrLimitMismatch) || !errors.As(err, &rm) {
@@ -217,7 +211,7 @@ func TestRateMismatch(t *testing.T) {
 			if err := b.SetRate(ctx, r5); err != nil {
 				t.Fatal(err)
 			}
-			for k, s := range []rated{a, b, none} {
+			for k, s := range []redsem.Semaphore{a, b, none} {
 				st, err := s.Status(ctx)
 				if err != nil || st.Rate != r5 || st.RateGranted != 1+k {
 					t.Fatalf("Status after SetRate: rate %v granted %d (%v), want %v and %d", st.Rate, st.RateGranted, err, r5, 1+k)
@@ -382,7 +376,7 @@ func TestRateFairArrivalOrder(t *testing.T) {
 	ctx := redistest.Ctx(t, 30*time.Second)
 	name := redistest.Name(t)
 	rate := redsem.Rate{Limit: 1, Per: 150 * time.Millisecond}
-	procs := []rated{
+	procs := []redsem.Semaphore{
 		mustRated(t, "fair", redistest.Client(t), name, 10, rate),
 		mustRated(t, "fair", redistest.Client(t), name, 10, rate),
 	}
@@ -448,7 +442,7 @@ func TestRateDoneWhen(t *testing.T) {
 			ctx := redistest.Ctx(t, 30*time.Second)
 			name := redistest.Name(t)
 			rate := redsem.Rate{Limit: 20, Per: time.Second}
-			procs := []rated{
+			procs := []redsem.Semaphore{
 				mustRated(t, variant, redistest.Client(t), name, 10, rate),
 				mustRated(t, variant, redistest.Client(t), name, 10, rate),
 			}
@@ -461,7 +455,7 @@ func TestRateDoneWhen(t *testing.T) {
 			var wg sync.WaitGroup
 			for i := 0; i < 30; i++ {
 				wg.Add(1)
-				go func(s rated) {
+				go func(s redsem.Semaphore) {
 					defer wg.Done()
 					for {
 						l, err := s.Acquire(wctx)

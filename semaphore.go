@@ -23,6 +23,11 @@ type Semaphore interface {
 	// built with, and outlives idle periods (it is not lost when the
 	// semaphore's other keys expire).
 	SetLimit(ctx context.Context, limit int) error
+	// SetRate sets the rate (see Rate) for every client of this name at run
+	// time, as SetLimit sets the limit: it overrides the rate each client
+	// was built with, and the zero Rate removes the bound. An invalid rate
+	// returns a *ConfigError and changes nothing.
+	SetRate(ctx context.Context, rate Rate) error
 	// Name is the semaphore's name as given to New.
 	Name() string
 	// AcquireN takes n slots at once, all or nothing (a weighted acquire, as

@@ -77,6 +77,7 @@ func (*standIn) TryAcquireN(ctx context.Context, n int) (redsem.Lease, error) {
 }
 func (*standIn) Status(context.Context) (redsem.Status, error) { return redsem.Status{}, nil }
 func (*standIn) SetLimit(context.Context, int) error           { return nil }
+func (*standIn) SetRate(context.Context, redsem.Rate) error    { return nil }
 func (*standIn) Name() string                                  { return "stand-in" }
 func (*standIn) Close() error                                  { return nil }
 

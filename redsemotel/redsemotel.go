@@ -394,17 +394,9 @@ func (s *semaphore) Status(ctx context.Context) (redsem.Status, error) { return 
 // SetLimit passes through.
 func (s *semaphore) SetLimit(ctx context.Context, limit int) error { return s.sem.SetLimit(ctx, limit) }
 
-// SetRate passes through to the wrapped semaphore's SetRate (fair's and
-// unfair's have one), so that code which finds it by interface assertion
-// works on the wrapper too; a semaphore without one gets an error.
+// SetRate passes through.
 func (s *semaphore) SetRate(ctx context.Context, rate redsem.Rate) error {
-	r, ok := s.sem.(interface {
-		SetRate(context.Context, redsem.Rate) error
-	})
-	if !ok {
-		return fmt.Errorf("redsemotel: %T has no SetRate", s.sem)
-	}
-	return r.SetRate(ctx, rate)
+	return s.sem.SetRate(ctx, rate)
 }
 
 // Name passes through.

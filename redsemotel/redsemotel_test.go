@@ -637,13 +637,7 @@ func TestPassThrough(t *testing.T) {
 	if err != nil || st.Limit != 3 {
 		t.Fatalf("Status after SetLimit(3): %+v, %v", st, err)
 	}
-	rs, ok := s.sem.(interface {
-		SetRate(context.Context, redsem.Rate) error
-	})
-	if !ok {
-		t.Fatal("the wrapper has no SetRate")
-	}
-	if err := rs.SetRate(ctx, redsem.Rate{Limit: 7, Per: time.Minute}); err != nil {
+	if err := s.sem.SetRate(ctx, redsem.Rate{Limit: 7, Per: time.Minute}); err != nil {
 		t.Fatal(err)
 	}
 	if st, err := s.sem.Status(ctx); err != nil || st.Rate != (redsem.Rate{Limit: 7, Per: time.Minute}) {

@@ -167,8 +167,8 @@ func TestClusterFamilyDefaultRefusesOtherRecord(t *testing.T) {
 	_, err = def("j").Acquire(actx)
 	cancel()
 	mismatch("Acquire", err)
-	mismatch("SetLimit", def("k").(*unfair.Semaphore).SetLimit(ctx, 2))
-	mismatch("SetRate", def("k").(*unfair.Semaphore).SetRate(ctx, redsem.Rate{Limit: 1, Per: time.Second}))
+	mismatch("SetLimit", def("k").SetLimit(ctx, 2))
+	mismatch("SetRate", def("k").SetRate(ctx, redsem.Rate{Limit: 1, Per: time.Second}))
 	if after, err := admin.DBSize(ctx).Result(); err != nil || after != before {
 		t.Fatalf("%d keys after the refused calls, %d before (%v)", after, before, err)
 	}
