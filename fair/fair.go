@@ -93,22 +93,14 @@ type Options struct {
 // Semaphore is the fair (FIFO) semaphore. It is safe for concurrent use;
 // create one per name and process and share it, so that all of the
 // process's waiters share one heartbeat and one subscription.
-type Semaphore struct {
-	e *core.Engine
-}
+type Semaphore struct{ *handle }
+
+// handle is the engine behind a Semaphore (see core.Handle: embedded, it
+// lets this module's own packages find the engine, and gives users
+// nothing).
+type handle = core.Handle
 
 var _ redsem.Semaphore = (*Semaphore)(nil)
-
-// The engine behind a *Semaphore, for this module's own packages
-// (redsemsql subscribes to its demand notices).
-func init() {
-	core.RegisterUnwrap(func(v any) *core.Engine {
-		if s, ok := v.(*Semaphore); ok && s != nil {
-			return s.e
-		}
-		return nil
-	})
-}
 
 // New returns a fair semaphore called name that admits at most limit holders
 // at once, in arrival order. client may be a *redis.Client,
@@ -117,23 +109,19 @@ func init() {
 // an empty or too long name, a limit outside [1, 2^20], or a negative or
 // sub-millisecond duration.
 func New(client redis.UniversalClient, name string, limit int, opts Options) (*Semaphore, error) {
-	e, err := core.New(config(client, name, limit, opts))
+	return semaphore(core.New(core.ConfigOf(client, name, limit, true, opts)))
+}
+
+// semaphore is the Semaphore of an engine that core.New or a family's Get
+// returned, or their error.
+func semaphore(e *core.Engine, err error) (*Semaphore, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Semaphore{e: e}, nil
+	return &Semaphore{(*handle)(e)}, nil
 }
 
-func config(client redis.UniversalClient, name string, limit int, opts Options) core.Config {
-	return core.Config{
-		Client: client, Name: name, Limit: limit, Fair: true,
-		Prefix: opts.KeyPrefix, LeaseTTL: opts.LeaseTTL, QueueTTL: opts.QueueTTL,
-		DisableAutoRenew: opts.DisableAutoRenew, Fallback: opts.FallbackInterval,
-		Observer: opts.Observer, Logger: opts.Logger,
-		MinReplicas: opts.MinReplicas, ReplicaTimeout: opts.ReplicaTimeout,
-		Owner: opts.Owner, MaxHold: opts.MaxHold, MaxWaiters: opts.MaxWaiters, Rate: opts.Rate,
-	}
-}
+func (s *Semaphore) e() *core.Engine { return (*core.Engine)(s.handle) }
 
 // Acquire joins the queue and blocks until this waiter is granted a slot or
 // ctx ends. Waiters are admitted strictly in arrival order; a slot freed by
@@ -143,29 +131,23 @@ func config(client redis.UniversalClient, name string, limit int, opts Options) 
 // granted in the race), wakes whoever may now enter, and returns an error
 // matching ctx.Err(). If its queue entry is evicted (its process missed
 // heartbeats for QueueTTL) it queues again at the back.
-func (s *Semaphore) Acquire(ctx context.Context) (redsem.Lease, error) {
-	return s.e.Acquire(ctx)
-}
+func (s *Semaphore) Acquire(ctx context.Context) (redsem.Lease, error) { return s.e().Acquire(ctx) }
 
 // TryAcquire makes one attempt and never waits. It never jumps the queue:
 // with live waiters queued it returns redsem.ErrNoSlot even if a slot is
 // free (that slot is being handed to the head waiter).
 func (s *Semaphore) TryAcquire(ctx context.Context) (redsem.Lease, error) {
-	return s.e.TryAcquire(ctx)
+	return s.e().TryAcquire(ctx)
 }
 
 // Status reads the live holders (by deadline), the live waiters (in
 // admission order, Position 0 first) and the limit in force.
-func (s *Semaphore) Status(ctx context.Context) (redsem.Status, error) {
-	return s.e.Status(ctx)
-}
+func (s *Semaphore) Status(ctx context.Context) (redsem.Status, error) { return s.e().Status(ctx) }
 
 // SetLimit sets the limit for every client of this name, overriding the
 // limit each was built with, until set again. It never expires. Raising it
 // admits the head waiters at once; lowering it revokes no lease.
-func (s *Semaphore) SetLimit(ctx context.Context, limit int) error {
-	return s.e.SetLimit(ctx, limit)
-}
+func (s *Semaphore) SetLimit(ctx context.Context, limit int) error { return s.e().SetLimit(ctx, limit) }
 
 // SetRate sets the rate (see Options.Rate) for every client of this name,
 // overriding the rate each was built with, until set again; it never
@@ -175,18 +157,18 @@ func (s *Semaphore) SetLimit(ctx context.Context, limit int) error {
 // weight ends that waiter's AcquireN with redsem.ErrWeight. An invalid rate
 // returns a *redsem.ConfigError and changes nothing.
 func (s *Semaphore) SetRate(ctx context.Context, rate redsem.Rate) error {
-	return s.e.SetRate(ctx, rate)
+	return s.e().SetRate(ctx, rate)
 }
 
 // Name is the semaphore's name as given to New.
-func (s *Semaphore) Name() string { return s.e.Name() }
+func (s *Semaphore) Name() string { return s.e().Name() }
 
 // Close stops the background wake-up subscription and the session
 // heartbeat, which otherwise end by themselves shortly after the last
 // waiter leaves. Acquire calls blocked at the time leave the queue and
 // return redsem.ErrClosed, as do later Acquire and TryAcquire calls.
 // Leases already granted keep working (renew, release) after Close.
-func (s *Semaphore) Close() error { return s.e.Close() }
+func (s *Semaphore) Close() error { return s.e().Close() }
 
 // AcquireN joins the queue for n slots at once and blocks until they are
 // granted together or ctx ends. Waiters are admitted strictly in arrival
@@ -198,12 +180,12 @@ func (s *Semaphore) Close() error { return s.e.Close() }
 // it waits ends the wait with that error too. With Options.MaxWaiters
 // entries queued it returns an error matching redsem.ErrQueueFull at once.
 func (s *Semaphore) AcquireN(ctx context.Context, n int) (redsem.Lease, error) {
-	return s.e.AcquireN(ctx, n)
+	return s.e().AcquireN(ctx, n)
 }
 
 // TryAcquireN makes one attempt to take n slots at once and never waits. It
 // never jumps the queue: with live waiters queued it returns
 // redsem.ErrNoSlot.
 func (s *Semaphore) TryAcquireN(ctx context.Context, n int) (redsem.Lease, error) {
-	return s.e.TryAcquireN(ctx, n)
+	return s.e().TryAcquireN(ctx, n)
 }

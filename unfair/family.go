@@ -51,7 +51,7 @@ type Family struct {
 // admit at most limit holders at once. It does no I/O and validates like
 // New (and a negative IdleAfter, Shards outside [0, 1024]).
 func NewFamily(client redis.UniversalClient, name string, limit int, opts FamilyOptions) (*Family, error) {
-	f, err := core.NewFamily(config(client, name, limit, opts.Options), opts.IdleAfter, opts.Shards)
+	f, err := core.NewFamily(core.ConfigOf(client, name, limit, false, opts.Options), opts.IdleAfter, opts.Shards)
 	if err != nil {
 		return nil, err
 	}
@@ -64,13 +64,7 @@ func NewFamily(client redis.UniversalClient, name string, limit int, opts Family
 // (one Redis key set, one local state) until the family drops it as idle.
 // Its Name is key; its Close does nothing (Family.Close ends the shared
 // machinery). Get returns redsem.ErrClosed after Close.
-func (f *Family) Get(key string) (*Semaphore, error) {
-	e, err := f.f.Get(key)
-	if err != nil {
-		return nil, err
-	}
-	return &Semaphore{e: e}, nil
-}
+func (f *Family) Get(key string) (*Semaphore, error) { return semaphore(f.f.Get(key)) }
 
 // Name is the family's name as given to NewFamily.
 func (f *Family) Name() string { return f.f.Name() }

@@ -76,36 +76,16 @@ type Options struct {
 	Rate redsem.Rate
 }
 
-// config is the engine configuration of New and NewFamily.
-func config(client redis.UniversalClient, name string, limit int, opts Options) core.Config {
-	return core.Config{
-		Client: client, Name: name, Limit: limit,
-		Prefix: opts.KeyPrefix, LeaseTTL: opts.LeaseTTL,
-		DisableAutoRenew: opts.DisableAutoRenew, Fallback: opts.FallbackInterval,
-		Observer: opts.Observer, Logger: opts.Logger,
-		MinReplicas: opts.MinReplicas, ReplicaTimeout: opts.ReplicaTimeout,
-		Owner: opts.Owner, MaxHold: opts.MaxHold, Rate: opts.Rate,
-	}
-}
-
 // Semaphore is the unfair (sorted-set) semaphore. It is safe for concurrent
 // use; create one per name and process and share it.
-type Semaphore struct {
-	e *core.Engine
-}
+type Semaphore struct{ *handle }
+
+// handle is the engine behind a Semaphore (see core.Handle: embedded, it
+// lets this module's own packages find the engine, and gives users
+// nothing).
+type handle = core.Handle
 
 var _ redsem.Semaphore = (*Semaphore)(nil)
-
-// The engine behind a *Semaphore, for this module's own packages
-// (redsemsql subscribes to its demand notices).
-func init() {
-	core.RegisterUnwrap(func(v any) *core.Engine {
-		if s, ok := v.(*Semaphore); ok && s != nil {
-			return s.e
-		}
-		return nil
-	})
-}
 
 // New returns an unfair semaphore called name that admits at most limit
 // holders at once. client may be a *redis.Client, *redis.ClusterClient or a
@@ -113,40 +93,41 @@ func init() {
 // (matching redsem.ErrInvalidConfig) for a nil client, an empty or too long
 // name, a limit outside [1, 2^20], or a negative or sub-millisecond TTL.
 func New(client redis.UniversalClient, name string, limit int, opts Options) (*Semaphore, error) {
-	e, err := core.New(config(client, name, limit, opts))
+	return semaphore(core.New(core.ConfigOf(client, name, limit, false, opts)))
+}
+
+// semaphore is the Semaphore of an engine that core.New or a family's Get
+// returned, or their error.
+func semaphore(e *core.Engine, err error) (*Semaphore, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Semaphore{e: e}, nil
+	return &Semaphore{(*handle)(e)}, nil
 }
+
+func (s *Semaphore) e() *core.Engine { return (*core.Engine)(s.handle) }
 
 // Acquire blocks until a slot is granted or ctx ends. It tries once; if no
 // slot is free it subscribes to release notices and tries again on each
 // notice, just after the earliest holder deadline, and at least every
 // FallbackInterval. On ctx end it returns an error matching ctx.Err() and
 // holds nothing. A limit mismatch or a Redis error is returned at once.
-func (s *Semaphore) Acquire(ctx context.Context) (redsem.Lease, error) {
-	return s.e.Acquire(ctx)
-}
+func (s *Semaphore) Acquire(ctx context.Context) (redsem.Lease, error) { return s.e().Acquire(ctx) }
 
 // TryAcquire makes one attempt and never waits: it returns redsem.ErrNoSlot
 // when all slots are held (or when fair waiters of the same name are
 // queued: it never jumps a queue).
 func (s *Semaphore) TryAcquire(ctx context.Context) (redsem.Lease, error) {
-	return s.e.TryAcquire(ctx)
+	return s.e().TryAcquire(ctx)
 }
 
 // Status reads the live holders, ordered by deadline, and the limit in force.
-func (s *Semaphore) Status(ctx context.Context) (redsem.Status, error) {
-	return s.e.Status(ctx)
-}
+func (s *Semaphore) Status(ctx context.Context) (redsem.Status, error) { return s.e().Status(ctx) }
 
 // SetLimit sets the limit for every client of this name, overriding the
 // limit each was built with, until set again. It never expires. Lowering it
 // revokes no lease: new grants wait until fewer than limit are held.
-func (s *Semaphore) SetLimit(ctx context.Context, limit int) error {
-	return s.e.SetLimit(ctx, limit)
-}
+func (s *Semaphore) SetLimit(ctx context.Context, limit int) error { return s.e().SetLimit(ctx, limit) }
 
 // SetRate sets the rate (see Options.Rate) for every client of this name,
 // overriding the rate each was built with, until set again; it never
@@ -156,18 +137,18 @@ func (s *Semaphore) SetLimit(ctx context.Context, limit int) error {
 // weight ends that waiter's AcquireN with redsem.ErrWeight. An invalid rate
 // returns a *redsem.ConfigError and changes nothing.
 func (s *Semaphore) SetRate(ctx context.Context, rate redsem.Rate) error {
-	return s.e.SetRate(ctx, rate)
+	return s.e().SetRate(ctx, rate)
 }
 
 // Name is the semaphore's name as given to New.
-func (s *Semaphore) Name() string { return s.e.Name() }
+func (s *Semaphore) Name() string { return s.e().Name() }
 
 // Close stops the background wake-up subscription, which otherwise ends by
 // itself shortly after the last waiter leaves. Acquire calls blocked at the
 // time return redsem.ErrClosed, holding nothing, as do later Acquire and
 // TryAcquire calls. Leases already granted keep working (renew, release)
 // after Close.
-func (s *Semaphore) Close() error { return s.e.Close() }
+func (s *Semaphore) Close() error { return s.e().Close() }
 
 // AcquireN blocks until n slots are granted at once, or ctx ends: all or
 // nothing, so two callers that each need several slots never deadlock each
@@ -177,11 +158,11 @@ func (s *Semaphore) Close() error { return s.e.Close() }
 // n < 1 or above the limit in force returns an error matching
 // redsem.ErrWeight at once, writing nothing.
 func (s *Semaphore) AcquireN(ctx context.Context, n int) (redsem.Lease, error) {
-	return s.e.AcquireN(ctx, n)
+	return s.e().AcquireN(ctx, n)
 }
 
 // TryAcquireN makes one attempt to take n slots at once and never waits:
 // redsem.ErrNoSlot when fewer than n are free.
 func (s *Semaphore) TryAcquireN(ctx context.Context, n int) (redsem.Lease, error) {
-	return s.e.TryAcquireN(ctx, n)
+	return s.e().TryAcquireN(ctx, n)
 }
