@@ -4,6 +4,7 @@ import (
 	"go/ast"
 	"go/parser"
 	"go/token"
+	"maps"
 	"strings"
 	"testing"
 )
@@ -18,8 +19,8 @@ func TestSharedOptionDocsAgree(t *testing.T) {
 		"FallbackInterval": "fair's waiters rely on their session; unfair's retry on their own",
 		"Rate":             "fair's head waits for both bounds and is never overtaken; unfair grants whoever fits",
 	}
-	fair := optionDocs(t, "fair/fair.go")
-	unfair := optionDocs(t, "unfair/unfair.go")
+	fair := fieldDocs(t, "fair/fair.go", "Options")
+	unfair := fieldDocs(t, "unfair/unfair.go", "Options")
 	shared := 0
 	for name, doc := range unfair {
 		fdoc, ok := fair[name]
@@ -48,7 +49,22 @@ func TestSharedOptionDocsAgree(t *testing.T) {
 	}
 }
 
-func optionDocs(t *testing.T, path string) map[string]string {
+// The fields FamilyOptions adds to Options are documented the same in
+// both variants.
+func TestFamilyOptionDocsAgree(t *testing.T) {
+	fair := fieldDocs(t, "fair/family.go", "FamilyOptions")
+	unfair := fieldDocs(t, "unfair/family.go", "FamilyOptions")
+	if !maps.Equal(fair, unfair) {
+		t.Errorf("FamilyOptions documented differently:\nfair:   %q\nunfair: %q", fair, unfair)
+	}
+	if len(fair) < 2 {
+		t.Fatalf("only %d named fields found in FamilyOptions: is the parse right?", len(fair))
+	}
+}
+
+// fieldDocs returns the doc comments of the named fields of the struct
+// type called name in the file at path.
+func fieldDocs(t *testing.T, path, name string) map[string]string {
 	t.Helper()
 	f, err := parser.ParseFile(token.NewFileSet(), path, nil, parser.ParseComments)
 	if err != nil {
@@ -57,18 +73,18 @@ func optionDocs(t *testing.T, path string) map[string]string {
 	docs := map[string]string{}
 	ast.Inspect(f, func(n ast.Node) bool {
 		ts, ok := n.(*ast.TypeSpec)
-		if !ok || ts.Name.Name != "Options" {
+		if !ok || ts.Name.Name != name {
 			return true
 		}
 		for _, field := range ts.Type.(*ast.StructType).Fields.List {
-			for _, name := range field.Names {
-				docs[name.Name] = strings.TrimSpace(field.Doc.Text())
+			for _, id := range field.Names {
+				docs[id.Name] = strings.TrimSpace(field.Doc.Text())
 			}
 		}
 		return false
 	})
 	if len(docs) == 0 {
-		t.Fatalf("%s: no Options struct", path)
+		t.Fatalf("%s: no struct %s", path, name)
 	}
 	return docs
 }
