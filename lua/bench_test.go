@@ -138,7 +138,7 @@ func scriptCases(ctx context.Context, c *redis.Client, mode string) []scriptCase
 	// The unfair cycle on a semaphore whose meta holds 300 tombstones (as
 	// one that turns over 20 leases a second keeps: each lives 15 s), after
 	// a prune step has run: the field lookups of a listpack of 300 fields
-	// against a hash table (lib.lua's keep_hashed).
+	// against a hash table (keep_hashed, lib_prune.lua).
 	bench("unfair-try-release-300", func(k core.Keys) error {
 		// Afresh on every run of the benchmark function (the framework
 		// runs it more than once): 300 tombstones, not 300 per run.
@@ -264,7 +264,7 @@ func scriptCases(ctx context.Context, c *redis.Client, mode string) []scriptCase
 	})
 
 	// The same under a rate (Options.Rate). "5:R:P" is the client's
-	// limit 5 with a rate of R slots per P ms (lib.lua's client_arg).
+	// limit 5 with a rate of R slots per P ms (client_arg, lib_args.lua).
 	//
 	// rate-*-release: a rate that always has room (a million per 100
 	// ms), so every grant is checked against, and recorded in, a window

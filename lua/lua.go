@@ -1,7 +1,8 @@
 // Package lua holds redsem's Redis scripts. Each script is a .lua file in
-// this directory whose header states its KEYS, ARGV and reply; lib.lua holds
-// the functions the semaphore scripts share and is prepended to each one
-// (fence_lib.lua to the fencing scripts). All scripts take time from the
+// this directory whose header states its KEYS, ARGV and reply; the lib, the
+// lib_*.lua files concatenated in the order of libFiles, holds the functions
+// the semaphore scripts share and is prepended to each one (fence_lib.lua to
+// the fencing scripts). All scripts take time from the
 // Redis server (TIME), never from the client, and touch only the keys of one
 // semaphore, which share a {hash-tag} so that Redis Cluster keeps them in one
 // slot.
@@ -22,8 +23,24 @@ import (
 )
 
 var (
-	//go:embed lib.lua
-	lib string
+	//go:embed lib_args.lua
+	libArgs string
+	//go:embed lib_records.lua
+	libRecords string
+	//go:embed lib_slots.lua
+	libSlots string
+	//go:embed lib_prune.lua
+	libPrune string
+	//go:embed lib_limit.lua
+	libLimit string
+	//go:embed lib_rate.lua
+	libRate string
+	//go:embed lib_queue.lua
+	libQueue string
+	//go:embed lib_admit.lua
+	libAdmit string
+	//go:embed lib_bind.lua
+	libBind string
 	//go:embed acquire.lua
 	acquireSrc string
 	//go:embed renew.lua
@@ -45,6 +62,14 @@ var (
 	//go:embed fence_set.lua
 	fenceSetSrc string
 )
+
+// libFiles are the files of the lib, by concern, in the order in which they
+// are concatenated: each uses only what the files before it define (Lua
+// sees a local only below its declaration), as its header states.
+var libFiles = []string{libArgs, libRecords, libSlots, libPrune, libLimit, libRate, libQueue, libAdmit, libBind}
+
+// lib is the text of the lib: its files, concatenated.
+var lib = strings.Join(libFiles, "")
 
 // Script names one of redsem's scripts.
 type Script uint8
@@ -83,11 +108,12 @@ type script struct {
 	file, src, sha string
 }
 
-// The semaphore scripts: each is lib.lua followed by the script's file,
+// The semaphore scripts: each is the lib followed by the script's file,
 // sent whole with EVAL (or by SHA1 with EVALSHA), or one function of the
-// FUNCTION library (Library). lib.lua declares the names KEYS and ARGV as
-// its own per-call state, so the EVAL form keeps the globals aside first,
-// and every script starts with bind (lib.lua), which sets that state.
+// FUNCTION library (Library). The lib declares the names KEYS and ARGV as
+// its own per-call state (lib_args.lua), so the EVAL form keeps the globals
+// aside first, and every script starts with bind (lib_bind.lua), which sets
+// that state.
 var bodies = []struct {
 	s         Script
 	file, src string

@@ -2,6 +2,8 @@ package lua_test
 
 import (
 	"context"
+	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"testing"
@@ -110,7 +112,7 @@ func TestBadArgumentsWriteNothing(t *testing.T) {
 	}
 }
 
-// recordLife is lib.lua's TOMB_MS: how long release, cancellation and
+// recordLife is lib_args.lua's TOMB_MS: how long release, cancellation and
 // SetLimit call records live.
 const recordLife = 15 * time.Second
 
@@ -217,7 +219,7 @@ func TestScriptsLoadUnderTheirHash(t *testing.T) {
 // A semaphore's meta hash leaves Redis's listpack encoding (where every
 // field read or written scans the hash from the front) once it holds more
 // than a few dozen fields, tombstones mostly, and stays a hash table; a
-// small one stays a compact listpack. Without lib.lua's keep_hashed, 40
+// small one stays a compact listpack. Without lib_prune.lua's keep_hashed, 40
 // releases' tombstones left a listpack of 50 fields (the default limit is
 // 512), whose scans were half of the server's instructions per call.
 func TestMetaLeavesListpackWhenLarge(t *testing.T) {
@@ -320,5 +322,26 @@ func TestHandoffTakesLowestFreeSlots(t *testing.T) {
 	}
 	if f := free(); len(f) != 0 {
 		t.Fatalf("free set %v after the second handoff, want none", f)
+	}
+}
+
+// Every lib_*.lua file is part of the lib that each semaphore script
+// starts with (lua.go lists them: a file added here and not there would
+// be left out).
+func TestLibFilesAllPrepended(t *testing.T) {
+	files, err := filepath.Glob("lib_*.lua")
+	if err != nil || len(files) == 0 {
+		t.Fatalf("no lib_*.lua files: %v", err)
+	}
+	src := lua.Acquire.Source()
+	_, fn := lua.Library()
+	for _, f := range files {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !strings.Contains(src, string(b)) || !strings.Contains(fn, string(b)) {
+			t.Errorf("%s is not part of the lib (lua.go's libFiles)", f)
+		}
 	}
 }

@@ -2,9 +2,9 @@
 -- never expires. Raising it admits waiters at once; lowering it below a
 -- queued waiter's weight ends that waiter's wait (an "x" message), wherever
 -- it stands in the queue (a scan of the queue: SetLimit is rare).
--- KEYS: the nine keys of lib.lua.
+-- KEYS: the nine keys of lib_args.lua.
 -- ARGV: [1] channel base, [2] publish command, [3] the new limit (>= 1),
---           with the caller's rate as in lib.lua's client_arg,
+--           with the caller's rate as in client_arg (lib_args.lua),
 --       [4] call id (a UUID per SetLimit call): a copy of the call that runs
 --           again (go-redis re-sends a command whose reply was lost) finds
 --           its record and changes nothing, so it cannot undo a later

@@ -1,0 +1,127 @@
+-- lib_admit.lua: what follows a change of the free slots: admit (the fair
+-- queue's waiters, in arrival order), notify_free (unfair waiters), hint
+-- (when to look again), and append for the scripts' replies.
+-- Uses from lib_args.lua: Q, M, CHAN, SENTINEL, CLOCK_US, fmt; from
+-- lib_records.lua: get, num, next_expiry, set, put, del, records; from
+-- lib_slots.lua: parse_waiter; from lib_rate.lua: rate, rate_fits,
+-- rate_ms, RL, RATE_AT; from lib_queue.lua: grant, publish,
+-- session_deadline.
+
+-- admit grants free slots to the earliest live waiters in arrival order,
+-- evicting dead ones (their session is gone) it meets at the head, and
+-- waiters heavier than the limit or the rate's limit (told with an "x"
+-- message). A head waiter that needs more slots than are free, or than the
+-- rate allows now, keeps its place and stops admission: nobody overtakes
+-- it. When the rate holds it back, its session is told when the rate will
+-- let it in ("w id ms", once per head and time), so that its process runs
+-- the admission again then. A grant lasts until now + lease_ms, but no longer
+-- than the grantee's session until the grantee renews it, so that it dies
+-- with a process that never learned of it. Each grantee's session is told
+-- "g id token deadline slots". Returns the grants as a flat list
+-- (id, token, deadline, "slots", ...).
+local function admit(now, now_us, limit)
+  local out = {}
+  rate()
+  while num('_q') > 0 and limit - num('_used') > 0 do
+    local head = redis.call('ZPOPMIN', Q)
+    local id, seq = head[1], head[2]
+    if id == nil or id == SENTINEL then
+      redis.call('ZADD', Q, 'inf', SENTINEL)
+      set('_q', 0) -- the count drifted: nothing real is queued
+      break
+    end
+    records({id})
+    local rec = get(id)
+    local sid, n, lease_ms, owner
+    if rec and string.sub(rec, 1, 1) == 'W' then
+      sid, n, lease_ms, owner = parse_waiter(rec)
+    end
+    local sdl = sid and session_deadline(sid, now)
+    if not sdl then
+      del(id) -- a dead waiter: evicted
+      set('_q', num('_q') - 1)
+    elseif n > limit or (RL > 0 and n > RL) then
+      del(id)
+      set('_q', num('_q') - 1)
+      if n > limit then
+        publish(CHAN .. ':s:' .. sid, 'x ' .. id .. ' ' .. limit)
+      else
+        publish(CHAN .. ':s:' .. sid, 'x ' .. id .. ' ' .. RL .. ' rate')
+      end
+    elseif n > limit - num('_used') then
+      redis.call('ZADD', Q, seq, id) -- not enough free yet: keep the place
+      break
+    elseif not rate_fits(n, now_us) then
+      redis.call('ZADD', Q, seq, id) -- the rate's window is full: keep the place
+      local wake = fmt(RATE_AT) .. ' ' .. id
+      if get('_rwake') ~= wake then
+        put('_rwake', wake)
+        publish(CHAN .. ':s:' .. sid, 'w ' .. id .. ' ' .. rate_ms(now_us))
+      end
+      break
+    else
+      set('_q', num('_q') - 1)
+      local deadline = now + lease_ms
+      if sdl < deadline then
+        deadline = sdl
+      end
+      local token, _, list = grant(id, n, now, now_us, deadline, owner)
+      publish(CHAN .. ':s:' .. sid, 'g ' .. id .. ' ' .. fmt(token) .. ' ' .. fmt(deadline) .. ' ' .. list)
+      out[#out + 1] = id
+      out[#out + 1] = token
+      out[#out + 1] = deadline
+      out[#out + 1] = list
+    end
+  end
+  return out
+end
+
+-- notify_free tells unfair waiters how many slots are free, if any wait:
+-- "n meta-key", so that on a channel that the members of a keyed family
+-- share, a process wakes only the waiters of the member that has them.
+-- Under a rate, no more than the window has room for (by its running sum,
+-- an upper bound of what it holds), and nothing while it is full: a
+-- waiter woken then would only be refused by the rate; each process's
+-- waiters for the window wake when it has room (core's rate gate).
+local function notify_free(now, limit)
+  local free = limit - num('_used')
+  if free <= 0 or num('_want') <= now then
+    return
+  end
+  if rate() > 0 then
+    if not rate_fits(1, CLOCK_US) then
+      return
+    end
+    free = math.min(free, RL - num('_rsum'))
+    if free <= 0 then
+      return
+    end
+  end
+  publish(CHAN .. ':free', free .. ' ' .. M)
+end
+
+-- hint returns ms until the earliest holder may expire, or until the rate
+-- lets in what it held back in this call (RATE_AT) if that is sooner; -1
+-- with neither.
+local function hint(now)
+  local n = next_expiry()
+  local h = -1
+  if n ~= math.huge then
+    h = math.max(n - now, 0)
+  end
+  if RATE_AT then
+    local r = rate_ms(CLOCK_US)
+    if h < 0 or r < h then
+      h = r
+    end
+  end
+  return h
+end
+
+local function append(dst, src)
+  local n = #dst
+  for i = 1, #src do
+    dst[n + i] = src[i]
+  end
+  return dst
+end

@@ -1,0 +1,221 @@
+-- lib_args.lua: the first part of the lib, the functions that the
+-- semaphore scripts share. The lib is the lib_*.lua files concatenated in
+-- this order (lua.go): lib_args, lib_records, lib_slots, lib_prune,
+-- lib_limit, lib_rate, lib_queue, lib_admit, lib_bind; it is prepended to
+-- each script for EVAL, and is the head of the FUNCTION library that holds
+-- them all. Each file uses only what the files before it define (Lua's
+-- locals are seen only below their declaration). The lib defines no reply
+-- of its own; every script first calls bind(KEYS, ARGV) (lib_bind.lua).
+--
+-- This file holds the layout of the keys (below), the per-call state's
+-- declarations (set by bind), the constants, argument parsing (fail,
+-- int_arg, parse_rate, id_arg, client_arg), the checks of limits and rates
+-- read from Redis (stored_limit, stored_rate), clock and fmt. It uses
+-- nothing from another file.
+--
+-- KEYS (the same nine for every script, all in one {hash-tag} slot):
+--   KEYS[1] holders  ZSET  lease id -> deadline (server ms)
+--   KEYS[2] queue    ZSET  waiter id -> arrival number (fair)
+--   KEYS[3] sessions ZSET  session id -> deadline (server ms) (fair); the
+--                          members of a keyed family share one (its TTL is
+--                          only ever extended, see flush)
+--   KEYS[4] free     ZSET  slot -> slot: the slots below the high-water mark
+--                          "_hw" that no holder entry holds
+--   KEYS[5] ended    ZSET  id -> until (server ms): ids whose record in meta
+--                          is a tombstone (released or cancelled), for pruning
+--   KEYS[6] meta     HASH  counters (fields that start with "_") and one
+--                          record per id (see below)
+--   KEYS[7] limit    STRING the limit set by SetLimit; never expires
+--   KEYS[8] window   ZSET  "token:n" -> token: one record per grant made
+--                          under a rate (Options.Rate), n slots at server
+--                          time token (µs; tokens are never below the
+--                          server clock), while it may still count in the
+--                          rate's window
+--   KEYS[9] rate     STRING the rate set by SetRate, "limit/per_ms" ("0/0":
+--                          none); never expires
+-- The six sets each keep a sentinel member "~" scored +inf (the window from
+-- the first grant under a rate on), so that none
+-- of them ever becomes empty (Redis would delete it and its TTL with it):
+-- every key but "limit" expires at the horizon "_hz", which is extended
+-- only when an entry outlives it, so a key's TTL is set about once per
+-- lease TTL rather than on every call.
+--
+-- meta counters: _hz horizon (server ms), _limit limit established by live
+--   clients, _fixed SetLimit's limit (mirror of KEYS[7]), _token last fencing
+--   token, _used slots held by holder entries (expired ones included until
+--   removed), _hw high-water mark of slots ever handed out, _seq last arrival
+--   number, _q queue entries (dead ones included until evicted), _next a
+--   lower bound of every holder deadline (expiry work runs only once it has
+--   passed), _want until when unfair waiters want freed-slot notices, _prune
+--   when tombstones and dead sessions are pruned next. Rate (all absent
+--   while no rate was ever used; _rx "1" once any of the others may be
+--   set, so that a call without a rate reads that one field only, and the
+--   others are read by rate_load when needed): _rate the rate established by live
+--   clients ("limit/per_ms"; absent: none), _frate SetRate's rate (mirror of
+--   KEYS[9]), _rsum the slots of the window's records not trimmed yet, _rold
+--   a lower bound of the window records' times ("inf": none), _rwake the
+--   latest time (server µs) at which the rate frees room for the head waiter
+--   that its session was told of. _pad: a constant text that keeps meta a
+--   hash table once it is large (keep_hashed).
+-- meta records, one field per lease or waiter id (ids never start with "_"):
+--   "L|token|s1,s2,...|owner"           a holder entry's lease
+--   "W|session|weight|lease_ms|owner"   a queue entry's waiter
+--   "R"                                 released by its holder (tombstone)
+--   "C"                                 cancelled: an acquire that runs
+--                                       later (e.g. a request delayed in
+--                                       flight) must not grant or queue it
+--   "S"                                 a SetLimit call id that ran (a
+--                                       re-sent copy changes nothing)
+--
+-- ARGV common prefix:
+--   ARGV[1] channel base ("prefix:{name}:ch"); grants go to
+--           base..":s:"..session, freed-slot notices to base..":free"
+--   ARGV[2] publish command: "PUBLISH", or "SPUBLISH" on a cluster
+--   ARGV[3] the calling client's limit (integer >= 1), and its rate if it
+--           has one: "limit" or "limit:rate_limit:per_ms" (client_arg)
+
+-- Per-call state. The lib is loaded two ways (lua.go): prepended to each
+-- script for EVAL, where it runs on every call, and as a FUNCTION library,
+-- where it runs once per server and each function is called many times. So
+-- nothing here may keep a value from one call to the next: everything that
+-- depends on the call (its KEYS and ARGV, the keys' names, the meta cache,
+-- the clock) is declared here and set by bind(), which every script runs
+-- first (lib_bind.lua).
+local KEYS, ARGV
+local H, Q, S, F, E, M, O, W, R
+local CHAN, PUB
+local SENTINEL = '~'
+-- Keys outlive the longest entry by at least this much.
+local MARGIN_MS = 1000
+-- Tombstones live at most this long: a request retried after a lost reply
+-- comes back well within it.
+local TOMB_MS = 15000
+-- How many entries one expiry or prune step handles at most.
+local BATCH = 64
+-- How many arguments one variadic command of a script gets at most. Lua's
+-- unpack fails past about 8 000 values (LUAI_MAXCSTACK), and Redis keeps
+-- every write a script made before such an error: a script that writes
+-- thousands of fields (one release admitting thousands of waiters) writes
+-- them in chunks of this many arguments.
+local CHUNK = 1000
+-- The largest limit and weight (core.MaxLimit).
+local MAX_LIMIT = 1048576
+
+local function fail(msg)
+  return redis.error_reply('ERR redsem: ' .. msg)
+end
+
+-- int_arg returns ARGV[i] as an integer in [min, max] (max: 2^53 - 1 when
+-- not given), or nil and an error reply. Only plain decimal digits count:
+-- "1e3", "0x10", "inf" and "nan" are refused, not converted.
+local function int_arg(i, name, min, max)
+  local s = ARGV[i]
+  local v = s and string.find(s, '^%d+$') and #s <= 16 and tonumber(s) -- ARGV: strings or nil
+  if not v or v < min or v > (max or 9007199254740991) then
+    return nil, fail('bad ' .. name .. ': ' .. tostring(s))
+  end
+  return v
+end
+
+-- stored_limit returns a limit read from Redis (the SetLimit override, or
+-- a meta counter) as a number: nil when absent, false when it is not an
+-- integer in [1, MAX_LIMIT] (an outside write: "inf", "1e9", "2.5" must not
+-- make the semaphore unlimited, shut or rounded).
+local function stored_limit(v)
+  if v == nil or v == false then
+    return nil
+  end
+  local n = string.find(v, '^%d+$') and #v <= 8 and tonumber(v) -- v: a text read from Redis
+  if not n or n < 1 or n > MAX_LIMIT then
+    return false
+  end
+  return n
+end
+
+-- The longest rate period, ms (core.MaxRatePer): about a year, so that
+-- times plus a period stay exact in Lua's doubles.
+local MAX_PER_MS = 31622400000
+
+-- parse_rate returns the rate limit and period (ms) of "limit/per_ms", or
+-- nil when v is not one: both zero (no rate), or limit in [1, MAX_LIMIT]
+-- and per_ms in [1, MAX_PER_MS].
+local function parse_rate(v, sep)
+  local l, p = string.match(v, '^(%d+)' .. sep .. '(%d+)$')
+  if not l or #l > 8 or #p > 12 then
+    return nil
+  end
+  l, p = tonumber(l), tonumber(p)
+  if (l == 0) ~= (p == 0) or l > MAX_LIMIT or p > MAX_PER_MS then
+    return nil
+  end
+  return l, p
+end
+
+-- stored_rate is stored_limit for a rate read from Redis (the SetRate
+-- override, or the meta counters _frate and _rate): nil when absent, false
+-- when malformed, else its limit and period (0, 0: no rate).
+local function stored_rate(v)
+  if v == nil or v == false then
+    return nil
+  end
+  if type(v) ~= 'string' then
+    return false
+  end
+  local l, p = parse_rate(v, '/')
+  if not l then
+    return false
+  end
+  return l, p
+end
+
+-- id_arg returns ARGV[i] as a lease, waiter or session id.
+local function id_arg(i, name)
+  local v = ARGV[i]
+  if v == nil or v == '' or #v > 128 or not string.find(v, '^[%w%-]+$') or v == SENTINEL then
+    return nil, fail('bad ' .. name .. ': ' .. tostring(v))
+  end
+  return v
+end
+
+-- client_arg returns the calling client's limit from ARGV[3] ("limit", or
+-- "limit:rate_limit:per_ms" for a client built with a rate), or nil and an
+-- error reply; it keeps the client's rate in CRL, CRP (0, 0: none).
+local CRL, CRP
+local function client_arg()
+  local s = ARGV[3]
+  if s and string.find(s, ':', 1, true) then
+    local l, r = string.match(s, '^(%d+):(%d+:%d+)$')
+    local rl, rp
+    if l and #l <= 8 then
+      rl, rp = parse_rate(r, ':')
+    end
+    if not rl then
+      return nil, fail('bad limit: ' .. s)
+    end
+    CRL, CRP = rl, rp
+    ARGV[3] = l
+  end
+  return int_arg(3, 'limit', 1, MAX_LIMIT)
+end
+
+-- clock returns the server time in milliseconds and in microseconds.
+local CLOCK_MS -- the server time of the latest clock() call
+local CLOCK_US
+local function clock()
+  local t = redis.call('TIME')
+  local s, us = tonumber(t[1]), tonumber(t[2])
+  CLOCK_MS = s * 1000 + (us - us % 1000) / 1000
+  CLOCK_US = s * 1000000 + us
+  return CLOCK_MS, CLOCK_US
+end
+
+-- fmt formats a number as Redis and the clients read it: digits, never
+-- an exponent. Integers (every count, time and token) go through C's %d,
+-- which costs half of %.0f (whose arbitrary-precision path is for
+-- fractions: kept for anything else, inf and nan included).
+local function fmt(n)
+  if n % 1 == 0 and n > -9007199254740992 and n < 9007199254740992 then
+    return string.format('%d', n)
+  end
+  return string.format('%.0f', n)
+end

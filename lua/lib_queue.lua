@@ -1,0 +1,83 @@
+-- lib_queue.lua: grant (a holder entry: slots, fencing token, window
+-- record; it comes after the rate, whose window it writes), publish, and
+-- the fair queue's parts: session_deadline (sessions), drop_waiter and
+-- evict_heavier (waiters that can never be admitted).
+-- Uses from lib_args.lua: H, Q, S, CHAN, PUB, fmt; from lib_records.lua:
+-- get, num, next_expiry, set, put, del, records, extend; from
+-- lib_slots.lua: parse_waiter; from lib_limit.lua: take_slots; from
+-- lib_rate.lua: rate_record.
+
+-- grant makes id a holder of n slots until deadline, with the next fencing
+-- token: never less than the server clock in microseconds, so tokens keep
+-- increasing even when the counter is lost. Returns the token, the slots
+-- (a list) and the slots as the record and the messages write them ("s1,s2").
+local function grant(id, n, now, now_us, deadline, owner)
+  local slots = take_slots(n)
+  local token = num('_token') + 1
+  if token < now_us then
+    token = now_us
+  end
+  local t = fmt(token)
+  set('_token', token, t)
+  -- table.concat would format a number with "%.14g" (C's slow path for
+  -- fractions): one slot, as most leases hold, goes through fmt.
+  local list = n == 1 and fmt(slots[1]) or table.concat(slots, ',')
+  put(id, 'L|' .. t .. '|' .. list .. '|' .. owner)
+  redis.call('ZADD', H, fmt(deadline), id)
+  if deadline < next_expiry() then
+    set('_next', deadline)
+  end
+  extend(now, deadline)
+  rate_record(token, n, now)
+  return token, slots, list
+end
+
+local function publish(channel, msg)
+  redis.call(PUB, channel, msg)
+end
+
+-- session_deadline returns a live session's deadline, or nil.
+local SDL -- session id -> deadline, as read by this call
+local function session_deadline(sid, now)
+  if not SDL then
+    SDL = {}
+  end
+  local d = SDL[sid]
+  if d == nil then
+    d = tonumber(redis.call('ZSCORE', S, sid)) or 0
+    SDL[sid] = d
+  end
+  if d > now then
+    return d
+  end
+  return nil
+end
+
+local function drop_waiter(id)
+  redis.call('ZREM', Q, id)
+  del(id)
+  set('_q', num('_q') - 1)
+end
+
+-- evict_heavier drops the queued waiters that ask for more than max slots
+-- (SetLimit's limit, SetRate's rate: they can never be admitted), wherever
+-- they stand, and tells their processes: "x id max" followed by note (""
+-- for the limit, " rate" for the rate).
+local function evict_heavier(max, note)
+  if num('_q') == 0 then
+    return
+  end
+  local ids = redis.call('ZRANGE', Q, 0, -1)
+  ids[#ids] = nil -- the sentinel
+  records(ids)
+  for _, id in ipairs(ids) do
+    local rec = get(id)
+    if rec and string.sub(rec, 1, 1) == 'W' then
+      local sid, n = parse_waiter(rec)
+      if n > max then
+        drop_waiter(id)
+        publish(CHAN .. ':s:' .. sid, 'x ' .. id .. ' ' .. max .. note)
+      end
+    end
+  end
+end

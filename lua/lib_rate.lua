@@ -1,0 +1,201 @@
+-- lib_rate.lua: the rate (Options.Rate) and its window: the rate in force
+-- for the call (RL, RP_US, RATE_AT; rate), establish_rate, rate_keep, and
+-- the window's records (rec_weight, rate_trim, rate_fits, rate_record,
+-- rate_ms).
+-- Uses from lib_args.lua: W, SENTINEL, CHUNK, CRL, CRP, CLOCK_MS,
+-- stored_limit, stored_rate, fmt; from lib_records.lua: META, rate_load,
+-- get, num, set, put, del, extend, HZ_MOVED.
+
+-- The rate in force for this call (rate()): at most RL slots granted in any
+-- RP_US µs (RL 0: no rate); and RATE_AT: the server time (µs) at which the
+-- window has room for the request or head waiter that the rate held back in
+-- this call (nil: none).
+local RL, RP_US, RATE_AT
+
+-- rate returns the rate limit in force (0: none) and sets RL and RP_US,
+-- once per call: SetRate's rate, else the one live clients established
+-- (none, once they established a limit without a rate), else the client's.
+local function rate()
+  if RL then
+    return RL
+  end
+  if CRL == 0 and not META['_rx'] then
+    RL, RP_US = 0, 0 -- no rate anywhere: nothing to read
+    return 0
+  end
+  rate_load(true)
+  local l, p = stored_rate(get('_frate'))
+  if not l then
+    l, p = stored_rate(get('_rate'))
+    if not l and stored_limit(get('_limit')) then
+      l, p = 0, 0
+    end
+  end
+  if not l then
+    l, p = CRL, CRP
+  end
+  RL, RP_US = l, p * 1000
+  return RL
+end
+
+-- rate_keep keeps every key (so the window's records) until the youngest
+-- record leaves a window of per_ms: when the period in force grows
+-- (SetRate, or an idle semaphore taking a client's rate), grants made
+-- before must still count against it after the leases that kept the keys
+-- alive have ended.
+local function rate_keep(per_ms)
+  local r = redis.call('ZREVRANGE', W, 1, 1, 'WITHSCORES') -- 0: the sentinel
+  if r[2] then
+    extend(CLOCK_MS, math.floor(tonumber(r[2]) / 1000) + per_ms + 1)
+  end
+end
+
+-- establish_rate is establish for the rate: true, or nil and the rate
+-- that live clients established ("limit/per_ms") when it differs from the
+-- client's while slots are held or waiters queued. An idle semaphore takes
+-- the client's rate (its window's records still count).
+local function establish_rate()
+  if CRL == 0 and not META['_rx'] then
+    return true -- no rate here, none established or set
+  end
+  rate_load(true)
+  if stored_rate(get('_frate')) then
+    return true
+  end
+  local el, ep = stored_rate(get('_rate'))
+  if not el then
+    el, ep = 0, 0
+  end
+  if el ~= CRL or ep ~= CRP then
+    if num('_used') > 0 or num('_q') > 0 then
+      return nil, fmt(el) .. '/' .. fmt(ep)
+    end
+    if CRL == 0 then
+      del('_rate')
+    else
+      put('_rate', fmt(CRL) .. '/' .. fmt(CRP))
+      put('_rx', '1')
+      rate_keep(CRP)
+    end
+    RL = nil -- rate() reads it again
+  end
+  return true
+end
+
+-- rec_weight is the slots of a window record "token:n".
+local function rec_weight(m)
+  return tonumber(string.match(m, ':(%d+)$')) or 0
+end
+
+-- rate_trim drops the window's records that no longer count (their time
+-- is at most now_us - period), once the oldest may have left (_rold is a
+-- lower bound of their times): at most CHUNK per call, the sum staying an
+-- upper bound meanwhile.
+local function rate_trim(now_us)
+  local cutoff = now_us - RP_US
+  local old = get('_rold')
+  if not old or old == 'inf' or tonumber(old) > cutoff then
+    return
+  end
+  local gone = redis.call('ZRANGE', W, '-inf', cutoff, 'BYSCORE', 'LIMIT', 0, CHUNK)
+  if #gone > 0 then
+    local sum = 0
+    for _, m in ipairs(gone) do
+      sum = sum + rec_weight(m)
+    end
+    redis.call('ZREM', W, unpack(gone))
+    set('_rsum', math.max(num('_rsum') - sum, 0))
+  end
+  if #gone == CHUNK then
+    set('_rold', cutoff) -- more may be due: the next call goes on
+  else
+    local first = redis.call('ZRANGE', W, 0, 0, 'WITHSCORES')
+    put('_rold', first[2] or 'inf')
+  end
+end
+
+-- rate_fits reports whether the rate lets n more slots be granted now: the
+-- window's records younger than the period, plus n, stay within the rate's
+-- limit. Records are trimmed only when the sum of all of them (an upper
+-- bound) would not let n in, so a window with room costs no command. When
+-- n does not fit, it sets RATE_AT to when it will (the time of the record
+-- whose leaving makes room, plus the period).
+local function rate_fits(n, now_us)
+  if rate() == 0 then
+    return true
+  end
+  if num('_rsum') + n <= RL then
+    return true
+  end
+  rate_trim(now_us)
+  local sum = num('_rsum')
+  if sum + n <= RL then
+    return true
+  end
+  -- Each record holds at least one slot: the first `need` records may be
+  -- enough (one, for the usual single slot), then more in batches.
+  local need, acc, from = sum + n - RL, 0, 0
+  local batch = math.min(need, 64)
+  while true do
+    local recs = redis.call('ZRANGE', W, from, from + batch - 1, 'WITHSCORES')
+    for i = 1, #recs, 2 do
+      if recs[i] == SENTINEL then
+        break
+      end
+      acc = acc + rec_weight(recs[i])
+      if acc >= need then
+        RATE_AT = math.max(tonumber(recs[i + 1]) + RP_US, now_us)
+        return false
+      end
+    end
+    if #recs < 2 * batch then
+      break
+    end
+    from = from + batch
+    batch = 64
+  end
+  -- The records hold fewer slots than _rsum says (it drifted): it is
+  -- corrected to what they hold, and the walk runs again on the true sum
+  -- (once: it then finds the record whose leaving makes room, as n is at
+  -- most RL), so that the wake time is the window's, not now.
+  set('_rsum', acc)
+  if acc + n <= RL then
+    return true
+  end
+  if n <= RL then
+    return rate_fits(n, now_us)
+  end
+  RATE_AT = now_us
+  return false
+end
+
+-- rate_record adds a grant of n slots with token to the window, when a
+-- rate is in force (rate_fits ran before every grant).
+local function rate_record(token, n, now)
+  if not RL or RL == 0 then
+    return
+  end
+  local old = get('_rold')
+  if not old then
+    -- The first grant under a rate since the keys were made (init makes
+    -- no window key): the window key's sentinel, and its TTL (every key's
+    -- is set again).
+    redis.call('ZADD', W, 'inf', SENTINEL)
+    HZ_MOVED = true
+  end
+  local t = fmt(token)
+  redis.call('ZADD', W, t, t .. ':' .. n)
+  set('_rsum', num('_rsum') + n)
+  if not old or old == 'inf' then
+    set('_rold', token)
+  end
+  extend(now, now + RP_US / 1000)
+end
+
+-- rate_ms is RATE_AT as ms from now_us (rounded up), -1 when not set.
+local function rate_ms(now_us)
+  if not RATE_AT then
+    return -1
+  end
+  return math.max(math.ceil((RATE_AT - now_us) / 1000), 0)
+end

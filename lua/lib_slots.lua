@@ -1,0 +1,95 @@
+-- lib_slots.lua: the records of leases and waiters and the slots they
+-- hold: slot_list, parse_lease, lease_slots and parse_waiter read a
+-- record; give_back returns slots to the free set (or keeps them in FREED
+-- for a grant of the same call); drop_holders removes holder entries and
+-- frees their slots.
+-- Uses from lib_args.lua: H, CHUNK; from lib_records.lua: get, num, set,
+-- del, records, add_free, FREED, FREED_I, FREED_SORTED.
+
+-- slot_list returns the slots of a record's "s1,s2,..." as a list.
+local function slot_list(slots)
+  if not string.find(slots, ',', 1, true) then
+    return {tonumber(slots)} -- one slot: most leases
+  end
+  local list = {}
+  for s in string.gmatch(slots, '%d+') do
+    list[#list + 1] = tonumber(s)
+  end
+  return list
+end
+
+-- parse_lease returns token, slots (a list) and owner of a lease record.
+local function parse_lease(rec)
+  local token, slots, owner = string.match(rec, '^L|(%d+)|([%d,]+)|(.*)$')
+  return tonumber(token), slot_list(slots), owner
+end
+
+-- lease_slots returns the slots (a list) of a lease record.
+local function lease_slots(rec)
+  return slot_list(string.match(rec, '^L|%d+|([%d,]+)|'))
+end
+
+-- parse_waiter returns session, weight, lease_ms and owner of a waiter record.
+local function parse_waiter(rec)
+  local sid, n, lease_ms, owner = string.match(rec, '^W|([^|]+)|(%d+)|(%d+)|(.*)$')
+  return sid, tonumber(n), tonumber(lease_ms), owner
+end
+
+-- give_back returns slots to the free set.
+local function give_back(slots)
+  if #slots == 0 then
+    return
+  end
+  if FREED then
+    for _, s in ipairs(slots) do
+      FREED[#FREED + 1] = s
+    end
+    FREED_SORTED = false
+  elseif num('_hw') == num('_used') then
+    -- The free set holds no slot: keep them for a grant of this call
+    -- (the list is FREED's from now on: callers pass one they drop).
+    FREED, FREED_I, FREED_SORTED = slots, 1, #slots == 1
+  else
+    add_free(slots, 1)
+  end
+  set('_used', num('_used') - #slots)
+end
+
+-- drop_holders removes holder entries and frees their slots. It returns
+-- how many of the ids had a holder entry.
+local function drop_holders(ids)
+  local k = #ids
+  if k == 0 then
+    return 0
+  end
+  records(ids)
+  local removed
+  if k == 1 then
+    removed = redis.call('ZREM', H, ids[1])
+  else
+    removed = 0
+    for i = 1, k, CHUNK do
+      removed = removed + redis.call('ZREM', H, unpack(ids, i, math.min(i + CHUNK - 1, k)))
+    end
+  end
+  local slots
+  for i = 1, k do
+    local id = ids[i]
+    local rec = get(id)
+    if rec and string.sub(rec, 1, 1) == 'L' then
+      local list = lease_slots(rec)
+      if not slots then
+        slots = list
+      else
+        for _, s in ipairs(list) do
+          slots[#slots + 1] = s
+        end
+      end
+      del(id)
+    end
+  end
+  if slots then
+    give_back(slots)
+  end
+  return removed
+end
