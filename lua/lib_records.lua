@@ -4,10 +4,11 @@
 -- records loads many records; extend moves the horizon _hz; add_free and
 -- flush write (the slots held in FREED, which this file declares, the
 -- changed fields, the keys' TTLs), finish flushes and returns a reply;
--- init creates the keys of a new or expired semaphore.
+-- init creates the keys of a new or expired semaphore; start_call begins
+-- a SetLimit or SetRate call (once per call id).
 -- Uses from lib_args.lua: the key names (H Q S F E M O W R), SENTINEL,
 -- MARGIN_MS, CHUNK, MAX_LIMIT, CRL, CLOCK_MS, fail, stored_limit,
--- stored_rate, fmt.
+-- stored_rate, clock, fmt.
 
 -- The meta hash is read once per script (HMGET of the counters and of the
 -- records a script needs) and written once at the end (flush). The
@@ -319,4 +320,19 @@ local function init(now)
   put('_hz', '0')
   put('_next', 'inf')
   extend(now, now)
+end
+
+-- start_call starts a SetLimit or SetRate call whose id is call: it reads
+-- the clock, loads meta with the call's record and creates the keys if
+-- they are missing (init). It returns now and now_us, and, when this call
+-- ran already (a re-sent copy finds its "S" record), the reply to return:
+-- {now}, with what init wrote flushed.
+local function start_call(call)
+  local now, now_us = clock()
+  load(call)
+  init(now)
+  if get(call) then
+    return now, now_us, finish({now}) -- this call ran already
+  end
+  return now, now_us, nil
 end

@@ -14,12 +14,8 @@ local limit, err = client_arg()
 if err then return err end
 local call; call, err = id_arg(4, 'call id')
 if err then return err end
-local now, now_us = clock()
-load(call)
-init(now)
-if get(call) then
-  return finish({now}) -- this call ran already
-end
+local now, now_us, ran = start_call(call)
+if ran then return ran end
 -- The record keeps every key alive as long as itself (tombstone extends the
 -- horizon): a copy re-sent within TOMB_MS always finds it, even on an idle
 -- semaphore whose keys would otherwise have expired, and so never undoes a

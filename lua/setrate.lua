@@ -21,12 +21,8 @@ local rl, rp = parse_rate((ARGV[5] or '') .. '/' .. (ARGV[6] or ''), '/')
 if not rl then
   return fail('bad rate: ' .. tostring(ARGV[5]) .. '/' .. tostring(ARGV[6]))
 end
-local now, now_us = clock()
-load(call)
-init(now)
-if get(call) then
-  return finish({now}) -- this call ran already
-end
+local now, now_us, ran = start_call(call)
+if ran then return ran end
 rate_load(true)
 tombstone(call, 'S', now, now + TOMB_MS)
 local v = fmt(rl) .. '/' .. fmt(rp)
