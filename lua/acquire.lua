@@ -1,6 +1,6 @@
 -- acquire.lua: one attempt to take n slots at once; in queue mode (fair) it
 -- also joins the queue, or reports the place it already has.
--- KEYS: the nine keys of lib_args.lua.
+-- KEYS: the nine keys of lib_args.lua (H Q S F E M O W R there).
 -- ARGV: [1] channel base, [2] publish command, [3] client limit (and rate),
 --       [4] id (lease/waiter UUID, reused on retries: the script is idempotent),
 --       [5] n: slots wanted (>= 1), [6] lease_ms (>= 1),

@@ -1,7 +1,7 @@
 -- heartbeat.lua: one call per process session keeps all of its fair waiters
 -- alive, and admits waiters whose turn came (e.g. after a holder expired).
 -- Its cost does not depend on how many waiters the process has.
--- KEYS: the nine keys of lib_args.lua.
+-- KEYS: the nine keys of lib_args.lua (H Q S F E M O W R there).
 -- ARGV: [1] channel base, [2] publish command, [3] client limit (and rate),
 --       [4] session id, [5] queue_ms (>= 1): the session lives that long
 --       from now, [6] "new" for a session's first beat, else "old".

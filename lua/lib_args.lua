@@ -82,7 +82,13 @@
 -- the clock) is declared here and set by bind(), which every script runs
 -- first (lib_bind.lua).
 local KEYS, ARGV
+-- The nine keys' names (KEYS[1..9], laid out at the top of this file), a
+-- letter each: H holders, Q queue, S sessions, F free, E ended (the ids
+-- whose record is a tombstone), M meta, O limit (SetLimit's override:
+-- never expires), W window (the rate's grants), R rate (SetRate's
+-- override: never expires).
 local H, Q, S, F, E, M, O, W, R
+-- CHAN: the channel base (ARGV[1]); PUB: the publish command (ARGV[2]).
 local CHAN, PUB
 local SENTINEL = '~'
 -- Keys outlive the longest entry by at least this much.

@@ -13,6 +13,7 @@ local function bind(keys, argv)
   if #keys ~= 9 then
     return fail('want 9 keys, got ' .. #keys)
   end
+  -- holders, queue, sessions, free, ended, meta, limit, window, rate
   H, Q, S, F, E, M, O, W, R = keys[1], keys[2], keys[3], keys[4], keys[5], keys[6], keys[7], keys[8], keys[9]
   CHAN, PUB = argv[1], argv[2]
   if PUB ~= 'PUBLISH' and PUB ~= 'SPUBLISH' then

@@ -266,7 +266,7 @@ local function flush()
   end
   if HZ_MOVED then
     local hz = META['_hz']
-    for _, k in ipairs({H, Q, S, F, E, W}) do
+    for _, k in ipairs({H, Q, S, F, E, W}) do -- holders, queue, sessions, free, ended, window
       if k ~= S then
         redis.call('PEXPIREAT', k, hz)
       else
@@ -299,7 +299,7 @@ local function init(now)
   if get('_hz') then
     return
   end
-  for _, k in ipairs({H, Q, S, F, E}) do -- not W (see above)
+  for _, k in ipairs({H, Q, S, F, E}) do -- holders, queue, sessions, free, ended; not W (see above)
     redis.call('ZADD', k, 'inf', SENTINEL)
   end
   local o = META['_o']

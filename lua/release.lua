@@ -1,7 +1,7 @@
 -- release.lua: give back a lease's slots or leave the queue, by id; then
 -- admit the waiters that may now enter and tell unfair waiters about free
 -- slots.
--- KEYS: the nine keys of lib_args.lua.
+-- KEYS: the nine keys of lib_args.lua (H Q S F E M O W R there).
 -- ARGV: [1] channel base, [2] publish command, [3] client limit (and rate),
 --       [4] lease or waiter id,
 --       [5] mode: "owner" when the lease's holder releases it

@@ -1,6 +1,6 @@
 -- renew.lua: extend a lease to now + lease_ms. It never re-creates a lease
 -- that is gone (ZADD XX).
--- KEYS: the nine keys of lib_args.lua.
+-- KEYS: the nine keys of lib_args.lua (H Q S F E M O W R there).
 -- ARGV: [1] channel base, [2] publish command, [3] client limit (and rate),
 --       [4] lease id, [5] lease_ms (>= 1).
 -- Reply: {1, now, deadline_ms} renewed; {0, now} the lease is gone (lost).

@@ -2,7 +2,7 @@
 -- never expires. Raising it admits waiters at once; lowering it below a
 -- queued waiter's weight ends that waiter's wait (an "x" message), wherever
 -- it stands in the queue (a scan of the queue: SetLimit is rare).
--- KEYS: the nine keys of lib_args.lua.
+-- KEYS: the nine keys of lib_args.lua (H Q S F E M O W R there).
 -- ARGV: [1] channel base, [2] publish command, [3] the new limit (>= 1),
 --           with the caller's rate as in client_arg (lib_args.lua),
 --       [4] call id (a UUID per SetLimit call): a copy of the call that runs

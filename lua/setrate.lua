@@ -6,7 +6,7 @@
 -- wherever it stands in the queue (a scan of the queue: SetRate is rare).
 -- The window's records stay: grants made before the call count against the
 -- new rate.
--- KEYS: the nine keys of lib_args.lua.
+-- KEYS: the nine keys of lib_args.lua (H Q S F E M O W R there).
 -- ARGV: [1] channel base, [2] publish command, [3] client limit (and rate),
 --       [4] call id (a UUID per SetRate call): a copy of the call that runs
 --           again finds its record and changes nothing,
