@@ -6,7 +6,7 @@ package property_test
 // caller, the hub's message loop, the heartbeat, a lease's deadline timer)
 // meet in the orders a slow network makes; actions choose holds of their
 // own (renewAtDeadline, flush). After every action, the raw keys are
-// checked against lua/lib.lua's layout (redistest.Layout.Check) and the
+// checked against lua/lib_*.lua's layout (redistest.Layout.Check) and the
 // leases the library reports held against each other.
 
 import (
@@ -46,7 +46,7 @@ func (m *machine) storm(rt *rapid.T) {
 }
 
 // checkLayout reads the semaphore's keys in one MULTI and checks them
-// against lib.lua's invariants (see redistest.Layout.Check). The limit is
+// against the Lua library's invariants (see redistest.Layout.Check). The limit is
 // not checked there: SetLimit may lower it below what live holders hold
 // (checkStatus checks what was granted against the limits in force).
 func (m *machine) checkLayout(rt *rapid.T) {
@@ -57,7 +57,7 @@ func (m *machine) checkLayout(rt *rapid.T) {
 		fatalf(rt, "read the keys: %v", err)
 	}
 	if p := l.Check(0); !p.OK() {
-		layoutFail(rt, "the keys break lib.lua's layout: ", p)
+		layoutFail(rt, "the keys break the Lua library's layout: ", p)
 	}
 }
 

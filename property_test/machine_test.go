@@ -31,9 +31,9 @@ const (
 	rawLeaseMs = 150                    // the lease a raw waiter asks for
 	maxPending = 5                      // live waiters at once
 	waitBound  = 5 * time.Second        // bound on every wait for a condition
-	leakMargin = 1000 + 200             // lib.lua's MARGIN_MS plus slack, ms
-	recordLife = 15 * time.Second       // lib.lua's TOMB_MS: release and cancellation records
-	pruneEvery = 1000                   // ms: lib.lua's prune step runs at most this often
+	leakMargin = 1000 + 200             // the Lua library's MARGIN_MS plus slack, ms
+	recordLife = 15 * time.Second       // the Lua library's TOMB_MS: release and cancellation records
+	pruneEvery = 1000                   // ms: the Lua library's prune step runs at most this often
 )
 
 func TestUnfairStateMachine(t *testing.T) { runMachine(t, false) }
@@ -176,7 +176,7 @@ func newMachine(t *testing.T, rt *rapid.T, srv *redistest.Server, rdb *redis.Cli
 }
 
 // limitArg is ARGV[3] of a raw script call by a client of the machine's
-// limit and rate (lib.lua's client_arg).
+// limit and rate (the Lua library's client_arg).
 func (m *machine) limitArg() any {
 	if m.rate.IsZero() {
 		return m.base
@@ -389,7 +389,7 @@ func (m *machine) noJump(rt *rapid.T, e *entity, w window) {
 }
 
 // leaseRecord reads the lease that Redis keeps for id, held or expired but
-// not yet removed: its meta record "L|token|slots|owner" (see lua/lib.lua).
+// not yet removed: its meta record "L|token|slots|owner" (see lua/lib_*.lua).
 // ok is false when id has no lease record (queued, evicted or gone).
 func (m *machine) leaseRecord(ctx context.Context, id string) (slots []int, token int64, ok bool, err error) {
 	v, err := m.rdb.HGet(ctx, m.keys.List[core.KeyMeta], id).Result()
@@ -493,7 +493,7 @@ func (m *machine) collect(rt *rapid.T) {
 }
 
 // check runs after every action: Status against the model (checkStatus),
-// the raw keys against lua/lib.lua's layout (checkLayout), and the leases
+// the raw keys against lua/lib_*.lua's layout (checkLayout), and the leases
 // the library reports held against each other (checkHeldLeases).
 func (m *machine) check(rt *rapid.T) {
 	m.checkStatus(rt)
@@ -1475,7 +1475,7 @@ func (m *machine) drainAndCheckLeak(rt *rapid.T) {
 		case core.KeyOverride:
 			continue // SetLimit's setting never expires
 		}
-		// Keys expire at lib.lua's horizon: at most twice the longest entry
+		// Keys expire at the Lua library's horizon: at most twice the longest entry
 		// lifetime (release and cancellation records included) plus MARGIN_MS.
 		pttl, err := m.rdb.PTTL(ctx, k).Result()
 		if err != nil {

@@ -310,7 +310,7 @@ func runProcesses(t *testing.T, rt *rapid.T, rdb *redis.Client, p helperParams, 
 		}
 	}()
 	// While the children run, the keys are read and checked against
-	// lib.lua's layout every few ms (the first problem found is reported
+	// the Lua library's layout every few ms (the first problem found is reported
 	// once they are done).
 	stopPoll := make(chan struct{})
 	polled := make(chan layoutPoll, 1)
@@ -390,7 +390,7 @@ func runProcesses(t *testing.T, rt *rapid.T, rdb *redis.Client, p helperParams, 
 	if lp := stopPolling(); lp.err != nil {
 		fatalf(rt, "reading the keys during the run: %v", lp.err)
 	} else if !lp.problems.OK() {
-		layoutFail(rt, "the keys broke lib.lua's layout during the run: ", lp.problems)
+		layoutFail(rt, "the keys broke the Lua library's layout during the run: ", lp.problems)
 	} else {
 		rt.Logf("the keys were read and checked %d times during the run", lp.reads)
 		trace("the keys were read and checked %d times during the run", lp.reads)

@@ -13,7 +13,7 @@ package property_test
 // and session); remote processes that die at once are raw script calls.
 //
 // After every action the raw keys are read in one MULTI and checked against
-// lua/lib.lua's layout (redistest.Layout.Check), and Status against the
+// lua/lib_*.lua's layout (redistest.Layout.Check), and Status against the
 // model: the leases the test holds across actions, nothing else, no waiter,
 // no eviction of a live process's waiter. See docs/testing.md.
 
@@ -56,7 +56,7 @@ const (
 	tsMaxHold     = 40 * time.Millisecond  // below LeaseTTL/3: the MaxHold lease is never renewed
 	tsCloseBound  = time.Second            // Close ends a retrying Acquire within this
 	tsDoneSlack   = 200 * time.Millisecond // a DisableAutoRenew lease's Done closes by Deadline + this
-	tsBatch       = 64                     // lib.lua's BATCH: entries one expiry or prune step handles
+	tsBatch       = 64                     // the Lua library's BATCH: entries one expiry or prune step handles
 	tsMaxHeld     = 4                      // leases held across actions at most
 	tsRawLong     = 30000                  // ms: leases and sessions of live raw waiters
 )
@@ -444,7 +444,7 @@ func (m *tsMachine) readRaw(ctx context.Context) (rawState, error) {
 	return r, nil
 }
 
-// problems checks the snapshot against lua/lib.lua's layout
+// problems checks the snapshot against lua/lib_*.lua's layout
 // (redistest.Layout.Check, with the live holders within limit).
 func (r rawState) problems(limit int) redistest.LayoutProblems {
 	if r.layout == nil {
@@ -453,7 +453,7 @@ func (r rawState) problems(limit int) redistest.LayoutProblems {
 	return r.layout.Check(limit)
 }
 
-// rawCheck fails the test if the keys break lib.lua's invariants.
+// rawCheck fails the test if the keys break the Lua library's invariants.
 func (m *tsMachine) rawCheck(rt *rapid.T, when string) rawState {
 	ctx, cancel := ctxFor(10 * time.Second)
 	defer cancel()

@@ -221,7 +221,7 @@ func queuedLeaseTTL(ctx context.Context, client redis.UniversalClient, metaKey s
 	}
 	var ttl int64 = -1
 	for _, v := range vals {
-		// A waiter record: "W|session|weight|lease_ms|owner" (lua/lib.lua).
+		// A waiter record: "W|session|weight|lease_ms|owner" (lua/lib_*.lua).
 		f := strings.SplitN(v, "|", 5)
 		if len(f) != 5 || f[0] != "W" {
 			continue

@@ -24,7 +24,7 @@ const (
 	DefaultReplicaTimeout = time.Second
 	MaxLimit              = 1 << 20
 	MaxNameLen            = 512
-	// MaxRatePer is the longest Rate.Per (lib.lua's MAX_PER_MS): 366 days.
+	// MaxRatePer is the longest Rate.Per (the Lua library's MAX_PER_MS): 366 days.
 	MaxRatePer = 366 * 24 * time.Hour
 )
 

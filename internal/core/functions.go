@@ -17,7 +17,7 @@ import (
 )
 
 // The semaphore scripts run as functions of a Redis 7 FUNCTION library
-// (lua.Library) where the server allows it: Redis then compiles lib.lua
+// (lua.Library) where the server allows it: Redis then compiles the Lua library
 // once per load, not on every call, which saves the library chunk's cost
 // (about a fifth of a script call). Each client decides once:
 //

@@ -385,7 +385,7 @@ func (u unfairWake) joined(w *waiter)                { u.h.unfair = append(u.h.u
 func (u unfairWake) left(e *Engine)                  {}
 func (u unfairWake) resync()                         { u.h.broadcast(event{kind: evFree}) }
 
-// handle takes "n meta-key" (lib.lua's notify_free): n slots free in the
+// handle takes "n meta-key" (the Lua library's notify_free): n slots free in the
 // semaphore whose meta key that is; a bare "n" (an older version) wakes
 // waiters of any.
 func (u unfairWake) handle(m *redis.Message) {

@@ -6,16 +6,16 @@ import "strings"
 // channel carries the same hash tag, {name} with braces escaped, so that a
 // cluster keeps them in one slot and one script may touch them all.
 type Keys struct {
-	List []string // in the order lib.lua expects (KEYS[1..9])
+	List []string // in the order the Lua library expects (KEYS[1..9])
 	Chan string   // channel base; grants go to Chan+":s:"+session
 	Free string   // channel of freed-slot notices for unfair waiters
 	Want string   // channel of demand notices (redsemsql: a Connect waits)
 }
 
-// Key suffixes, in the order of lib.lua's KEYS.
+// Key suffixes, in the order of the Lua library's KEYS.
 var keySuffixes = [...]string{"holders", "queue", "sessions", "free", "ended", "meta", "limit", "window", "rate"}
 
-// Index of each key in Keys.List (see lua/lib.lua for what each holds).
+// Index of each key in Keys.List (see lua/lib_*.lua for what each holds).
 const (
 	KeyHolders  = iota // ZSET lease id -> deadline (server ms)
 	KeyQueue           // ZSET waiter id -> arrival number

@@ -153,7 +153,7 @@ func (e *Engine) fcall(ctx context.Context, c redis.Scripter, s lua.Script, argv
 }
 
 // limitArg is ARGV[3] of a script call: the limit, and the client's rate
-// if it has one ("limit:rate_limit:per_ms", lib.lua's client_arg).
+// if it has one ("limit:rate_limit:per_ms", the Lua library's client_arg).
 func (e *Engine) limitArg(limit int) any {
 	if r := e.cfg.Rate; !r.IsZero() {
 		return strconv.Itoa(limit) + ":" + strconv.Itoa(r.Limit) + ":" + strconv.FormatInt(ms(r.Per), 10)
@@ -907,7 +907,7 @@ func toInt(s string) int64 {
 // errors they mean are declared with each script's call (protocol.go).
 
 // scriptRefusals are how the scripts' error replies begin after
-// "ERR redsem: " (lib.lua's fail): a bad argument (a bug of this client,
+// "ERR redsem: " (the Lua library's fail): a bad argument (a bug of this client,
 // or of another version sharing the semaphore), a stored value that is not
 // what the scripts write (a damaged key), or the wrong number of keys. All
 // are final: Transient is false for them. protocol_test.go holds every

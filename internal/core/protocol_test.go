@@ -76,7 +76,7 @@ func TestAcquireCodesKnown(t *testing.T) {
 }
 
 // TestScriptRefusalsKnown holds every error reply the scripts make
-// (lib.lua's fail) to the beginnings declared in scriptRefusals, both ways.
+// (the Lua library's fail) to the beginnings declared in scriptRefusals, both ways.
 func TestScriptRefusalsKnown(t *testing.T) {
 	used := map[string]bool{}
 	re := regexp.MustCompile(`\bfail\(\s*'([^']*)'`)

@@ -83,7 +83,7 @@ func keysOf(ctx context.Context, c redis.UniversalClient, name string) ([]string
 	return have, nil
 }
 
-// The horizon of lua/lib.lua: every key of a semaphore but the SetLimit
+// The horizon of lua/lib_*.lua: every key of a semaphore but the SetLimit
 // override expires at the horizon, which a script moves, when an entry it
 // writes outlives it, to until + keyMargin + max(until - now, keyMargin).
 // Release tombstones and cancellation records live recordLife.

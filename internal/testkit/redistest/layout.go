@@ -13,7 +13,7 @@ import (
 	"github.com/redis/go-redis/v9"
 )
 
-// The index of each key in the list ReadLayout takes: lua/lib.lua's KEYS
+// The index of each key in the list ReadLayout takes: lua/lib_*.lua's KEYS
 // order, the order of core.Keys.List (this package cannot import core,
 // whose tests import it).
 const (
@@ -32,12 +32,12 @@ const (
 // layoutSentinel is the member each sorted set keeps (core.Sentinel).
 const layoutSentinel = "~"
 
-// layoutMarginMs is lib.lua's MARGIN_MS: every key lives at least this long
+// layoutMarginMs is the Lua library's MARGIN_MS: every key lives at least this long
 // past the latest entry it holds.
 const layoutMarginMs = 1000
 
 // Layout is one consistent snapshot (one MULTI) of a semaphore's keys as
-// lua/lib.lua lays them out, sentinels left out. Read it with ReadLayout,
+// lua/lib_*.lua lays them out, sentinels left out. Read it with ReadLayout,
 // check it with Check.
 type Layout struct {
 	Now   int64 // server time, ms, read in the same MULTI
@@ -56,7 +56,7 @@ type Layout struct {
 }
 
 // ReadLayout reads the keys of one semaphore in one MULTI. keys are its
-// nine keys in lua/lib.lua's KEYS order (core.Keys.List).
+// nine keys in lua/lib_*.lua's KEYS order (core.Keys.List).
 func ReadLayout(ctx context.Context, c redis.Cmdable, keys []string) (*Layout, error) {
 	if len(keys) != lkCount {
 		return nil, fmt.Errorf("redistest: ReadLayout wants %d keys, got %d", lkCount, len(keys))
@@ -147,7 +147,7 @@ func parseWaiterRecord(rec string) (session string, weight int, ok bool) {
 	return f[1], n, true
 }
 
-// parseRate parses "limit/per_ms" (lib.lua's stored rate).
+// parseRate parses "limit/per_ms" (the Lua library's stored rate).
 func parseRate(v string) (limit int, perMs int64, ok bool) {
 	a, b, found := strings.Cut(v, "/")
 	if !found {
@@ -205,7 +205,7 @@ func (p LayoutProblems) String() string {
 	return strings.Join(s, "; ")
 }
 
-// Check checks the snapshot against every invariant of lua/lib.lua's
+// Check checks the snapshot against every invariant of lua/lib_*.lua's
 // layout that holds between script calls:
 //
 //   - no id both holds (holder entry) and waits (queue entry);
@@ -221,7 +221,7 @@ func (p LayoutProblems) String() string {
 //     distinct and at most _seq;
 //   - _next is at most every holder deadline (expiry work is skipped until
 //     then) unless that work is due already; every holder deadline, session deadline and tombstone time
-//     lies at least lib.lua's MARGIN_MS before the horizon _hz; every
+//     lies at least the Lua library's MARGIN_MS before the horizon _hz; every
 //     tombstone ("R", "C", "S") has its entry in the ended set, so that
 //     prune removes it;
 //   - SetLimit's and SetRate's keys agree with their mirrors _fixed and

@@ -13,7 +13,7 @@
 // resets connections. NewDelayer gives a client a fault layer that only
 // delays (replies after Redis ran the command, pub/sub messages), and
 // ReadLayout with Layout.Check checks a semaphore's keys against
-// lua/lib.lua's invariants.
+// lua/lib_*.lua's invariants.
 package redistest
 
 import (

@@ -5,7 +5,7 @@
 -- wake-up (callers poll at a fixed interval), no fairness. One change from
 -- the seed: it takes the time from the server (TIME), not from the client,
 -- as every script here does; that does not change its cost.
--- It does not include lib.lua and takes its own single key.
+-- It does not include the Lua library and takes its own single key.
 -- KEYS: [1] holders ZSET: holder id -> acquire time (server ms).
 -- ARGV: [1] timeout_ms (>= 1): a holder older than this is dropped,
 --       [2] limit (>= 1), [3] holder id.
