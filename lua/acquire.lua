@@ -1,6 +1,6 @@
 -- acquire.lua: one attempt to take n slots at once; in queue mode (fair) it
 -- also joins the queue, or reports the place it already has.
--- KEYS: the nine keys of lib_args.lua (H Q S F E M O W R there).
+-- KEYS: the nine keys laid out at the top of lib_args.lua.
 -- ARGV: [1] channel base, [2] publish command, [3] client limit (and rate),
 --       [4] id (lease/waiter UUID, reused on retries: the script is idempotent),
 --       [5] n: slots wanted (>= 1), [6] lease_ms (>= 1),
@@ -117,7 +117,7 @@ if rec then
   if kind == 'C' or kind == 'R' then
     return finish({-2, now})
   elseif kind == 'L' then
-    local held = tonumber(redis.call('ZSCORE', H, id))
+    local held = tonumber(redis.call('ZSCORE', holders_key, id))
     if held and held > now then
       local token, slots = parse_lease(rec)
       return granted(token, held, slots)
@@ -129,7 +129,7 @@ if rec then
     drop_holders({id})
   elseif kind == 'W' then
     local qsid = parse_waiter(rec)
-    local pos = redis.call('ZRANK', Q, id)
+    local pos = redis.call('ZRANK', queue_key, id)
     if mode == 'queue' and qsid == sid and pos then
       if session_deadline(sid, now) then
         return finish({0, now, hint(now), pos, -1, 0, 0, math.max(num('_token'), now_us - 1)})
@@ -166,8 +166,8 @@ local ok; ok, established = establish_rate()
 if not ok then
   return finish({-6, now, established})
 end
-if n > limit or (rate() > 0 and n > RL) then
-  return finish({-3, now, limit, RL})
+if n > limit or (rate() > 0 and n > call.rate_limit) then
+  return finish({-3, now, limit, call.rate_limit})
 end
 if num('_q') > 0 then
   admit(now, now_us, limit)
@@ -188,14 +188,14 @@ local function refused(pos)
   if mode == 'queue' then
     local rl, per = 0, 0
     if wait_ms >= 0 then
-      rl, per = RL, RP_US / 1000
+      rl, per = call.rate_limit, call.rate_per_us / 1000
     end
     return finish({0, now, hint(now), pos, wait_ms, rl, per, math.max(num('_token'), now_us - 1)})
   end
   if wait_ms < 0 then
     return finish({0, now, hint(now), pos, -1})
   end
-  return finish({0, now, hint(now), pos, wait_ms, RL, RP_US / 1000})
+  return finish({0, now, hint(now), pos, wait_ms, call.rate_limit, call.rate_per_us / 1000})
 end
 if mode == 'try' then
   return refused(-1)
@@ -216,7 +216,7 @@ if max_q > 0 and num('_q') >= max_q then
 end
 local seq = num('_seq') + 1
 set('_seq', seq)
-redis.call('ZADD', Q, fmt(seq), id)
+redis.call('ZADD', queue_key, fmt(seq), id)
 put(id, 'W|' .. sid .. '|' .. fmt(n) .. '|' .. fmt(lease_ms) .. '|' .. owner)
 set('_q', num('_q') + 1)
 return refused(num('_q') - 1)

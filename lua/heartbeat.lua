@@ -1,7 +1,7 @@
 -- heartbeat.lua: one call per process session keeps all of its fair waiters
 -- alive, and admits waiters whose turn came (e.g. after a holder expired).
 -- Its cost does not depend on how many waiters the process has.
--- KEYS: the nine keys of lib_args.lua (H Q S F E M O W R there).
+-- KEYS: the nine keys laid out at the top of lib_args.lua.
 -- ARGV: [1] channel base, [2] publish command, [3] client limit (and rate),
 --       [4] session id, [5] queue_ms (>= 1): the session lives that long
 --       from now, [6] "new" for a session's first beat, else "old".
@@ -24,9 +24,9 @@ local now, now_us = clock()
 load()
 init(now)
 local alive = 1
-local sdl = tonumber(redis.call('ZSCORE', S, sid))
+local sdl = tonumber(redis.call('ZSCORE', sessions_key, sid))
 if fresh or (sdl and sdl > now) then
-  redis.call('ZADD', S, fmt(now + queue_ms), sid)
+  redis.call('ZADD', sessions_key, fmt(now + queue_ms), sid)
   extend(now, now + queue_ms)
 else
   alive = 0

@@ -1,11 +1,11 @@
 -- lib_admit.lua: what follows a change of the free slots: admit (the fair
 -- queue's waiters, in arrival order), notify_free (unfair waiters), hint
 -- (when to look again), and append for the scripts' replies.
--- Uses from lib_args.lua: Q, M, CHAN, SENTINEL, CLOCK_US, fmt; from
--- lib_records.lua: get, num, next_expiry, set, put, del, records; from
--- lib_slots.lua: parse_waiter; from lib_rate.lua: rate, rate_fits,
--- rate_ms, RL, RATE_AT; from lib_queue.lua: grant, publish,
--- session_deadline.
+-- Uses from lib_args.lua: queue_key, meta_key, channel, call (clock_us,
+-- rate_room_at_us), SENTINEL, fmt; from lib_records.lua: get,
+-- num, next_expiry, set, put, del, records; from lib_slots.lua:
+-- parse_waiter; from lib_rate.lua: rate, rate_fits, rate_ms; from
+-- lib_queue.lua: grant, publish, session_deadline.
 
 -- admit grants free slots to the earliest live waiters in arrival order,
 -- evicting dead ones (their session is gone) it meets at the head, and
@@ -21,12 +21,12 @@
 -- (id, token, deadline, "slots", ...).
 local function admit(now, now_us, limit)
   local out = {}
-  rate()
+  local rate_limit = rate()
   while num('_q') > 0 and limit - num('_used') > 0 do
-    local head = redis.call('ZPOPMIN', Q)
+    local head = redis.call('ZPOPMIN', queue_key)
     local id, seq = head[1], head[2]
     if id == nil or id == SENTINEL then
-      redis.call('ZADD', Q, 'inf', SENTINEL)
+      redis.call('ZADD', queue_key, 'inf', SENTINEL)
       set('_q', 0) -- the count drifted: nothing real is queued
       break
     end
@@ -40,23 +40,23 @@ local function admit(now, now_us, limit)
     if not sdl then
       del(id) -- a dead waiter: evicted
       set('_q', num('_q') - 1)
-    elseif n > limit or (RL > 0 and n > RL) then
+    elseif n > limit or (rate_limit > 0 and n > rate_limit) then
       del(id)
       set('_q', num('_q') - 1)
       if n > limit then
-        publish(CHAN .. ':s:' .. sid, 'x ' .. id .. ' ' .. limit)
+        publish(channel .. ':s:' .. sid, 'x ' .. id .. ' ' .. limit)
       else
-        publish(CHAN .. ':s:' .. sid, 'x ' .. id .. ' ' .. RL .. ' rate')
+        publish(channel .. ':s:' .. sid, 'x ' .. id .. ' ' .. rate_limit .. ' rate')
       end
     elseif n > limit - num('_used') then
-      redis.call('ZADD', Q, seq, id) -- not enough free yet: keep the place
+      redis.call('ZADD', queue_key, seq, id) -- not enough free yet: keep the place
       break
     elseif not rate_fits(n, now_us) then
-      redis.call('ZADD', Q, seq, id) -- the rate's window is full: keep the place
-      local wake = fmt(RATE_AT) .. ' ' .. id
+      redis.call('ZADD', queue_key, seq, id) -- the rate's window is full: keep the place
+      local wake = fmt(call.rate_room_at_us) .. ' ' .. id
       if get('_rwake') ~= wake then
         put('_rwake', wake)
-        publish(CHAN .. ':s:' .. sid, 'w ' .. id .. ' ' .. rate_ms(now_us))
+        publish(channel .. ':s:' .. sid, 'w ' .. id .. ' ' .. rate_ms(now_us))
       end
       break
     else
@@ -66,7 +66,7 @@ local function admit(now, now_us, limit)
         deadline = sdl
       end
       local token, _, list = grant(id, n, now, now_us, deadline, owner)
-      publish(CHAN .. ':s:' .. sid, 'g ' .. id .. ' ' .. fmt(token) .. ' ' .. fmt(deadline) .. ' ' .. list)
+      publish(channel .. ':s:' .. sid, 'g ' .. id .. ' ' .. fmt(token) .. ' ' .. fmt(deadline) .. ' ' .. list)
       out[#out + 1] = id
       out[#out + 1] = token
       out[#out + 1] = deadline
@@ -88,29 +88,30 @@ local function notify_free(now, limit)
   if free <= 0 or num('_want') <= now then
     return
   end
-  if rate() > 0 then
-    if not rate_fits(1, CLOCK_US) then
+  local rate_limit = rate()
+  if rate_limit > 0 then
+    if not rate_fits(1, call.clock_us) then
       return
     end
-    free = math.min(free, RL - num('_rsum'))
+    free = math.min(free, rate_limit - num('_rsum'))
     if free <= 0 then
       return
     end
   end
-  publish(CHAN .. ':free', free .. ' ' .. M)
+  publish(channel .. ':free', free .. ' ' .. meta_key)
 end
 
 -- hint returns ms until the earliest holder may expire, or until the rate
--- lets in what it held back in this call (RATE_AT) if that is sooner; -1
--- with neither.
+-- lets in what it held back in this call (call.rate_room_at_us) if that is
+-- sooner; -1 with neither.
 local function hint(now)
   local n = next_expiry()
   local h = -1
   if n ~= math.huge then
     h = math.max(n - now, 0)
   end
-  if RATE_AT then
-    local r = rate_ms(CLOCK_US)
+  if call.rate_room_at_us then
+    local r = rate_ms(call.clock_us)
     if h < 0 or r < h then
       h = r
     end

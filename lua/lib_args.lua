@@ -1,14 +1,14 @@
 -- lib_args.lua: the first part of the lib, the functions that the
 -- semaphore scripts share. The lib is the lib_*.lua files concatenated in
 -- this order (lua.go): lib_args, lib_records, lib_slots, lib_prune,
--- lib_limit, lib_rate, lib_queue, lib_admit, lib_bind; it is prepended to
--- each script for EVAL, and is the head of the FUNCTION library that holds
--- them all. Each file uses only what the files before it define (Lua's
--- locals are seen only below their declaration). The lib defines no reply
--- of its own; every script first calls bind(KEYS, ARGV) (lib_bind.lua).
+-- lib_limit, lib_rate, lib_queue, lib_admit; it is prepended to each
+-- script for EVAL, and is the head of the FUNCTION library that holds them
+-- all. Each file uses only what the files before it define (Lua's locals
+-- are seen only below their declaration). The lib defines no reply of its
+-- own; every script first calls bind(KEYS, ARGV) (below).
 --
--- This file holds the layout of the keys (below), the per-call state's
--- declarations (set by bind), the constants, argument parsing (fail,
+-- This file holds the layout of the keys (below), the constants, the
+-- per-call state and bind, which sets it, argument parsing (fail,
 -- int_arg, parse_rate, id_arg, client_arg), the checks of limits and rates
 -- read from Redis (stored_limit, stored_rate), clock and fmt. It uses
 -- nothing from another file.
@@ -74,22 +74,6 @@
 --   ARGV[3] the calling client's limit (integer >= 1), and its rate if it
 --           has one: "limit" or "limit:rate_limit:per_ms" (client_arg)
 
--- Per-call state. The lib is loaded two ways (lua.go): prepended to each
--- script for EVAL, where it runs on every call, and as a FUNCTION library,
--- where it runs once per server and each function is called many times. So
--- nothing here may keep a value from one call to the next: everything that
--- depends on the call (its KEYS and ARGV, the keys' names, the meta cache,
--- the clock) is declared here and set by bind(), which every script runs
--- first (lib_bind.lua).
-local KEYS, ARGV
--- The nine keys' names (KEYS[1..9], laid out at the top of this file), a
--- letter each: H holders, Q queue, S sessions, F free, E ended (the ids
--- whose record is a tombstone), M meta, O limit (SetLimit's override:
--- never expires), W window (the rate's grants), R rate (SetRate's
--- override: never expires).
-local H, Q, S, F, E, M, O, W, R
--- CHAN: the channel base (ARGV[1]); PUB: the publish command (ARGV[2]).
-local CHAN, PUB
 local SENTINEL = '~'
 -- Keys outlive the longest entry by at least this much.
 local MARGIN_MS = 1000
@@ -111,11 +95,85 @@ local function fail(msg)
   return redis.error_reply('ERR redsem: ' .. msg)
 end
 
+-- Per-call state. The lib is loaded two ways (lua.go): prepended to each
+-- script for EVAL, where it runs on every call, and as a FUNCTION library,
+-- where it runs once per server and each function is called many times. So
+-- nothing may keep a value from one call to the next: everything that
+-- depends on the call is declared here, and set by bind (below), the first
+-- statement of every script. Three kinds:
+--
+-- The call's inputs: its ARGV and the names it gives. Only bind assigns
+-- them, all of them, every call (client_arg rewrites argv[3] in place).
+local argv
+-- The nine keys' names (KEYS[1..9], laid out at the top of this file).
+local holders_key, queue_key, sessions_key, free_key, ended_key, meta_key, limit_key, window_key, rate_key
+-- channel: the channel base (ARGV[1]); publish_cmd: PUBLISH or SPUBLISH
+-- (ARGV[2]).
+local channel, publish_cmd
+--
+-- meta's cache (lib_records.lua, the only file that uses these four):
+-- meta holds the fields read (load, records) or written (set, put, del:
+-- false) in this call, meta_nums those converted to numbers (num, set),
+-- meta_dirty the fields to write and meta_gone (nil until del) those to
+-- delete (flush). They stay plain locals, not fields of call (below),
+-- because every get, num, set and put uses them: as fields they cost 2-4%
+-- of Redis's instructions per FCALL (TestScriptInstructions).
+local meta, meta_nums, meta_dirty, meta_gone
+--
+-- Everything else the call works with: the fields of call, a table that
+-- bind makes afresh, so that no field can outlive its call (a call that
+-- fails half-way, a Lua error, leaves its table to be replaced whole).
+local call
+
+-- bind starts a call: it sets the state above from the call's KEYS and
+-- ARGV, and returns an error reply when they do not have the shape every
+-- script needs (nil when they do).
+local function bind(keys, args)
+  argv = args
+  if #keys ~= 9 then
+    return fail('want 9 keys, got ' .. #keys)
+  end
+  holders_key, queue_key, sessions_key, free_key, ended_key, meta_key, limit_key, window_key, rate_key =
+    keys[1], keys[2], keys[3], keys[4], keys[5], keys[6], keys[7], keys[8], keys[9]
+  channel, publish_cmd = args[1], args[2]
+  if publish_cmd ~= 'PUBLISH' and publish_cmd ~= 'SPUBLISH' then
+    return fail('bad publish command: ' .. tostring(publish_cmd))
+  end
+  meta, meta_nums, meta_dirty, meta_gone = nil, {}, {}, nil -- meta: load makes it
+  -- The constructor lists the fields that start with a value; the others
+  -- start nil and are set on the way, each by one function:
+  --   rate_limit, rate_per_us: the rate in force (rate(), lib_rate.lua):
+  --     at most rate_limit slots granted in any rate_per_us µs (0: none);
+  --   rate_room_at_us: the server time (µs) at which the window has room
+  --     for the request or head waiter that the rate held back (rate_fits);
+  --   limit_key_value, rate_key_value: the limit and rate keys as
+  --     check_limits read them for init (false: absent; lib_records.lua);
+  --   freed, freed_next, freed_sorted: slots given back while the free set
+  --     held none (give_back, lib_slots.lua; see lib_records.lua), where the
+  --     next grant takes from, and whether the rest is sorted;
+  --   session_deadlines: session id -> deadline, as read by this call
+  --     (session_deadline, lib_queue.lua).
+  -- (They are not named here as nil: a constructor makes room for every
+  -- field it names, which cost every call more than the growth of the
+  -- table on the paths that set them.)
+  call = {
+    -- The client's rate, from ARGV[3] (client_arg): 0, 0 for none.
+    client_rate_limit = 0, client_rate_per_ms = 0,
+    -- The server time of the latest clock(), ms and µs.
+    clock_ms = 0, clock_us = 0,
+    -- Whether meta's rate counters were read (rate_load, lib_records.lua).
+    rate_loaded = false,
+    -- Whether the horizon _hz moved (extend), so that flush sets the TTLs.
+    horizon_moved = false,
+  }
+  return nil
+end
+
 -- int_arg returns ARGV[i] as an integer in [min, max] (max: 2^53 - 1 when
 -- not given), or nil and an error reply. Only plain decimal digits count:
 -- "1e3", "0x10", "inf" and "nan" are refused, not converted.
 local function int_arg(i, name, min, max)
-  local s = ARGV[i]
+  local s = argv[i]
   local v = s and string.find(s, '^%d+$') and #s <= 16 and tonumber(s) -- ARGV: strings or nil
   if not v or v < min or v > (max or 9007199254740991) then
     return nil, fail('bad ' .. name .. ': ' .. tostring(s))
@@ -176,7 +234,7 @@ end
 
 -- id_arg returns ARGV[i] as a lease, waiter or session id.
 local function id_arg(i, name)
-  local v = ARGV[i]
+  local v = argv[i]
   if v == nil or v == '' or #v > 128 or not string.find(v, '^[%w%-]+$') or v == SENTINEL then
     return nil, fail('bad ' .. name .. ': ' .. tostring(v))
   end
@@ -185,10 +243,10 @@ end
 
 -- client_arg returns the calling client's limit from ARGV[3] ("limit", or
 -- "limit:rate_limit:per_ms" for a client built with a rate), or nil and an
--- error reply; it keeps the client's rate in CRL, CRP (0, 0: none).
-local CRL, CRP
+-- error reply; it keeps the client's rate in call.client_rate_limit and
+-- call.client_rate_per_ms (0, 0: none).
 local function client_arg()
-  local s = ARGV[3]
+  local s = argv[3]
   if s and string.find(s, ':', 1, true) then
     local l, r = string.match(s, '^(%d+):(%d+:%d+)$')
     local rl, rp
@@ -198,21 +256,21 @@ local function client_arg()
     if not rl then
       return nil, fail('bad limit: ' .. s)
     end
-    CRL, CRP = rl, rp
-    ARGV[3] = l
+    call.client_rate_limit, call.client_rate_per_ms = rl, rp
+    argv[3] = l
   end
   return int_arg(3, 'limit', 1, MAX_LIMIT)
 end
 
--- clock returns the server time in milliseconds and in microseconds.
-local CLOCK_MS -- the server time of the latest clock() call
-local CLOCK_US
+-- clock returns the server time in milliseconds and in microseconds, and
+-- keeps them in call.clock_ms and call.clock_us.
 local function clock()
   local t = redis.call('TIME')
   local s, us = tonumber(t[1]), tonumber(t[2])
-  CLOCK_MS = s * 1000 + (us - us % 1000) / 1000
-  CLOCK_US = s * 1000000 + us
-  return CLOCK_MS, CLOCK_US
+  local ms = s * 1000 + (us - us % 1000) / 1000
+  us = s * 1000000 + us
+  call.clock_ms, call.clock_us = ms, us
+  return ms, us
 end
 
 -- fmt formats a number as Redis and the clients read it: digits, never

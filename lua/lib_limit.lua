@@ -1,8 +1,9 @@
 -- lib_limit.lua: the limit and taking slots within it: limit_in_force
 -- (SetLimit's, else the established one, else the caller's), establish
 -- (for an acquiring client) and take_slots (the n lowest free slots).
--- Uses from lib_args.lua: F, SENTINEL, stored_limit; from
--- lib_records.lua: get, num, set, FREED, FREED_I, FREED_SORTED.
+-- Uses from lib_args.lua: free_key, call (freed, freed_next,
+-- freed_sorted), SENTINEL, stored_limit; from lib_records.lua: get, num,
+-- set.
 
 -- limit_in_force is SetLimit's limit, else the one live clients established,
 -- else the caller's.
@@ -34,27 +35,30 @@ end
 local function take_slots(n)
   local slots = {}
   local have = num('_hw') - num('_used')
-  if FREED then
+  local c = call
+  if c.freed then
     -- Given back by this call, the free set holding none: the lowest
     -- free slots are here (then above the high-water mark).
-    if not FREED_SORTED then
+    if not c.freed_sorted then
       local rest = {}
-      for i = FREED_I, #FREED do
-        rest[#rest + 1] = FREED[i]
+      local freed = c.freed
+      for i = c.freed_next, #freed do
+        rest[#rest + 1] = freed[i]
       end
       table.sort(rest)
-      FREED, FREED_I, FREED_SORTED = rest, 1, true
+      c.freed, c.freed_next, c.freed_sorted = rest, 1, true
     end
-    local last = math.min(FREED_I + n - 1, #FREED)
-    for i = FREED_I, last do
-      slots[#slots + 1] = FREED[i]
+    local freed, from = c.freed, c.freed_next
+    local last = math.min(from + n - 1, #freed)
+    for i = from, last do
+      slots[#slots + 1] = freed[i]
     end
-    FREED_I = last + 1
+    c.freed_next = last + 1
   elseif have > 0 then
-    local popped = redis.call('ZPOPMIN', F, n < have and n or have)
+    local popped = redis.call('ZPOPMIN', free_key, n < have and n or have)
     for i = 1, #popped, 2 do
       if popped[i] == SENTINEL then
-        redis.call('ZADD', F, 'inf', SENTINEL) -- never happens while the counters hold
+        redis.call('ZADD', free_key, 'inf', SENTINEL) -- never happens while the counters hold
       else
         slots[#slots + 1] = tonumber(popped[i])
       end

@@ -3,7 +3,7 @@
 -- in Redis as it is written here: it names lib.lua and stays so), prune
 -- (tombstones past their time, dead sessions and their waiters) and
 -- tombstone, which writes one.
--- Uses from lib_args.lua: H, Q, S, E, M, BATCH, CHUNK, fmt; from
+-- Uses from lib_args.lua: the key names, BATCH, CHUNK, fmt; from
 -- lib_records.lua: get, num, next_expiry, set, put, del, records, extend;
 -- from lib_slots.lua: parse_waiter, drop_holders.
 
@@ -14,12 +14,12 @@ local function expire(now)
   if now < next_expiry() then
     return 0
   end
-  local dead = redis.call('ZRANGE', H, '-inf', now, 'BYSCORE', 'LIMIT', 0, BATCH)
+  local dead = redis.call('ZRANGE', holders_key, '-inf', now, 'BYSCORE', 'LIMIT', 0, BATCH)
   drop_holders(dead)
   if #dead == BATCH then
     set('_next', now) -- more may be due: the next call goes on
   else
-    local first = redis.call('ZRANGE', H, 0, 0, 'WITHSCORES')
+    local first = redis.call('ZRANGE', holders_key, 0, 0, 'WITHSCORES')
     put('_next', first[2] or 'inf')
   end
   return #dead
@@ -41,8 +41,8 @@ local PAD = 'a value longer than hash-max-listpack-value keeps this hash a hash 
 -- keep_hashed gives meta its "_pad" once it holds more than HASHED_AT fields
 -- (prune calls it, at most every 100 ms).
 local function keep_hashed()
-  if redis.call('HLEN', M) > HASHED_AT then
-    redis.call('HSETNX', M, '_pad', PAD)
+  if redis.call('HLEN', meta_key) > HASHED_AT then
+    redis.call('HSETNX', meta_key, '_pad', PAD)
   end
 end
 
@@ -56,9 +56,9 @@ local function prune(now)
     return
   end
   keep_hashed()
-  local due = redis.call('ZRANGE', E, '-inf', now, 'BYSCORE', 'LIMIT', 0, BATCH)
+  local due = redis.call('ZRANGE', ended_key, '-inf', now, 'BYSCORE', 'LIMIT', 0, BATCH)
   if #due > 0 then
-    redis.call('ZREM', E, unpack(due))
+    redis.call('ZREM', ended_key, unpack(due))
     records(due)
     for _, id in ipairs(due) do
       -- Only a tombstone goes: an id is never granted or queued again once
@@ -70,15 +70,15 @@ local function prune(now)
       end
     end
   end
-  local dead = redis.call('ZRANGE', S, '-inf', now, 'BYSCORE', 'LIMIT', 0, BATCH)
+  local dead = redis.call('ZRANGE', sessions_key, '-inf', now, 'BYSCORE', 'LIMIT', 0, BATCH)
   if #dead > 0 then
-    redis.call('ZREM', S, unpack(dead))
+    redis.call('ZREM', sessions_key, unpack(dead))
     if num('_q') > 0 then
       local gone = {}
       for _, sid in ipairs(dead) do
         gone[sid] = true
       end
-      local ids = redis.call('ZRANGE', Q, 0, -1)
+      local ids = redis.call('ZRANGE', queue_key, 0, -1)
       ids[#ids] = nil -- the sentinel
       records(ids)
       local evict = {}
@@ -90,7 +90,7 @@ local function prune(now)
         end
       end
       for i = 1, #evict, CHUNK do
-        redis.call('ZREM', Q, unpack(evict, i, math.min(i + CHUNK - 1, #evict)))
+        redis.call('ZREM', queue_key, unpack(evict, i, math.min(i + CHUNK - 1, #evict)))
       end
       set('_q', num('_q') - #evict)
     end
@@ -106,6 +106,6 @@ end
 -- that ran ("S") until until_ms.
 local function tombstone(id, kind, now, until_ms)
   put(id, kind)
-  redis.call('ZADD', E, fmt(until_ms), id)
+  redis.call('ZADD', ended_key, fmt(until_ms), id)
   extend(now, until_ms)
 end

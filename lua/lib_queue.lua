@@ -2,7 +2,8 @@
 -- record; it comes after the rate, whose window it writes), publish, and
 -- the fair queue's parts: session_deadline (sessions), drop_waiter and
 -- evict_heavier (waiters that can never be admitted).
--- Uses from lib_args.lua: H, Q, S, CHAN, PUB, fmt; from lib_records.lua:
+-- Uses from lib_args.lua: holders_key, queue_key, sessions_key, channel,
+-- publish_cmd, call (session_deadlines), fmt; from lib_records.lua:
 -- get, num, next_expiry, set, put, del, records, extend; from
 -- lib_slots.lua: parse_waiter; from lib_limit.lua: take_slots; from
 -- lib_rate.lua: rate_record.
@@ -23,7 +24,7 @@ local function grant(id, n, now, now_us, deadline, owner)
   -- fractions): one slot, as most leases hold, goes through fmt.
   local list = n == 1 and fmt(slots[1]) or table.concat(slots, ',')
   put(id, 'L|' .. t .. '|' .. list .. '|' .. owner)
-  redis.call('ZADD', H, fmt(deadline), id)
+  redis.call('ZADD', holders_key, fmt(deadline), id)
   if deadline < next_expiry() then
     set('_next', deadline)
   end
@@ -33,19 +34,21 @@ local function grant(id, n, now, now_us, deadline, owner)
 end
 
 local function publish(channel, msg)
-  redis.call(PUB, channel, msg)
+  redis.call(publish_cmd, channel, msg)
 end
 
--- session_deadline returns a live session's deadline, or nil.
-local SDL -- session id -> deadline, as read by this call
+-- session_deadline returns a live session's deadline, or nil (each
+-- session's read once per call: call.session_deadlines).
 local function session_deadline(sid, now)
-  if not SDL then
-    SDL = {}
+  local known = call.session_deadlines
+  if not known then
+    known = {}
+    call.session_deadlines = known
   end
-  local d = SDL[sid]
+  local d = known[sid]
   if d == nil then
-    d = tonumber(redis.call('ZSCORE', S, sid)) or 0
-    SDL[sid] = d
+    d = tonumber(redis.call('ZSCORE', sessions_key, sid)) or 0
+    known[sid] = d
   end
   if d > now then
     return d
@@ -54,7 +57,7 @@ local function session_deadline(sid, now)
 end
 
 local function drop_waiter(id)
-  redis.call('ZREM', Q, id)
+  redis.call('ZREM', queue_key, id)
   del(id)
   set('_q', num('_q') - 1)
 end
@@ -67,7 +70,7 @@ local function evict_heavier(max, note)
   if num('_q') == 0 then
     return
   end
-  local ids = redis.call('ZRANGE', Q, 0, -1)
+  local ids = redis.call('ZRANGE', queue_key, 0, -1)
   ids[#ids] = nil -- the sentinel
   records(ids)
   for _, id in ipairs(ids) do
@@ -76,7 +79,7 @@ local function evict_heavier(max, note)
       local sid, n = parse_waiter(rec)
       if n > max then
         drop_waiter(id)
-        publish(CHAN .. ':s:' .. sid, 'x ' .. id .. ' ' .. max .. note)
+        publish(channel .. ':s:' .. sid, 'x ' .. id .. ' ' .. max .. note)
       end
     end
   end

@@ -1,48 +1,56 @@
--- lib_records.lua: the meta hash, read once per call into a cache and
--- written back once at its end: load, rate_load and check_limits read it;
--- get, num and next_expiry read a field, set, put and del change one, and
--- records loads many records; extend moves the horizon _hz; add_free and
--- flush write (the slots held in FREED, which this file declares, the
+-- lib_records.lua: the meta hash, read once per call into a cache (meta,
+-- meta_nums, meta_dirty, meta_gone: no other file touches them) and
+-- written back once at its end: load, load_horizon, rate_load and
+-- check_limits read it; get, num and next_expiry read a field, set, put
+-- and del change one, and records loads many records; extend moves the
+-- horizon _hz; add_free and flush write (the slots held in call.freed, the
 -- changed fields, the keys' TTLs), finish flushes and returns a reply;
--- init creates the keys of a new or expired semaphore; start_call begins
--- a SetLimit or SetRate call (once per call id).
--- Uses from lib_args.lua: the key names (H Q S F E M O W R), SENTINEL,
--- MARGIN_MS, CHUNK, MAX_LIMIT, CRL, CLOCK_MS, fail, stored_limit,
--- stored_rate, clock, fmt.
+-- init creates the keys of a new or expired semaphore; start_call begins a
+-- SetLimit or SetRate call (once per call id).
+-- Uses from lib_args.lua: the key names, meta's cache, call
+-- (client_rate_limit, clock_ms, rate_loaded, limit_key_value,
+-- rate_key_value, horizon_moved, freed, freed_next), SENTINEL, MARGIN_MS,
+-- CHUNK, MAX_LIMIT, fail, stored_limit, stored_rate, clock, fmt.
 
 -- The meta hash is read once per script (HMGET of the counters and of the
 -- records a script needs) and written once at the end (flush). The
 -- counters (see the top of lib_args.lua): _hz, _limit, _fixed, _token, _used,
 -- _hw, _seq, _q, _next, _want, _prune, _rx.
-local META, DIRTY, GONE
 
 -- load reads the counters and, if given, the record of one id, into a
--- new META built by one table constructor (sized once: filling an empty
--- table field by field grew it four times). The HMGET's fields are spelled
--- out: building its argument list in a table on every call cost more.
-local RATE_LOADED
+-- new meta built by one table constructor (sized once: filling an
+-- empty table field by field grew it four times). The HMGET's fields are
+-- spelled out: building its argument list in a table on every call cost
+-- more.
 local function load(id)
   local v
-  if CRL > 0 then
+  local m = meta_key
+  if call.client_rate_limit > 0 then
     -- A client with a rate: the rate's counters too, in the same call.
-    v = redis.call('HMGET', M, '_hz', '_limit', '_fixed', '_token', '_used', '_hw', '_seq', '_q', '_next', '_want', '_prune', '_rx',
+    v = redis.call('HMGET', m, '_hz', '_limit', '_fixed', '_token', '_used', '_hw', '_seq', '_q', '_next', '_want', '_prune', '_rx',
       '_rate', '_frate', '_rsum', '_rold', '_rwake', id or '_')
-    META = {_hz = v[1], _limit = v[2], _fixed = v[3], _token = v[4], _used = v[5], _hw = v[6], _seq = v[7], _q = v[8],
+    meta = {_hz = v[1], _limit = v[2], _fixed = v[3], _token = v[4], _used = v[5], _hw = v[6], _seq = v[7], _q = v[8],
       _next = v[9], _want = v[10], _prune = v[11], _rx = v[12],
       _rate = v[13], _frate = v[14], _rsum = v[15], _rold = v[16], _rwake = v[17]}
-    RATE_LOADED = true
+    call.rate_loaded = true
     if id then
-      META[id] = v[18]
+      meta[id] = v[18]
     end
   elseif id then
-    v = redis.call('HMGET', M, '_hz', '_limit', '_fixed', '_token', '_used', '_hw', '_seq', '_q', '_next', '_want', '_prune', '_rx', id)
-    META = {_hz = v[1], _limit = v[2], _fixed = v[3], _token = v[4], _used = v[5], _hw = v[6], _seq = v[7], _q = v[8],
+    v = redis.call('HMGET', m, '_hz', '_limit', '_fixed', '_token', '_used', '_hw', '_seq', '_q', '_next', '_want', '_prune', '_rx', id)
+    meta = {_hz = v[1], _limit = v[2], _fixed = v[3], _token = v[4], _used = v[5], _hw = v[6], _seq = v[7], _q = v[8],
       _next = v[9], _want = v[10], _prune = v[11], _rx = v[12], [id] = v[13]}
   else
-    v = redis.call('HMGET', M, '_hz', '_limit', '_fixed', '_token', '_used', '_hw', '_seq', '_q', '_next', '_want', '_prune', '_rx')
-    META = {_hz = v[1], _limit = v[2], _fixed = v[3], _token = v[4], _used = v[5], _hw = v[6], _seq = v[7], _q = v[8],
+    v = redis.call('HMGET', m, '_hz', '_limit', '_fixed', '_token', '_used', '_hw', '_seq', '_q', '_next', '_want', '_prune', '_rx')
+    meta = {_hz = v[1], _limit = v[2], _fixed = v[3], _token = v[4], _used = v[5], _hw = v[6], _seq = v[7], _q = v[8],
       _next = v[9], _want = v[10], _prune = v[11], _rx = v[12]}
   end
+end
+
+-- load_horizon is load for a live renewal, which needs only the horizon
+-- (extend): the other counters stay unread and unwritten.
+local function load_horizon()
+  meta = {_hz = redis.call('HGET', meta_key, '_hz')}
 end
 
 -- rate_load reads the rate's counters (_rate, _frate, _rsum, _rold,
@@ -50,15 +58,15 @@ end
 -- (load read them already for a client with a rate); fields this call set
 -- already keep their value.
 local function rate_load(force)
-  if RATE_LOADED or not (force or META['_rx']) then
+  if call.rate_loaded or not (force or meta['_rx']) then
     return
   end
-  RATE_LOADED = true
-  local v = redis.call('HMGET', M, '_rate', '_frate', '_rsum', '_rold', '_rwake')
+  call.rate_loaded = true
+  local v = redis.call('HMGET', meta_key, '_rate', '_frate', '_rsum', '_rold', '_rwake')
   local f = {'_rate', '_frate', '_rsum', '_rold', '_rwake'}
   for i = 1, 5 do
-    if META[f[i]] == nil then
-      META[f[i]] = v[i]
+    if meta[f[i]] == nil then
+      meta[f[i]] = v[i]
     end
   end
 end
@@ -69,27 +77,27 @@ end
 -- before their first write, and SetLimit, which overwrites them, does not.
 local function check_limits()
   rate_load()
-  local fixed, frate = META['_fixed'], META['_frate']
-  if not META['_hz'] then
-    fixed = redis.call('GET', O)
-    META['_o'] = fixed or false -- init reads it from here
-    frate = redis.call('GET', R)
-    META['_r'] = frate or false
+  local fixed, frate = meta['_fixed'], meta['_frate']
+  if not meta['_hz'] then
+    fixed = redis.call('GET', limit_key)
+    call.limit_key_value = fixed or false -- init reads it from here
+    frate = redis.call('GET', rate_key)
+    call.rate_key_value = frate or false
   end
   if stored_limit(fixed) == false then
-    return fail('the stored limit ' .. O .. ' is ' .. string.format('%q', fixed) ..
+    return fail('the stored limit ' .. limit_key .. ' is ' .. string.format('%q', fixed) ..
       ', not an integer in [1, ' .. MAX_LIMIT .. ']: set it again with SetLimit')
   end
-  if META['_hz'] and stored_limit(META['_limit']) == false then
-    return fail('the stored counter _limit of ' .. M .. ' is ' .. string.format('%q', META['_limit']) ..
+  if meta['_hz'] and stored_limit(meta['_limit']) == false then
+    return fail('the stored counter _limit of ' .. meta_key .. ' is ' .. string.format('%q', meta['_limit']) ..
       ', not an integer in [1, ' .. MAX_LIMIT .. ']')
   end
   if frate and stored_rate(frate) == false then
-    return fail('the stored rate ' .. R .. ' is ' .. string.format('%q', frate) ..
+    return fail('the stored rate ' .. rate_key .. ' is ' .. string.format('%q', frate) ..
       ', not "limit/per_ms": set it again with SetRate')
   end
-  if META['_hz'] and META['_rate'] and stored_rate(META['_rate']) == false then
-    return fail('the stored counter _rate of ' .. M .. ' is ' .. string.format('%q', META['_rate']) ..
+  if meta['_hz'] and meta['_rate'] and stored_rate(meta['_rate']) == false then
+    return fail('the stored counter _rate of ' .. meta_key .. ' is ' .. string.format('%q', meta['_rate']) ..
       ', not "limit/per_ms"')
   end
   return nil
@@ -98,67 +106,66 @@ end
 -- get returns a meta field as loaded or since set; records not loaded are
 -- read on demand (one HMGET for many with records()).
 local function get(f)
-  return META[f]
+  return meta[f]
 end
 
 -- num returns a meta field as a number (0 when absent). Each field is
--- converted once per call: NUMS keeps what num read and what set wrote as a
--- number (a conversion runs strtod, and the scripts read _used, _q and the
--- like many times per call).
-local NUMS
+-- converted once per call: meta_nums keeps what num read and what set
+-- wrote as a number (a conversion runs strtod, and the scripts read _used,
+-- _q and the like many times per call).
 local function num(f)
-  local v = NUMS[f]
+  local v = meta_nums[f]
   if v == nil then
-    v = tonumber(META[f]) or 0
-    NUMS[f] = v
+    v = tonumber(meta[f]) or 0
+    meta_nums[f] = v
   end
   return v
 end
 
 -- next_expiry is _next as a number: math.huge when no holder is known.
 local function next_expiry()
-  local v = NUMS['_next']
+  local v = meta_nums['_next']
   if v then
     return v
   end
-  v = META['_next']
+  v = meta['_next']
   if not v or v == 'inf' then
     v = math.huge
   else
     v = tonumber(v) or 0
   end
-  NUMS['_next'] = v
+  meta_nums['_next'] = v
   return v
 end
 
 -- set writes the number v to a meta field (flush sends it): kept as one in
--- NUMS, written as fmt(v), or as text when the caller formatted it
+-- meta_nums, written as fmt(v), or as text when the caller formatted it
 -- already. put writes a text. (Two functions rather than a type() test in
 -- one: each C function a script calls costs more than the test saves.)
 local function set(f, v, text)
-  NUMS[f] = v
-  META[f] = text or fmt(v) -- Lua's own conversion prints 1e+14 for large numbers
-  DIRTY[f] = true
-  if GONE then
-    GONE[f] = nil
+  meta_nums[f] = v
+  meta[f] = text or fmt(v) -- Lua's own conversion prints 1e+14 for large numbers
+  meta_dirty[f] = true
+  if meta_gone then
+    meta_gone[f] = nil
   end
 end
 
 local function put(f, v)
-  NUMS[f] = nil
-  META[f] = v
-  DIRTY[f] = true
-  if GONE then
-    GONE[f] = nil
+  meta_nums[f] = nil
+  meta[f] = v
+  meta_dirty[f] = true
+  if meta_gone then
+    meta_gone[f] = nil
   end
 end
 
 local function del(f)
-  NUMS[f] = nil
-  META[f] = false
-  DIRTY[f] = nil
-  GONE = GONE or {}
-  GONE[f] = true
+  meta_nums[f] = nil
+  meta[f] = false
+  meta_dirty[f] = nil
+  meta_gone = meta_gone or {}
+  meta_gone[f] = true
 end
 
 -- records loads the meta records of ids not loaded yet, in one HMGET.
@@ -166,7 +173,7 @@ local function records(ids)
   local want
   for i = 1, #ids do -- numeric loops: ipairs calls a C function per element
     local id = ids[i]
-    if META[id] == nil then
+    if meta[id] == nil then
       want = want or {}
       want[#want + 1] = id
     end
@@ -176,14 +183,14 @@ local function records(ids)
   end
   if #want == 1 then
     -- One record (a Release's own, admit's head waiter): no tables.
-    META[want[1]] = redis.call('HGET', M, want[1])
+    meta[want[1]] = redis.call('HGET', meta_key, want[1])
     return
   end
   for i = 1, #want, CHUNK do
     local part = {unpack(want, i, math.min(i + CHUNK - 1, #want))}
-    local v = redis.call('HMGET', M, unpack(part))
+    local v = redis.call('HMGET', meta_key, unpack(part))
     for k, id in ipairs(part) do
-      META[id] = v[k]
+      meta[id] = v[k]
     end
   end
 end
@@ -192,7 +199,6 @@ end
 -- writes when that is past the horizon, and then doubles the remaining
 -- lifetime, so it runs about once per TTL, not once per call. The PEXPIREATs
 -- themselves are sent by flush, after every write of the script.
-local HZ_MOVED
 local function extend(now, until_ms)
   local hz = num('_hz')
   if until_ms + MARGIN_MS <= hz then
@@ -200,26 +206,26 @@ local function extend(now, until_ms)
   end
   hz = until_ms + MARGIN_MS + math.max(until_ms - now, MARGIN_MS)
   set('_hz', hz)
-  HZ_MOVED = true
+  call.horizon_moved = true
 end
 
--- FREED holds the slots that this call gave back while the free set held
--- none (give_back), instead of writing them there at once: a grant later in
--- the same call (a Release that admits the next waiter) takes them from here,
--- which saves a ZADD and a ZPOPMIN of the free set per handoff, and flush
--- writes the rest. While FREED holds slots the free set holds none (give_back
--- writes there only when it held some already), so the lowest free slots
--- are FREED's. nil: none this call. Grants take from FREED_I on, and sort
--- the slots not yet taken only after more were given back (FREED_SORTED):
--- one Release may admit thousands of waiters, and sorting or copying the
--- list on each grant made that call quadratic (seconds for 4 500).
-local FREED, FREED_I, FREED_SORTED
+-- call.freed holds the slots that this call gave back while the free set
+-- held none (give_back), instead of writing them there at once: a grant
+-- later in the same call (a Release that admits the next waiter) takes them
+-- from there, which saves a ZADD and a ZPOPMIN of the free set per
+-- handoff, and flush writes the rest. While call.freed holds slots the
+-- free set holds none (give_back writes there only when it held some
+-- already), so the lowest free slots are call.freed's. nil: none this
+-- call. Grants take from call.freed_next on, and sort the slots not yet
+-- taken only after more were given back (call.freed_sorted): one Release
+-- may admit thousands of waiters, and sorting or copying the list on each
+-- grant made that call quadratic (seconds for 4 500).
 
 -- add_free writes slots[from..] into the free set.
 local function add_free(slots, from)
   if from == #slots then
     local s = slots[from]
-    redis.call('ZADD', F, s, s)
+    redis.call('ZADD', free_key, s, s)
     return
   end
   for i = from, #slots, CHUNK / 2 do
@@ -228,59 +234,60 @@ local function add_free(slots, from)
       args[#args + 1] = slots[k]
       args[#args + 1] = slots[k]
     end
-    redis.call('ZADD', F, unpack(args))
+    redis.call('ZADD', free_key, unpack(args))
   end
 end
 
 local function flush()
-  if FREED then
-    add_free(FREED, FREED_I)
-    FREED = nil
+  local c = call
+  if c.freed then
+    add_free(c.freed, c.freed_next)
+    c.freed = nil
   end
-  if next(DIRTY) ~= nil then
+  if next(meta_dirty) ~= nil then
     local hset, n = {}, 0
-    for f in pairs(DIRTY) do
+    for f in pairs(meta_dirty) do
       hset[n + 1] = f
-      hset[n + 2] = META[f]
+      hset[n + 2] = meta[f]
       n = n + 2
     end
     if n <= CHUNK then
-      redis.call('HSET', M, unpack(hset))
+      redis.call('HSET', meta_key, unpack(hset))
     else
       for i = 1, n, CHUNK do
-        redis.call('HSET', M, unpack(hset, i, math.min(i + CHUNK - 1, n)))
+        redis.call('HSET', meta_key, unpack(hset, i, math.min(i + CHUNK - 1, n)))
       end
     end
-    DIRTY = {}
+    meta_dirty = {}
   end
-  if GONE and next(GONE) ~= nil then
+  if meta_gone and next(meta_gone) ~= nil then
     local hdel, n = {}, 0
-    for f in pairs(GONE) do
+    for f in pairs(meta_gone) do
       n = n + 1
       hdel[n] = f
     end
     for i = 1, n, CHUNK do
-      redis.call('HDEL', M, unpack(hdel, i, math.min(i + CHUNK - 1, n)))
+      redis.call('HDEL', meta_key, unpack(hdel, i, math.min(i + CHUNK - 1, n)))
     end
-    GONE = nil
+    meta_gone = nil
   end
-  if HZ_MOVED then
-    local hz = META['_hz']
-    for _, k in ipairs({H, Q, S, F, E, W}) do -- holders, queue, sessions, free, ended, window
-      if k ~= S then
+  if c.horizon_moved then
+    local hz = meta['_hz']
+    for _, k in ipairs({holders_key, queue_key, sessions_key, free_key, ended_key, window_key}) do
+      if k ~= sessions_key then
         redis.call('PEXPIREAT', k, hz)
       else
         -- The sessions key may be shared by the members of a keyed family,
         -- whose horizons differ: it is never shortened (a plain
         -- semaphore's horizon only grows, so this changes nothing there).
-        local ttl = redis.call('PTTL', S)
-        if ttl == -1 or (ttl >= 0 and CLOCK_MS + ttl < tonumber(hz)) then
-          redis.call('PEXPIREAT', S, hz)
+        local ttl = redis.call('PTTL', sessions_key)
+        if ttl == -1 or (ttl >= 0 and c.clock_ms + ttl < tonumber(hz)) then
+          redis.call('PEXPIREAT', sessions_key, hz)
         end
       end
     end
-    redis.call('PEXPIREAT', M, hz)
-    HZ_MOVED = false
+    redis.call('PEXPIREAT', meta_key, hz)
+    c.horizon_moved = false
   end
 end
 
@@ -299,19 +306,20 @@ local function init(now)
   if get('_hz') then
     return
   end
-  for _, k in ipairs({H, Q, S, F, E}) do -- holders, queue, sessions, free, ended; not W (see above)
+  local c = call
+  for _, k in ipairs({holders_key, queue_key, sessions_key, free_key, ended_key}) do -- not the window (see above)
     redis.call('ZADD', k, 'inf', SENTINEL)
   end
-  local o = META['_o']
+  local o = c.limit_key_value
   if o == nil then
-    o = redis.call('GET', O)
+    o = redis.call('GET', limit_key)
   end
   if stored_limit(o) then
     put('_fixed', o)
   end
-  local r = META['_r']
+  local r = c.rate_key_value
   if r == nil then
-    r = redis.call('GET', R)
+    r = redis.call('GET', rate_key)
   end
   if r and stored_rate(r) then
     put('_frate', r)
@@ -322,16 +330,16 @@ local function init(now)
   extend(now, now)
 end
 
--- start_call starts a SetLimit or SetRate call whose id is call: it reads
--- the clock, loads meta with the call's record and creates the keys if
--- they are missing (init). It returns now and now_us, and, when this call
--- ran already (a re-sent copy finds its "S" record), the reply to return:
--- {now}, with what init wrote flushed.
-local function start_call(call)
+-- start_call starts a SetLimit or SetRate call whose id is call_id: it
+-- reads the clock, loads meta with the call's record and creates the keys
+-- if they are missing (init). It returns now and now_us, and, when this
+-- call ran already (a re-sent copy finds its "S" record), the reply to
+-- return: {now}, with what init wrote flushed.
+local function start_call(call_id)
   local now, now_us = clock()
-  load(call)
+  load(call_id)
   init(now)
-  if get(call) then
+  if get(call_id) then
     return now, now_us, finish({now}) -- this call ran already
   end
   return now, now_us, nil

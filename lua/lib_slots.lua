@@ -1,10 +1,11 @@
 -- lib_slots.lua: the records of leases and waiters and the slots they
 -- hold: slot_list, parse_lease, lease_slots and parse_waiter read a
--- record; give_back returns slots to the free set (or keeps them in FREED
--- for a grant of the same call); drop_holders removes holder entries and
--- frees their slots.
--- Uses from lib_args.lua: H, CHUNK; from lib_records.lua: get, num, set,
--- del, records, add_free, FREED, FREED_I, FREED_SORTED.
+-- record; give_back returns slots to the free set (or keeps them in
+-- call.freed for a grant of the same call); drop_holders removes holder
+-- entries and frees their slots.
+-- Uses from lib_args.lua: holders_key, call (freed, freed_next,
+-- freed_sorted), CHUNK; from lib_records.lua: get, num, set, del, records,
+-- add_free.
 
 -- slot_list returns the slots of a record's "s1,s2,..." as a list.
 local function slot_list(slots)
@@ -35,20 +36,22 @@ local function parse_waiter(rec)
   return sid, tonumber(n), tonumber(lease_ms), owner
 end
 
--- give_back returns slots to the free set.
+-- give_back returns slots to the free set (see call.freed, lib_records.lua).
 local function give_back(slots)
   if #slots == 0 then
     return
   end
-  if FREED then
+  local c = call
+  local freed = c.freed
+  if freed then
     for _, s in ipairs(slots) do
-      FREED[#FREED + 1] = s
+      freed[#freed + 1] = s
     end
-    FREED_SORTED = false
+    c.freed_sorted = false
   elseif num('_hw') == num('_used') then
     -- The free set holds no slot: keep them for a grant of this call
-    -- (the list is FREED's from now on: callers pass one they drop).
-    FREED, FREED_I, FREED_SORTED = slots, 1, #slots == 1
+    -- (the list is call.freed from now on: callers pass one they drop).
+    c.freed, c.freed_next, c.freed_sorted = slots, 1, #slots == 1
   else
     add_free(slots, 1)
   end
@@ -65,11 +68,11 @@ local function drop_holders(ids)
   records(ids)
   local removed
   if k == 1 then
-    removed = redis.call('ZREM', H, ids[1])
+    removed = redis.call('ZREM', holders_key, ids[1])
   else
     removed = 0
     for i = 1, k, CHUNK do
-      removed = removed + redis.call('ZREM', H, unpack(ids, i, math.min(i + CHUNK - 1, k)))
+      removed = removed + redis.call('ZREM', holders_key, unpack(ids, i, math.min(i + CHUNK - 1, k)))
     end
   end
   local slots

@@ -39,8 +39,6 @@ var (
 	libQueue string
 	//go:embed lib_admit.lua
 	libAdmit string
-	//go:embed lib_bind.lua
-	libBind string
 	//go:embed acquire.lua
 	acquireSrc string
 	//go:embed renew.lua
@@ -66,7 +64,7 @@ var (
 // libFiles are the files of the lib, by concern, in the order in which they
 // are concatenated: each uses only what the files before it define (Lua
 // sees a local only below its declaration), as its header states.
-var libFiles = []string{libArgs, libRecords, libSlots, libPrune, libLimit, libRate, libQueue, libAdmit, libBind}
+var libFiles = []string{libArgs, libRecords, libSlots, libPrune, libLimit, libRate, libQueue, libAdmit}
 
 // lib is the text of the lib: its files, concatenated.
 var lib = strings.Join(libFiles, "")
@@ -110,10 +108,10 @@ type script struct {
 
 // The semaphore scripts: each is the lib followed by the script's file,
 // sent whole with EVAL (or by SHA1 with EVALSHA), or one function of the
-// FUNCTION library (Library). The lib declares the names KEYS and ARGV as
-// its own per-call state (lib_args.lua), so the EVAL form keeps the globals
-// aside first, and every script starts with bind (lib_bind.lua), which sets
-// that state.
+// FUNCTION library (Library). Every script starts with bind(KEYS, ARGV),
+// which sets the lib's per-call state (lib_args.lua); KEYS and ARGV are
+// Redis's globals in the EVAL form, and the function's parameters of the
+// same names in the library.
 var bodies = []struct {
 	s         Script
 	file, src string
@@ -129,10 +127,7 @@ var bodies = []struct {
 	{SetRate, "setrate.lua", setRateSrc, "setrate", false},
 }
 
-const (
-	evalPrologue = "local KEYS_IN, ARGV_IN = KEYS, ARGV\n"
-	bindCall     = "local bind_err = bind(KEYS_IN, ARGV_IN) if bind_err then return bind_err end\n"
-)
+const bindCall = "local bind_err = bind(KEYS, ARGV) if bind_err then return bind_err end\n"
 
 // library is the FUNCTION library: its name (redsem_ and the first 12 hex
 // digits of the SHA1 of its text without the name line, so that each
@@ -142,7 +137,7 @@ var libName, libSrc = func() (string, string) {
 	var b strings.Builder
 	b.WriteString(lib)
 	for _, x := range bodies {
-		fmt.Fprintf(&b, "\nlocal function fn_%s(KEYS_IN, ARGV_IN)\n%s%s\nend\n", x.fn, bindCall, x.src)
+		fmt.Fprintf(&b, "\nlocal function fn_%s(KEYS, ARGV)\n%s%s\nend\n", x.fn, bindCall, x.src)
 	}
 	body := b.String()
 	sum := sha1.Sum([]byte(body))
@@ -182,7 +177,7 @@ var table = func() [SetRate + 1]script {
 		t[s] = script{file: file, src: src, sha: hex.EncodeToString(sum[:])}
 	}
 	for _, b := range bodies {
-		add(b.s, b.file, evalPrologue+lib+bindCall+b.src)
+		add(b.s, b.file, lib+bindCall+b.src)
 	}
 	add(Fence, "fence.lua", fenceLib+fenceSrc)
 	add(FenceSet, "fence_set.lua", fenceLib+fenceSetSrc)

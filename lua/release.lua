@@ -1,7 +1,7 @@
 -- release.lua: give back a lease's slots or leave the queue, by id; then
 -- admit the waiters that may now enter and tell unfair waiters about free
 -- slots.
--- KEYS: the nine keys of lib_args.lua (H Q S F E M O W R there).
+-- KEYS: the nine keys laid out at the top of lib_args.lua.
 -- ARGV: [1] channel base, [2] publish command, [3] client limit (and rate),
 --       [4] lease or waiter id,
 --       [5] mode: "owner" when the lease's holder releases it
@@ -59,7 +59,7 @@ if rk == 'L' then
   -- released.
   local live = true
   if now >= next_expiry() then
-    local dl = tonumber(redis.call('ZSCORE', H, id))
+    local dl = tonumber(redis.call('ZSCORE', holders_key, id))
     live = dl ~= nil and dl > now
   end
   if drop_holders({id}) > 0 and live then
@@ -70,7 +70,7 @@ elseif rk == 'W' then
   drop_waiter(id)
   if mode == 'force' then
     -- Its process still waits: tell it to ask again (it queues at the back).
-    publish(CHAN .. ':s:' .. parse_waiter(rec), 'r ' .. id)
+    publish(channel .. ':s:' .. parse_waiter(rec), 'r ' .. id)
   end
 elseif rk == 'R' and mode == 'owner' then
   kind = 1 -- released by an earlier run of this request

@@ -1,6 +1,6 @@
 -- renew.lua: extend a lease to now + lease_ms. It never re-creates a lease
 -- that is gone (ZADD XX).
--- KEYS: the nine keys of lib_args.lua (H Q S F E M O W R there).
+-- KEYS: the nine keys laid out at the top of lib_args.lua.
 -- ARGV: [1] channel base, [2] publish command, [3] client limit (and rate),
 --       [4] lease id, [5] lease_ms (>= 1).
 -- Reply: {1, now, deadline_ms} renewed; {0, now} the lease is gone (lost).
@@ -12,7 +12,7 @@ local lease_ms; lease_ms, err = int_arg(5, 'lease_ms', 1)
 if err then return err end
 
 local now, now_us = clock()
-local held = tonumber(redis.call('ZSCORE', H, id))
+local held = tonumber(redis.call('ZSCORE', holders_key, id))
 if not held or held <= now then
   -- Lost. Clean up and hand any freed slot on.
   load()
@@ -31,9 +31,7 @@ if not held or held <= now then
   end
   return finish({0, now})
 end
-redis.call('ZADD', H, 'XX', fmt(now + lease_ms), id)
--- A live renewal needs only the horizon (extend); the other counters stay
--- unread and unwritten.
-META = {_hz = redis.call('HGET', M, '_hz')}
+redis.call('ZADD', holders_key, 'XX', fmt(now + lease_ms), id)
+load_horizon() -- a live renewal needs only the horizon (extend)
 extend(now, now + lease_ms)
 return finish({1, now, now + lease_ms})

@@ -2,7 +2,7 @@
 -- never expires. Raising it admits waiters at once; lowering it below a
 -- queued waiter's weight ends that waiter's wait (an "x" message), wherever
 -- it stands in the queue (a scan of the queue: SetLimit is rare).
--- KEYS: the nine keys of lib_args.lua (H Q S F E M O W R there).
+-- KEYS: the nine keys laid out at the top of lib_args.lua.
 -- ARGV: [1] channel base, [2] publish command, [3] the new limit (>= 1),
 --           with the caller's rate as in client_arg (lib_args.lua),
 --       [4] call id (a UUID per SetLimit call): a copy of the call that runs
@@ -12,16 +12,16 @@
 -- Reply: {now, grants...}: grants as in release.lua.
 local limit, err = client_arg()
 if err then return err end
-local call; call, err = id_arg(4, 'call id')
+local call_id; call_id, err = id_arg(4, 'call id')
 if err then return err end
-local now, now_us, ran = start_call(call)
+local now, now_us, ran = start_call(call_id)
 if ran then return ran end
 -- The record keeps every key alive as long as itself (tombstone extends the
 -- horizon): a copy re-sent within TOMB_MS always finds it, even on an idle
 -- semaphore whose keys would otherwise have expired, and so never undoes a
 -- later SetLimit of another call.
-tombstone(call, 'S', now, now + TOMB_MS)
-redis.call('SET', O, limit)
+tombstone(call_id, 'S', now, now + TOMB_MS)
+redis.call('SET', limit_key, limit)
 set('_fixed', limit)
 expire(now)
 -- Waiters heavier than the new limit can never be admitted: they leave the

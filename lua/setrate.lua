@@ -6,7 +6,7 @@
 -- wherever it stands in the queue (a scan of the queue: SetRate is rare).
 -- The window's records stay: grants made before the call count against the
 -- new rate.
--- KEYS: the nine keys of lib_args.lua (H Q S F E M O W R there).
+-- KEYS: the nine keys laid out at the top of lib_args.lua.
 -- ARGV: [1] channel base, [2] publish command, [3] client limit (and rate),
 --       [4] call id (a UUID per SetRate call): a copy of the call that runs
 --           again finds its record and changes nothing,
@@ -15,18 +15,18 @@
 -- Reply: {now, grants...}: grants as in release.lua.
 local client_limit, err = client_arg()
 if err then return err end
-local call; call, err = id_arg(4, 'call id')
+local call_id; call_id, err = id_arg(4, 'call id')
 if err then return err end
 local rl, rp = parse_rate((ARGV[5] or '') .. '/' .. (ARGV[6] or ''), '/')
 if not rl then
   return fail('bad rate: ' .. tostring(ARGV[5]) .. '/' .. tostring(ARGV[6]))
 end
-local now, now_us, ran = start_call(call)
+local now, now_us, ran = start_call(call_id)
 if ran then return ran end
 rate_load(true)
-tombstone(call, 'S', now, now + TOMB_MS)
+tombstone(call_id, 'S', now, now + TOMB_MS)
 local v = fmt(rl) .. '/' .. fmt(rp)
-redis.call('SET', R, v)
+redis.call('SET', rate_key, v)
 put('_frate', v)
 put('_rx', '1')
 if rl > 0 then

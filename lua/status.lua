@@ -1,5 +1,5 @@
 -- status.lua: read the live state; writes nothing (run it with EVALSHA_RO).
--- KEYS: the nine keys of lib_args.lua (H Q S F E M O W R there).
+-- KEYS: the nine keys laid out at the top of lib_args.lua.
 -- ARGV: [1] channel base, [2] publish command, [3] client limit (and rate).
 -- Reply: {limit, now, n_holders, (id, "slots", token, deadline_ms, owner) x
 --         n_holders, n_waiters, (id, weight, deadline_ms, owner) x n_waiters,
@@ -15,7 +15,7 @@ err = check_limits()
 if err then return err end
 local out = {limit_in_force(client_limit), now}
 
-local hs = redis.call('ZRANGE', H, '(' .. now, '(inf', 'BYSCORE', 'WITHSCORES')
+local hs = redis.call('ZRANGE', holders_key, '(' .. now, '(inf', 'BYSCORE', 'WITHSCORES')
 local ids = {}
 for i = 1, #hs, 2 do
   ids[#ids + 1] = hs[i]
@@ -32,7 +32,7 @@ end
 out[#out + 1] = #holders / 5
 append(out, holders)
 
-local ws = redis.call('ZRANGE', Q, 0, -1)
+local ws = redis.call('ZRANGE', queue_key, 0, -1)
 if ws[#ws] == SENTINEL then
   ws[#ws] = nil
 end
@@ -53,9 +53,9 @@ append(out, live)
 
 local granted = 0
 if rate() > 0 then
-  local recs = redis.call('ZRANGE', W, '(' .. fmt(now_us - RP_US), '(inf', 'BYSCORE')
+  local recs = redis.call('ZRANGE', window_key, '(' .. fmt(now_us - call.rate_per_us), '(inf', 'BYSCORE')
   for _, m in ipairs(recs) do
     granted = granted + rec_weight(m)
   end
 end
-return append(out, {RL, RP_US / 1000, granted})
+return append(out, {call.rate_limit, call.rate_per_us / 1000, granted})
