@@ -11,15 +11,16 @@ import (
 	"github.com/redsem/redsem"
 )
 
-// The acquire path, in one place and one shape:
+// The acquire path, in one shape:
 //
 //	AcquireN / TryAcquireN
-//	  e.begin      a call: the caller's context, ended also by Close (cause ErrClosed)
-//	  waitFair     the fair strategy: register with the hub, queue, wait for a grant
-//	  waitUnfair   the unfair strategy: try, subscribe, wait for freed-slot notices
-//	  c.attempt    one run of acquire.lua; records that a request may have been sent
-//	  c.retry      rides a transient error out with backoff, within c.ctx
-//	  c.exit       undoes what a failed call may have left, classifies the error once
+//	  e.begin          a call: the caller's context, ended also by Close (cause ErrClosed)
+//	  e.waiting.next   the variant's round: fairWait (session.go) registers with the hub,
+//	                   queues and waits for a grant; unfairWait (hub.go) tries, subscribes
+//	                   and waits for freed-slot notices. Both send through c.attempt
+//	                   (protocol.go), one run of acquire.lua
+//	  c.retry          rides a transient error out with backoff, within c.ctx
+//	  c.exit           undoes what a failed call may have left, classifies the error once
 //
 // The steps return raw errors; only exit turns them into what the caller
 // sees (the context's error with its cause, ErrClosed, ErrUnavailable), and

@@ -16,8 +16,8 @@ import (
 // session is a fair semaphore's queue session in this process (one per
 // semaphore, or per family shard): its id, under which every waiter of the
 // process queues; the heartbeat that keeps it, and so their places, alive
-// (heartbeat.lua, at a cost that grows with processes, not waiters); and
-// Done, closed when the session stops with its hub. When Redis says the
+// (heartbeat.lua, at a cost that grows with processes, not waiters). It
+// lives as long as its hub. When Redis says the
 // session died (the process paused or was cut off for longer than
 // QueueTTL), renew replaces its id and every waiter queues again under the
 // new one. It is the listener of its hub's subscription: its id's channel
@@ -34,11 +34,10 @@ type session struct {
 
 	renewing sync.Mutex    // one renewal at a time
 	kick     chan struct{} // a new hint: the heartbeat loop looks at due again
-	done     chan struct{}
 }
 
 func newSession(h *hub) *session {
-	return &session{h: h, id: newSessionID(), due: map[*Engine]time.Time{}, kick: make(chan struct{}, 1), done: make(chan struct{})}
+	return &session{h: h, id: newSessionID(), due: map[*Engine]time.Time{}, kick: make(chan struct{}, 1)}
 }
 
 func newSessionID() string { return strings.ReplaceAll(uuid.NewString(), "-", "") }
@@ -55,9 +54,6 @@ func (s *session) ID() string {
 	defer s.h.mu.Unlock()
 	return s.id
 }
-
-// Done is closed when the session stopped (its hub shut down).
-func (s *session) Done() <-chan struct{} { return s.done }
 
 // session returns the hub's fair session (nil for the unfair variant).
 func (h *hub) session() *session {
@@ -211,9 +207,8 @@ func parseMessage(payload string) (message, bool) {
 // granted at once registers each for one round trip only, and its session
 // must not die meanwhile (its next waiter would queue under a dead
 // session). It also beats early when a holder is due to expire (the beat
-// admits waiters into its slots). Done closes when it returns.
+// admits waiters into its slots).
 func (s *session) run(quit <-chan struct{}) {
-	defer close(s.done)
 	h := s.h
 	every := h.e.heartbeatEvery()
 	next := time.Now().Add(every)
@@ -330,7 +325,7 @@ func (s *session) renew(ctx context.Context, dead string) error {
 //
 // The call's goroutine is the one owner of its waiter's state: the hub only
 // hands it events, and it decides what each means against the queue
-// attempt it made last (its session and its floor, see attempt.floor). A
+// attempt it made last (its session and its floor, see acquireReply.floor). A
 // waiter is, in turn:
 //
 //	asking   acquire.lua runs (queue mode)         granted: done; queued: waiting; session died: renew it, ask again
