@@ -85,20 +85,27 @@ type alerts struct {
 }
 
 // dialWatch is a go-redis hook, added once to each client an engine uses,
-// that keeps the client's latest failed dial: go-redis retries a failed
-// dial on its own, so a call abandoned at its context's end may never see
-// the error itself, and its classification (ErrUnavailable or a timeout)
-// asks here. It does nothing to commands.
+// that keeps the client's latest failed dial and its latest successful
+// one: go-redis retries a failed dial on its own, so a call abandoned at
+// its context's end may never see the error itself, and its
+// classification (ErrUnavailable or a timeout) asks here. It does nothing
+// to commands.
 type dialWatch struct {
 	mu  sync.Mutex
 	err error
-	at  time.Time
+	at  time.Time // of err
+	ok  time.Time // the latest dial that succeeded
 }
 
 func (d *dialWatch) DialHook(next redis.DialHook) redis.DialHook {
 	return func(ctx context.Context, network, addr string) (net.Conn, error) {
 		c, err := next(ctx, network, addr)
-		if err != nil && ctx.Err() == nil {
+		switch {
+		case err == nil:
+			d.mu.Lock()
+			d.ok = time.Now()
+			d.mu.Unlock()
+		case ctx.Err() == nil:
 			d.mu.Lock()
 			d.err, d.at = err, time.Now()
 			d.mu.Unlock()
@@ -113,11 +120,19 @@ func (d *dialWatch) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.Pr
 	return next
 }
 
-// failedSince returns the client's latest dial error if it came after t.
+// dialStale is how long before a call a failed dial still says that Redis
+// cannot be reached during it, when no dial succeeded since: once its dials
+// keep failing, go-redis stops dialing for each command (it hands back the
+// last dial error) and dials again in the background, about once a second,
+// so a short call may see no dial of its own.
+const dialStale = 2 * time.Second
+
+// failedSince returns the client's latest dial error if it came after t,
+// or shortly before t with no successful dial since (dialStale).
 func (d *dialWatch) failedSince(t time.Time) error {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	if d.err != nil && d.at.After(t) {
+	if d.err != nil && d.at.After(d.ok) && d.at.After(t.Add(-dialStale)) {
 		return d.err
 	}
 	return nil
