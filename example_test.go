@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"log"
 
-	"github.com/alicebob/miniredis/v2"
 	"github.com/redis/go-redis/v9"
 	"github.com/redsem/redsem"
 	"github.com/redsem/redsem/fair"
@@ -103,31 +102,4 @@ func Example_weighted() {
 	// Output:
 	// slots: [0 1 2]
 	// 21 of 20: true
-}
-
-// Code that takes a redsem.Semaphore can be unit-tested on miniredis: both
-// variants run on it unchanged. That checks your code, not redsem's
-// guarantees (those are tested against real Redis).
-func Example_miniredis() {
-	m, err := miniredis.Run()
-	if err != nil {
-		log.Fatal(err)
-	}
-	defer m.Close()
-	client := redis.NewClient(&redis.Options{Addr: m.Addr()})
-	defer client.Close()
-
-	sem, err := unfair.New(client, "api", 2, unfair.Options{})
-	if err != nil {
-		log.Fatal(err)
-	}
-	defer sem.Close()
-	ctx := context.Background()
-	a, _ := sem.TryAcquire(ctx)
-	b, _ := sem.TryAcquire(ctx)
-	_, err = sem.TryAcquire(ctx)
-	fmt.Println("third:", err)
-	_ = a.Release(ctx)
-	_ = b.Release(ctx)
-	// Output: third: redsem: no slot available
 }

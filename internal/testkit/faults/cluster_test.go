@@ -23,7 +23,7 @@ import (
 // scripts run (SPUBLISH inside Lua included), and a blocked Acquire is woken
 // by the sharded pub/sub notice of a release made by another client.
 func TestClusterSmoke(t *testing.T) {
-	checkLeaks(t)
+	redistest.CheckLeaks(t)
 	cl := redistest.StartCluster(t, 3, 1)
 	cc := cl.Client(t)
 	ctx := redistest.Ctx(t, 60*time.Second)

@@ -15,7 +15,7 @@ import (
 // waiter is woken by the sharded pub/sub grant of a release that another
 // client (another process's family) made.
 func TestClusterFamily(t *testing.T) {
-	checkLeaks(t)
+	redistest.CheckLeaks(t)
 	cl := redistest.StartCluster(t, 3, 0)
 	ctx := redistest.Ctx(t, 60*time.Second)
 	name := redistest.Name(t) + "{x}"

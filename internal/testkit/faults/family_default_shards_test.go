@@ -64,7 +64,7 @@ func TestClusterFamilyDefaultKeepsOldLayout(t *testing.T) {
 	cl := redistest.StartCluster(t, 1, 0)
 	for _, variant := range []string{"fair", "unfair"} {
 		t.Run(variant, func(t *testing.T) {
-			checkLeaks(t)
+			redistest.CheckLeaks(t)
 			ctx := redistest.Ctx(t, 60*time.Second)
 			name := redistest.Name(t)
 			admin := cl.Client(t)
@@ -133,7 +133,7 @@ func TestClusterFamilyDefaultKeepsOldLayout(t *testing.T) {
 // and SetRate, writing nothing: a default never spreads a family, and
 // never splits one.
 func TestClusterFamilyDefaultRefusesOtherRecord(t *testing.T) {
-	checkLeaks(t)
+	redistest.CheckLeaks(t)
 	cl := redistest.StartCluster(t, 1, 0)
 	ctx := redistest.Ctx(t, 60*time.Second)
 	name := redistest.Name(t)

@@ -15,7 +15,6 @@ import (
 	"github.com/redsem/redsem/internal/core"
 	"github.com/redsem/redsem/internal/testkit/redistest"
 	"github.com/redsem/redsem/unfair"
-	"go.uber.org/goleak"
 )
 
 // variant builds one of the two semaphores with common options, so that a
@@ -57,14 +56,6 @@ func (v variant) new(t testing.TB, c redis.UniversalClient, name string, limit i
 	}
 	t.Cleanup(func() { _ = s.Close() })
 	return s
-}
-
-// checkLeaks makes the test fail if goroutines started during it are still
-// running after its cleanups (call it first, so that its cleanup runs last).
-func checkLeaks(t *testing.T, opts ...goleak.Option) {
-	t.Helper()
-	opts = append(opts, goleak.IgnoreCurrent())
-	t.Cleanup(func() { goleak.VerifyNone(t, opts...) })
 }
 
 // keysOf lists the Redis keys of semaphore name that exist now.

@@ -141,7 +141,7 @@ func TestKilledHoldersAndWaiters(t *testing.T) {
 	srv := redistest.Shared(t) // started before the leak checks: it outlives this test
 	for _, v := range variants {
 		t.Run(v.name, func(t *testing.T) {
-			checkLeaks(t)
+			redistest.CheckLeaks(t)
 			c := srv.Client(t)
 			ctx := redistest.Ctx(t, 60*time.Second)
 			name := redistest.Name(t)

@@ -35,7 +35,7 @@ func TestPubSubKilled(t *testing.T) {
 	skipShort(t)
 	for _, v := range variants {
 		t.Run(v.name, func(t *testing.T) {
-			checkLeaks(t)
+			redistest.CheckLeaks(t)
 			srv := redistest.Start(t)
 			c := srv.Client(t)
 			ctx := redistest.Ctx(t, 60*time.Second)
@@ -99,7 +99,7 @@ func TestPausedHolder(t *testing.T) {
 	srv := redistest.Shared(t)
 	for _, v := range variants {
 		t.Run(v.name, func(t *testing.T) {
-			checkLeaks(t)
+			redistest.CheckLeaks(t)
 			c := srv.Client(t)
 			ctx := redistest.Ctx(t, 60*time.Second)
 			name := redistest.Name(t)
@@ -158,7 +158,7 @@ func TestPausedHolder(t *testing.T) {
 func TestPausedGrantee(t *testing.T) {
 	skipShort(t)
 	srv := redistest.Shared(t)
-	checkLeaks(t)
+	redistest.CheckLeaks(t)
 	v := variants[1]
 	c := srv.Client(t)
 	ctx := redistest.Ctx(t, 60*time.Second)
@@ -222,7 +222,7 @@ func TestKeysDeletedUnderLoad(t *testing.T) {
 	skipShort(t)
 	for _, v := range variants {
 		t.Run(v.name, func(t *testing.T) {
-			checkLeaks(t)
+			redistest.CheckLeaks(t)
 			srv := redistest.Start(t)
 			c := srv.Client(t)
 			ctx := redistest.Ctx(t, 60*time.Second)
@@ -337,7 +337,7 @@ func TestEvictionPolicyReported(t *testing.T) {
 	skipShort(t)
 	for _, policy := range []string{"allkeys-lru", "volatile-ttl", "noeviction"} {
 		t.Run(policy, func(t *testing.T) {
-			checkLeaks(t)
+			redistest.CheckLeaks(t)
 			srv := redistest.Start(t, "--maxmemory-policy", policy)
 			c := srv.Client(t)
 			ctx := redistest.Ctx(t, 20*time.Second)
@@ -380,7 +380,7 @@ func TestOutOfMemory(t *testing.T) {
 	skipShort(t)
 	for _, v := range variants {
 		t.Run(v.name, func(t *testing.T) {
-			checkLeaks(t)
+			redistest.CheckLeaks(t)
 			srv := redistest.Start(t, "--maxmemory-policy", "noeviction")
 			c := srv.Client(t)
 			ctx := redistest.Ctx(t, 60*time.Second)

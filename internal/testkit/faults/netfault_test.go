@@ -27,7 +27,7 @@ import (
 func TestReplyLost(t *testing.T) {
 	for _, v := range variants {
 		t.Run(v.name, func(t *testing.T) {
-			checkLeaks(t)
+			redistest.CheckLeaks(t)
 			p, viaProxy, direct := proxied(t)
 			ctx := redistest.Ctx(t, 60*time.Second)
 			name := redistest.Name(t)
@@ -117,7 +117,7 @@ func TestReplyLost(t *testing.T) {
 func TestReleaseReplyLost(t *testing.T) {
 	for _, v := range variants {
 		t.Run(v.name, func(t *testing.T) {
-			checkLeaks(t)
+			redistest.CheckLeaks(t)
 			p, viaProxy, direct := proxied(t)
 			ctx := redistest.Ctx(t, 60*time.Second)
 			name := redistest.Name(t)
@@ -197,7 +197,7 @@ func TestReleaseReplyLost(t *testing.T) {
 func TestReleaseRetriedAfterFailure(t *testing.T) {
 	for _, v := range variants {
 		t.Run(v.name, func(t *testing.T) {
-			checkLeaks(t)
+			redistest.CheckLeaks(t)
 			p, viaProxy, direct := proxied(t)
 			ctx := redistest.Ctx(t, 60*time.Second)
 			name := redistest.Name(t)
@@ -262,7 +262,7 @@ func TestRedisUnreachable(t *testing.T) {
 	for _, v := range variants {
 		for _, mode := range []string{"refused", "blackhole"} {
 			t.Run(v.name+"/"+mode, func(t *testing.T) {
-				checkLeaks(t)
+				redistest.CheckLeaks(t)
 				addr := refused
 				if mode == "blackhole" {
 					p := redistest.StartProxy(t, refused)
@@ -325,7 +325,7 @@ func TestJitterAndResets(t *testing.T) {
 	skipShort(t)
 	for _, v := range variants {
 		t.Run(v.name, func(t *testing.T) {
-			checkLeaks(t)
+			redistest.CheckLeaks(t)
 			p, viaProxy, direct := proxied(t)
 			ctx := redistest.Ctx(t, 60*time.Second)
 			name := redistest.Name(t)

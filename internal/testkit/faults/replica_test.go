@@ -39,7 +39,7 @@ func TestMinReplicas(t *testing.T) {
 	skipShort(t)
 	for _, v := range variants {
 		t.Run(v.name, func(t *testing.T) {
-			checkLeaks(t)
+			redistest.CheckLeaks(t)
 			primary := redistest.Start(t)
 			replica := primary.StartReplica(t)
 			c := primary.Client(t)

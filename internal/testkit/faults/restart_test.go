@@ -46,7 +46,7 @@ func (r *errRecorder) noscript(t *testing.T) {
 func TestRestartMidRun(t *testing.T) {
 	for _, v := range variants {
 		t.Run(v.name, func(t *testing.T) {
-			checkLeaks(t)
+			redistest.CheckLeaks(t)
 			srv := redistest.Start(t)
 			c := srv.Client(t)
 			ctx := redistest.Ctx(t, 60*time.Second)

@@ -18,7 +18,7 @@ func TestSentinelFailover(t *testing.T) {
 	skipShort(t)
 	for _, v := range variants {
 		t.Run(v.name, func(t *testing.T) {
-			checkLeaks(t)
+			redistest.CheckLeaks(t)
 			primary := redistest.Start(t)
 			replica := primary.StartReplica(t)
 			sen := redistest.StartSentinel(t, primary, 1)

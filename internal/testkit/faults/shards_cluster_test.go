@@ -15,7 +15,6 @@ import (
 	"github.com/redsem/redsem/internal/core"
 	"github.com/redsem/redsem/internal/testkit/redistest"
 	"github.com/redsem/redsem/unfair"
-	"go.uber.org/goleak"
 )
 
 // primaryOfSlot returns a function that gives the index in cl.Primaries of
@@ -79,7 +78,7 @@ func testClusterFamilyShards(t *testing.T, variant string) {
 	const shards = 16
 	// go-redis keeps dialling a dead node from a goroutine of its pool
 	// that notices the client's Close only after its next second of sleep.
-	checkLeaks(t, goleak.IgnoreAnyFunction("github.com/redis/go-redis/v9/internal/pool.(*ConnPool).tryDial"))
+	redistest.CheckLeaks(t, redistest.IgnoreFunction("github.com/redis/go-redis/v9/internal/pool.(*ConnPool).tryDial"))
 	cl := redistest.StartCluster(t, 3, 1)
 	ctx := redistest.Ctx(t, 120*time.Second)
 	name := redistest.Name(t)

@@ -1,7 +1,7 @@
 // Package redistest gives tests a real Redis: a throw-away redis-server
 // started from PATH on a free loopback port, the server named by REDIS_URL,
 // or (when neither can be had but a Docker engine can) a container started
-// with testcontainers-go. Every test in this module gets its Redis here.
+// with the docker command. Every test in this repository gets its Redis here.
 // With REDSEM_REDIS_SERVER set (see redisproc.Binary), the servers it starts
 // run that binary instead of redis-server, e.g. Valkey's, and no container
 // stands in for it.
@@ -37,7 +37,7 @@ import (
 
 // HowToGetRedis is the one line printed when no Redis can be had.
 const HowToGetRedis = "redistest: no Redis available: install redis-server (apt-get install redis-server), " +
-	"or set REDIS_URL=redis://host:port/db, or run a Docker engine (or fix REDSEM_REDIS_SERVER if set)"
+	"or set REDIS_URL=redis://host:port/db, or run a Docker engine with the docker command on PATH (or fix REDSEM_REDIS_SERVER if set)"
 
 // Server is one redis-server process owned by a test (or by the test binary).
 type Server struct {

@@ -3,6 +3,8 @@ package lua_test
 import (
 	"context"
 	"errors"
+	"fmt"
+	"log"
 	"testing"
 	"time"
 
@@ -69,4 +71,31 @@ func TestVariantsRunOnMiniredis(t *testing.T) {
 			}
 		})
 	}
+}
+
+// Code that takes a redsem.Semaphore can be unit-tested on miniredis: both
+// variants run on it unchanged. That checks your code, not redsem's
+// guarantees (those are tested against real Redis).
+func Example_miniredis() {
+	m, err := miniredis.Run()
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer m.Close()
+	client := redis.NewClient(&redis.Options{Addr: m.Addr()})
+	defer client.Close()
+
+	sem, err := unfair.New(client, "api", 2, unfair.Options{})
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer sem.Close()
+	ctx := context.Background()
+	a, _ := sem.TryAcquire(ctx)
+	b, _ := sem.TryAcquire(ctx)
+	_, err = sem.TryAcquire(ctx)
+	fmt.Println("third:", err)
+	_ = a.Release(ctx)
+	_ = b.Release(ctx)
+	// Output: third: redsem: no slot available
 }
