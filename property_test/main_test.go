@@ -10,6 +10,7 @@ import (
 	"os"
 	"testing"
 
+	_ "github.com/redsem/redsem/internal/testkit/container" // Redis in a container where no redis-server is installed
 	"github.com/redsem/redsem/internal/testkit/redistest"
 )
 

@@ -1,7 +1,8 @@
 // Package redistest gives tests a real Redis: a throw-away redis-server
 // started from PATH on a free loopback port, the server named by REDIS_URL,
-// or (when neither can be had but a Docker engine can) a container started
-// with the docker command. Every test in this repository gets its Redis here.
+// or (when neither can be had, a Docker engine can, and the test binary
+// imports internal/testkit/container) a container started through
+// testcontainers-go. Every test in this repository gets its Redis here.
 // With REDSEM_REDIS_SERVER set (see redisproc.Binary), the servers it starts
 // run that binary instead of redis-server, e.g. Valkey's, and no container
 // stands in for it.
@@ -37,7 +38,7 @@ import (
 
 // HowToGetRedis is the one line printed when no Redis can be had.
 const HowToGetRedis = "redistest: no Redis available: install redis-server (apt-get install redis-server), " +
-	"or set REDIS_URL=redis://host:port/db, or run a Docker engine with the docker command on PATH (or fix REDSEM_REDIS_SERVER if set)"
+	"or set REDIS_URL=redis://host:port/db, or run a Docker engine (the property tests start redis:7 through testcontainers-go) (or fix REDSEM_REDIS_SERVER if set)"
 
 // Server is one redis-server process owned by a test (or by the test binary).
 type Server struct {
