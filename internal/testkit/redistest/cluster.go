@@ -43,7 +43,8 @@ func StartCluster(t testing.TB, primaries, replicasPerPrimary int) *Cluster {
 		}
 		s := Start(t, "--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf",
 			"--cluster-port", strconv.Itoa(busPort), "--cluster-node-timeout", "2000",
-			"--cluster-require-full-coverage", "yes")
+			"--cluster-require-full-coverage", "yes",
+			"--repl-diskless-sync-delay", "0") // not 5 s before a replica's first sync
 		c.bus[s] = busPort
 		return s
 	}
