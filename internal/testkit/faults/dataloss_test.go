@@ -48,7 +48,6 @@ const lossLimit = 2
 // lossWorld is a primary whose replicas can be made to miss writes, and a
 // way to promote one of them.
 type lossWorld struct {
-	client   redis.UniversalClient // the semaphores' client
 	primary  *redistest.Server
 	replicas []*redistest.Server
 	// promote makes a replica primary (the old one is dead by then) and
@@ -551,7 +550,7 @@ func TestFailoverLosesGrantsSentinel(t *testing.T) {
 	ctx := redistest.Ctx(t, 90*time.Second)
 	base := redistest.Name(t)
 	sems := lossSems(t, fc, 1, func(label string) string { return base + "-" + label })
-	runLoss(t, lossWorld{client: fc, primary: primary, replicas: replicas, promote: func() *redis.Client {
+	runLoss(t, lossWorld{primary: primary, replicas: replicas, promote: func() *redis.Client {
 		// Forced (no quorum of its own needed); retried while Sentinel sees
 		// no replica fit to promote yet (one that just resumed).
 		eventually(t, 20*time.Second, "SENTINEL FAILOVER accepted", func() error {
@@ -605,7 +604,7 @@ func TestFailoverLosesGrantsCluster(t *testing.T) {
 			}
 		}
 	})
-	runLoss(t, lossWorld{client: cc, primary: cl.Primaries[0], replicas: cl.Replicas[0], promote: func() *redis.Client {
+	runLoss(t, lossWorld{primary: cl.Primaries[0], replicas: cl.Replicas[0], promote: func() *redis.Client {
 		return cl.KillPrimary(t, 0).Client(t) // the primary is dead already: only the promotion
 	}}, sems)
 }
