@@ -50,15 +50,16 @@ type linFaults struct {
 	retries    int // go-redis MaxRetries of each client (-1: none)
 }
 
-// newSemFunc builds one client's semaphore.
-type newSemFunc func(c *redis.Client, name string, limit int) (redsem.Semaphore, error)
+// newSemFunc builds one client's semaphore, with leases of ttl that are not
+// renewed automatically.
+type newSemFunc func(c *redis.Client, name string, limit int, ttl time.Duration) (redsem.Semaphore, error)
 
-func newUnfair(c *redis.Client, name string, limit int) (redsem.Semaphore, error) {
-	return unfair.New(c, name, limit, unfair.Options{LeaseTTL: linTTL, DisableAutoRenew: true})
+func newUnfair(c *redis.Client, name string, limit int, ttl time.Duration) (redsem.Semaphore, error) {
+	return unfair.New(c, name, limit, unfair.Options{LeaseTTL: ttl, DisableAutoRenew: true})
 }
 
-func newFair(c *redis.Client, name string, limit int) (redsem.Semaphore, error) {
-	return fair.New(c, name, limit, fair.Options{LeaseTTL: linTTL, DisableAutoRenew: true})
+func newFair(c *redis.Client, name string, limit int, ttl time.Duration) (redsem.Semaphore, error) {
+	return fair.New(c, name, limit, fair.Options{LeaseTTL: ttl, DisableAutoRenew: true})
 }
 
 // linHistory is a recorded history.
@@ -66,12 +67,209 @@ type linHistory struct {
 	ops     []porcupine.Operation
 	known   map[string]bool // ids that some TryAcquire returned
 	limit   int
-	unknown int // operations of unknown outcome
+	ttl     time.Duration // the leases' TTL when they may expire within the history; 0: none does
+	unknown int           // operations of unknown outcome
 }
 
 // unknownReturn marks an operation whose return is set to the end of the
 // history once it is known.
 const unknownReturn = -1
+
+// linRecorder records the calls of several clients on one semaphore, with
+// their call and return times (ns since the recorder was made). With
+// faults set, a call that fails with an error outside the specification
+// has an unknown outcome; without, it is a failure of the test, and the
+// calling client stops.
+type linRecorder struct {
+	faults bool
+	base   time.Time
+
+	mu     sync.Mutex
+	ops    []porcupine.Operation
+	failed []error
+}
+
+func newLinRecorder(faults bool) *linRecorder {
+	return &linRecorder{faults: faults, base: time.Now()}
+}
+
+func (r *linRecorder) now() int64 { return int64(time.Since(r.base)) }
+
+func (r *linRecorder) record(op porcupine.Operation) {
+	r.mu.Lock()
+	r.ops = append(r.ops, op)
+	r.mu.Unlock()
+}
+
+// unexpected decides what an error outside the specification means: with
+// faults injected, an unknown outcome (true); without, a failure (false:
+// the client stops).
+func (r *linRecorder) unexpected(what string, err error) bool {
+	if r.faults {
+		return true
+	}
+	r.mu.Lock()
+	r.failed = append(r.failed, fmt.Errorf("%s: %w", what, err))
+	r.mu.Unlock()
+	return false
+}
+
+// opCtx bounds one call.
+func opCtx() (context.Context, context.CancelFunc) {
+	return context.WithTimeout(context.Background(), 10*time.Second)
+}
+
+// try records a TryAcquire of client ci; it returns the lease (nil unless
+// granted) and false if the client must stop.
+func (r *linRecorder) try(ci int, s redsem.Semaphore) (redsem.Lease, bool) {
+	ctx, cancel := opCtx()
+	defer cancel()
+	call := r.now()
+	l, err := s.TryAcquire(ctx)
+	ret := r.now()
+	out := linOut{}
+	switch {
+	case err == nil:
+		out = linOut{res: resOK, id: l.ID(), slot: l.Slot(), token: l.Token()}
+	case errors.Is(err, redsem.ErrNoSlot):
+		out.res = resNoSlot
+	default:
+		if !r.unexpected("TryAcquire", err) {
+			return nil, false
+		}
+		out.res, ret = resUnknown, unknownReturn
+	}
+	r.record(porcupine.Operation{ClientId: ci, Input: linIn{kind: opTry}, Call: call, Output: out, Return: ret})
+	return l, true
+}
+
+// release records a Release of l by client ci.
+func (r *linRecorder) release(ci int, l redsem.Lease) bool {
+	ctx, cancel := opCtx()
+	defer cancel()
+	call := r.now()
+	err := l.Release(ctx)
+	ret := r.now()
+	out := linOut{}
+	switch {
+	case err == nil:
+		out.res = resOK
+	case errors.Is(err, redsem.ErrLeaseLost):
+		out.res = resLeaseLost
+	default:
+		if !r.unexpected("Release", err) {
+			return false
+		}
+		out.res, ret = resUnknown, unknownReturn
+	}
+	r.record(porcupine.Operation{ClientId: ci, Input: linIn{kind: opRelease, id: l.ID()}, Call: call, Output: out, Return: ret})
+	return true
+}
+
+// status records a Status of client ci (one that failed is left out: a
+// read of unknown outcome changes nothing).
+func (r *linRecorder) status(ci int, s redsem.Semaphore) bool {
+	ctx, cancel := opCtx()
+	defer cancel()
+	call := r.now()
+	st, err := s.Status(ctx)
+	ret := r.now()
+	if err != nil {
+		return r.unexpected("Status", err)
+	}
+	r.record(porcupine.Operation{ClientId: ci, Input: linIn{kind: opStatus}, Call: call, Output: statusOut(st), Return: ret})
+	return true
+}
+
+func statusOut(st redsem.Status) linOut {
+	out := linOut{res: resOK, limit: st.Limit, waiters: len(st.Waiters)}
+	for _, h := range st.Holders {
+		out.holders = append(out.holders, linHolder{id: h.ID, slot: h.Slot, token: h.Token})
+	}
+	slices.SortFunc(out.holders, func(a, b linHolder) int { return strings.Compare(a.id, b.id) })
+	return out
+}
+
+// setLimit records a SetLimit(n) of client ci.
+func (r *linRecorder) setLimit(ci int, s redsem.Semaphore, n int) bool {
+	ctx, cancel := opCtx()
+	defer cancel()
+	call := r.now()
+	err := s.SetLimit(ctx, n)
+	ret := r.now()
+	out := linOut{res: resOK}
+	if err != nil {
+		if !r.unexpected("SetLimit", err) {
+			return false
+		}
+		out.res, ret = resUnknown, unknownReturn
+	}
+	r.record(porcupine.Operation{ClientId: ci, Input: linIn{kind: opSetLimit, limit: n}, Call: call, Output: out, Return: ret})
+	return true
+}
+
+// random records one call of client ci drawn as workload w says: a
+// TryAcquire (while it holds fewer than w.maxHeld leases), a Release of one
+// of held, a Status, or (w.setLimits) a SetLimit. It reports false if the
+// client must stop.
+func (r *linRecorder) random(ci int, s redsem.Semaphore, w linWorkload, rng *rand.Rand, held *[]redsem.Lease) bool {
+	x := rng.Float64()
+	switch {
+	case x < 0.45 && len(*held) < w.maxHeld:
+		l, ok := r.try(ci, s)
+		if l != nil {
+			*held = append(*held, l)
+		}
+		return ok
+	case x < 0.8 && len(*held) > 0:
+		i := rng.IntN(len(*held))
+		l := (*held)[i]
+		*held = slices.Delete(*held, i, i+1)
+		return r.release(ci, l)
+	case x < 0.95 || !w.setLimits:
+		return r.status(ci, s)
+	default:
+		return r.setLimit(ci, s, 1+rng.IntN(4))
+	}
+}
+
+// history ends the recording with a quiescent Status through s, so that
+// every grant of unknown outcome is seen by the model at least once, and
+// returns the history: operations of unknown outcome return at its end.
+// Leases of ttl (0: none expires within the history) were granted under
+// limit.
+func (r *linRecorder) history(t *testing.T, s redsem.Semaphore, limit int, ttl time.Duration) linHistory {
+	t.Helper()
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for _, err := range r.failed {
+		t.Fatalf("a call failed with an error outside the specification (no fault injected): %v", err)
+	}
+	ctx, cancel := opCtx()
+	defer cancel()
+	call := r.now()
+	st, err := s.Status(ctx)
+	if err != nil {
+		t.Fatalf("final Status: %v", err)
+	}
+	ops := append(r.ops, porcupine.Operation{ClientId: 0, Input: linIn{kind: opStatus}, Call: call, Output: statusOut(st), Return: r.now()})
+	h := linHistory{known: map[string]bool{}, limit: limit, ttl: ttl}
+	end := r.now() + 1
+	for i := range ops {
+		if ops[i].Return == unknownReturn {
+			ops[i].Return = end // the effect may come at any time after the call, or never
+			h.unknown++
+		}
+		in := ops[i].Input.(linIn)
+		in.call, in.ret = ops[i].Call, ops[i].Return // for the model's expiry
+		ops[i].Input = in
+		if o := ops[i].Output.(linOut); in.kind == opTry && o.res == resOK {
+			h.known[o.id] = true
+		}
+	}
+	h.ops = ops
+	return h
+}
 
 // recordHistory runs one workload against srv (through a faulty proxy when
 // faults is set) and returns its history. wrap, if set, wraps every
@@ -93,7 +291,7 @@ func recordHistory(t *testing.T, srv *redistest.Server, newSem newSemFunc, w lin
 	for i := range sems {
 		c := redis.NewClient(opt)
 		t.Cleanup(func() { _ = c.Close() })
-		s, err := newSem(c, name, w.limit)
+		s, err := newSem(c, name, w.limit, linTTL)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -107,161 +305,46 @@ func recordHistory(t *testing.T, srv *redistest.Server, newSem newSemFunc, w lin
 		proxy.SetFaults(faults.drop, faults.kill)
 	}
 
+	rec := newLinRecorder(faults != nil)
 	var (
-		mu   sync.Mutex
-		ops  []porcupine.Operation
-		base = time.Now()
-		wg   sync.WaitGroup
-		fail = make(chan error, w.clients)
+		mu       sync.Mutex
+		wg       sync.WaitGroup
+		leftover []redsem.Lease // leases still held at the end, released after the history
 	)
-	now := func() int64 { return int64(time.Since(base)) }
-	record := func(op porcupine.Operation) {
-		mu.Lock()
-		ops = append(ops, op)
-		mu.Unlock()
-	}
-	// unexpected decides what an error outside the specification means:
-	// with faults injected, an unknown outcome; without, a failure.
-	unexpected := func(what string, err error) bool {
-		if faults != nil {
-			return true
-		}
-		fail <- fmt.Errorf("%s: %w", what, err)
-		return false
-	}
-	var leftover []redsem.Lease // leases still held at the end, released after the history
 	for ci, s := range sems {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
 			rng := rand.New(rand.NewPCG(rand.Uint64(), uint64(ci)))
 			var held []redsem.Lease
-			defer func() {
-				mu.Lock()
-				leftover = append(leftover, held...)
-				mu.Unlock()
-			}()
 			for range w.ops {
-				ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-				r := rng.Float64()
-				switch {
-				case r < 0.45 && len(held) < w.maxHeld:
-					call := now()
-					l, err := s.TryAcquire(ctx)
-					ret := now()
-					out := linOut{}
-					switch {
-					case err == nil:
-						out = linOut{res: resOK, id: l.ID(), slot: l.Slot(), token: l.Token()}
-						held = append(held, l)
-					case errors.Is(err, redsem.ErrNoSlot):
-						out.res = resNoSlot
-					default:
-						if !unexpected("TryAcquire", err) {
-							cancel()
-							return
-						}
-						out.res, ret = resUnknown, unknownReturn
-					}
-					record(porcupine.Operation{ClientId: ci, Input: linIn{kind: opTry}, Call: call, Output: out, Return: ret})
-				case r < 0.8 && len(held) > 0:
-					i := rng.IntN(len(held))
-					l := held[i]
-					held = slices.Delete(held, i, i+1)
-					call := now()
-					err := l.Release(ctx)
-					ret := now()
-					out := linOut{}
-					switch {
-					case err == nil:
-						out.res = resOK
-					case errors.Is(err, redsem.ErrLeaseLost):
-						out.res = resLeaseLost
-					default:
-						if !unexpected("Release", err) {
-							cancel()
-							return
-						}
-						out.res, ret = resUnknown, unknownReturn
-					}
-					record(porcupine.Operation{ClientId: ci, Input: linIn{kind: opRelease, id: l.ID()}, Call: call, Output: out, Return: ret})
-				case r < 0.95 || !w.setLimits:
-					call := now()
-					st, err := s.Status(ctx)
-					ret := now()
-					if err != nil {
-						if !unexpected("Status", err) {
-							cancel()
-							return
-						}
-						break // a read of unknown outcome changes nothing: left out
-					}
-					out := linOut{res: resOK, limit: st.Limit, waiters: len(st.Waiters)}
-					for _, h := range st.Holders {
-						out.holders = append(out.holders, linHolder{id: h.ID, slot: h.Slot, token: h.Token})
-					}
-					slices.SortFunc(out.holders, func(a, b linHolder) int { return strings.Compare(a.id, b.id) })
-					record(porcupine.Operation{ClientId: ci, Input: linIn{kind: opStatus}, Call: call, Output: out, Return: ret})
-				default:
-					n := 1 + rng.IntN(4)
-					call := now()
-					err := s.SetLimit(ctx, n)
-					ret := now()
-					out := linOut{res: resOK}
-					if err != nil {
-						if !unexpected("SetLimit", err) {
-							cancel()
-							return
-						}
-						out.res, ret = resUnknown, unknownReturn
-					}
-					record(porcupine.Operation{ClientId: ci, Input: linIn{kind: opSetLimit, limit: n}, Call: call, Output: out, Return: ret})
+				if !rec.random(ci, s, w, rng, &held) {
+					break
 				}
-				cancel()
 			}
+			mu.Lock()
+			leftover = append(leftover, held...)
+			mu.Unlock()
 		}()
 	}
 	wg.Wait()
-	close(fail)
-	for err := range fail {
-		t.Fatalf("a call failed with an error outside the specification (no fault injected): %v", err)
-	}
 	if proxy != nil {
 		proxy.SetFaults(0, 0)
 		d, k := proxy.Faults()
 		t.Logf("proxy lost %d replies and reset %d connections", d, k)
 	}
-	// A final Status, quiescent, so that every grant of unknown outcome is
-	// seen by the model at least once.
-	ctx := redistest.Ctx(t, 10*time.Second)
-	call := now()
-	st, err := sems[0].Status(ctx)
-	if err != nil {
-		t.Fatalf("final Status: %v", err)
-	}
-	out := linOut{res: resOK, limit: st.Limit, waiters: len(st.Waiters)}
-	for _, h := range st.Holders {
-		out.holders = append(out.holders, linHolder{id: h.ID, slot: h.Slot, token: h.Token})
-	}
-	slices.SortFunc(out.holders, func(a, b linHolder) int { return strings.Compare(a.id, b.id) })
-	ops = append(ops, porcupine.Operation{ClientId: 0, Input: linIn{kind: opStatus}, Call: call, Output: out, Return: now()})
+	h := rec.history(t, sems[0], w.limit, 0)
+	releaseAll(leftover)
+	return h
+}
 
-	h := linHistory{known: map[string]bool{}, limit: w.limit}
-	end := now() + 1
-	for i := range ops {
-		if ops[i].Return == unknownReturn {
-			ops[i].Return = end // the effect may come at any time after the call, or never
-			h.unknown++
-		}
-		if o := ops[i].Output.(linOut); ops[i].Input.(linIn).kind == opTry && o.res == resOK {
-			h.known[o.id] = true
-		}
-	}
-	h.ops = ops
-	for _, l := range leftover {
+// releaseAll releases the leases a history left held.
+func releaseAll(leases []redsem.Lease) {
+	ctx, cancel := opCtx()
+	defer cancel()
+	for _, l := range leases {
 		_ = l.Release(ctx)
 	}
-	return h
 }
 
 // checkHistory checks h with porcupine. On a failure it returns a
@@ -271,7 +354,7 @@ func recordHistory(t *testing.T, srv *redistest.Server, newSem newSemFunc, w lin
 // visualisation and the history as text there (default os.TempDir()).
 func checkHistory(t *testing.T, label string, h linHistory, files bool) (porcupine.CheckResult, string) {
 	t.Helper()
-	model := linModel(h.known, h.limit)
+	model := linModel(h)
 	began := time.Now()
 	res, info := porcupine.CheckOperationsVerbose(model, h.ops, linCheckTime)
 	t.Logf("%s: %d operations (%d of unknown outcome), %v in %v", label, len(h.ops), h.unknown, res, time.Since(began).Round(time.Millisecond))
@@ -335,7 +418,7 @@ func explain(h linHistory, info porcupine.LinearizationInfo) string {
 		index[key{op.ClientId, op.Call, op.Return}] = i
 	}
 	for _, op := range longest {
-		st, _ = linStep(h.known, st, op.Input.(linIn), op.Output.(linOut))
+		st, _ = specOf(h).step(st, op.Input.(linIn), op.Output.(linOut))
 		done[index[key{op.ClientId, op.Call, op.Return}]] = true
 	}
 	// The operations that may come next: not linearized, and called before
@@ -353,7 +436,7 @@ func explain(h linHistory, info porcupine.LinearizationInfo) string {
 		if done[i] || op.Call > minRet {
 			continue
 		}
-		_, reason := linStep(h.known, st, op.Input.(linIn), op.Output.(linOut))
+		_, reason := specOf(h).step(st, op.Input.(linIn), op.Output.(linOut))
 		if reason == "" {
 			continue // can step, but then the rest cannot
 		}

@@ -7,6 +7,7 @@ import (
 	"slices"
 	"sort"
 	"strings"
+	"time"
 
 	"github.com/anishathalye/porcupine"
 )
@@ -32,6 +33,16 @@ import (
 //   - an unknown Release removes the lease; an unknown SetLimit sets it.
 // With no fault injected there are no anonymous leases nor orphans, and
 // the model is exact.
+//
+// Leases that may expire within a history (linHistory.ttl > 0: the
+// partition tests) are ended by Redis's clock, at no call of the history:
+// a lease granted by a TryAcquire called at c and returned at r lives in
+// Redis until the server's clock reaches its grant time plus the TTL, so it
+// is certainly held by any operation that returns before c + ttl, and
+// certainly gone for any operation called after r + ttl (each with
+// expirySlop for the server's millisecond clock). In between it may vanish
+// at any time: the model makes it an orphan, as above. No lease is renewed
+// in these histories.
 
 // linKind is an operation's kind.
 type linKind int
@@ -58,6 +69,9 @@ type linIn struct {
 	kind  linKind
 	id    string // opRelease: the lease released
 	limit int    // opSetLimit: the new limit
+	// The operation's call and return, as porcupine has them (the model's
+	// step does not see those): a lease expires by time.
+	call, ret int64
 }
 
 // linHolder is one held lease, in the model or in a Status reply.
@@ -65,7 +79,10 @@ type linHolder struct {
 	id     string
 	slot   int
 	token  int64
-	orphan bool // model only: granted by a call of unknown outcome; may vanish
+	orphan bool // model only: granted by a call of unknown outcome, or maybe expired; may vanish
+	// model only, with a TTL: the lease may vanish (expire) at a call that
+	// returns at expLo or later, and is gone at a call made after expHi.
+	expLo, expHi int64
 }
 
 // linOut is an operation's output.
@@ -120,13 +137,29 @@ func (s linState) without(i int) linState {
 	return s
 }
 
-// linModel returns the specification. known holds every lease id that some
-// TryAcquire of the history returned: only other ids may show up as orphans.
-func linModel(known map[string]bool, initialLimit int) porcupine.Model {
+// expirySlop covers the server clock's milliseconds (scripts read TIME
+// truncated to the millisecond) and the difference between its wall clock
+// and the recorder's monotonic one over a history.
+const expirySlop = int64(5 * time.Millisecond)
+
+// linSpec is the specification of one history: known holds every lease id
+// that some TryAcquire of the history returned (only other ids may show up
+// as orphans); ttl (ns) is the leases' TTL when they may expire within the
+// history, 0 when none does.
+type linSpec struct {
+	known map[string]bool
+	ttl   int64
+}
+
+func specOf(h linHistory) linSpec { return linSpec{known: h.known, ttl: int64(h.ttl)} }
+
+// linModel returns the specification of history h.
+func linModel(h linHistory) porcupine.Model {
+	sp := specOf(h)
 	return porcupine.Model{
-		Init: func() any { return linState{limit: initialLimit} },
+		Init: func() any { return linState{limit: h.limit} },
 		Step: func(st, in, out any) (bool, any) {
-			next, reason := linStep(known, st.(linState), in.(linIn), out.(linOut))
+			next, reason := sp.step(st.(linState), in.(linIn), out.(linOut))
 			return reason == "", next
 		},
 		Equal: func(a, b any) bool {
@@ -138,7 +171,7 @@ func linModel(known map[string]bool, initialLimit int) porcupine.Model {
 			h := fnv.New64a()
 			fmt.Fprintf(h, "%d/%d/%d", s.limit, s.maxTok, s.anon)
 			for _, x := range s.held {
-				fmt.Fprintf(h, "/%s:%d:%d:%t", x.id, x.slot, x.token, x.orphan)
+				fmt.Fprintf(h, "/%s:%d:%d:%t:%d", x.id, x.slot, x.token, x.orphan, x.expLo)
 			}
 			return h.Sum64()
 		},
@@ -147,9 +180,39 @@ func linModel(known map[string]bool, initialLimit int) porcupine.Model {
 	}
 }
 
-// linStep is the specification of one operation: the next state, or why
-// the operation cannot take effect in state s ("" when it can).
-func linStep(known map[string]bool, s linState, in linIn, out linOut) (linState, string) {
+// expire applies time to s for an operation called at call and returned at
+// ret: leases certainly gone by its call are dropped, leases that may have
+// expired by its return become orphans. Porcupine orders operations so
+// that each takes effect after those before it, so what expired before one
+// stays expired for the next.
+func (s linState) expire(call, ret int64) linState {
+	changed := false
+	held := make([]linHolder, 0, len(s.held))
+	for _, h := range s.held {
+		if h.expHi > 0 {
+			if call > h.expHi {
+				changed = true // gone
+				continue
+			}
+			if ret >= h.expLo && !h.orphan {
+				h.orphan, changed = true, true
+			}
+		}
+		held = append(held, h)
+	}
+	if changed {
+		s.held = held
+	}
+	return s
+}
+
+// step is the specification of one operation: the next state, or why the
+// operation cannot take effect in state s ("" when it can).
+func (sp linSpec) step(s linState, in linIn, out linOut) (linState, string) {
+	known := sp.known
+	if sp.ttl > 0 {
+		s = s.expire(in.call, in.ret)
+	}
 	switch in.kind {
 	case opTry:
 		switch out.res {
@@ -183,7 +246,11 @@ func linStep(known map[string]bool, s linState, in linIn, out linOut) (linState,
 					i--
 				}
 			}
-			s = s.with(linHolder{id: out.id, slot: out.slot, token: out.token})
+			h := linHolder{id: out.id, slot: out.slot, token: out.token}
+			if sp.ttl > 0 {
+				h.expLo, h.expHi = in.call+sp.ttl-expirySlop, in.ret+sp.ttl+expirySlop
+			}
+			s = s.with(h)
 			s.maxTok = out.token
 			return s, ""
 		}
@@ -201,8 +268,11 @@ func linStep(known map[string]bool, s linState, in linIn, out linOut) (linState,
 			}
 			return s.without(i), ""
 		case resLeaseLost:
-			if i >= 0 {
-				return s, fmt.Sprintf("Release of %s said ErrLeaseLost, but it is held (nothing expires here)", short(in.id))
+			switch {
+			case i >= 0 && s.held[i].orphan:
+				return s.without(i), "" // it expired
+			case i >= 0:
+				return s, fmt.Sprintf("Release of %s said ErrLeaseLost, but it is held (and has not expired)", short(in.id))
 			}
 			return s, ""
 		}

@@ -8,5 +8,6 @@
 // The core set (cluster smoke test, restart, lost replies and unreachable
 // Redis, kill -9 of holders and waiters) always runs; the longer tests
 // (pub/sub killed, paused holder, keys deleted, eviction, out of memory,
-// replicas, cluster and Sentinel failover) are skipped with -short.
+// replicas, cluster and Sentinel failover, crash failovers that lose
+// grants) are skipped with -short.
 package faults

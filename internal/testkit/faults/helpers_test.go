@@ -32,6 +32,8 @@ type opts struct {
 	LeaseTTL, QueueTTL, Fallback time.Duration
 	NoAutoRenew                  bool
 	Observer                     redsem.Observer
+	MinReplicas                  int
+	ReplicaTimeout               time.Duration
 }
 
 // closer is what both variants have besides redsem.Semaphore.
@@ -46,10 +48,12 @@ func (v variant) new(t testing.TB, c redis.UniversalClient, name string, limit i
 	var err error
 	if v.fair {
 		s, err = fair.New(c, name, limit, fair.Options{LeaseTTL: o.LeaseTTL, QueueTTL: o.QueueTTL,
-			FallbackInterval: o.Fallback, DisableAutoRenew: o.NoAutoRenew, Observer: o.Observer})
+			FallbackInterval: o.Fallback, DisableAutoRenew: o.NoAutoRenew, Observer: o.Observer,
+			MinReplicas: o.MinReplicas, ReplicaTimeout: o.ReplicaTimeout})
 	} else {
 		s, err = unfair.New(c, name, limit, unfair.Options{LeaseTTL: o.LeaseTTL,
-			FallbackInterval: o.Fallback, DisableAutoRenew: o.NoAutoRenew, Observer: o.Observer})
+			FallbackInterval: o.Fallback, DisableAutoRenew: o.NoAutoRenew, Observer: o.Observer,
+			MinReplicas: o.MinReplicas, ReplicaTimeout: o.ReplicaTimeout})
 	}
 	if err != nil {
 		t.Fatal(err)

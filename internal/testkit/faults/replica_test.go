@@ -15,20 +15,8 @@ import (
 // replicated builds a semaphore of variant v with MinReplicas and ReplicaTimeout.
 func replicated(t *testing.T, v variant, c redis.UniversalClient, name string, limit, minReplicas int, timeout time.Duration) closer {
 	t.Helper()
-	var s closer
-	var err error
-	if v.fair {
-		s, err = fair.New(c, name, limit, fair.Options{LeaseTTL: 5 * time.Second, QueueTTL: 2 * time.Second,
-			FallbackInterval: 200 * time.Millisecond, MinReplicas: minReplicas, ReplicaTimeout: timeout})
-	} else {
-		s, err = unfair.New(c, name, limit, unfair.Options{LeaseTTL: 5 * time.Second,
-			FallbackInterval: 200 * time.Millisecond, MinReplicas: minReplicas, ReplicaTimeout: timeout})
-	}
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = s.Close() })
-	return s
+	return v.new(t, c, name, limit, opts{LeaseTTL: 5 * time.Second, QueueTTL: 2 * time.Second,
+		Fallback: 200 * time.Millisecond, MinReplicas: minReplicas, ReplicaTimeout: timeout})
 }
 
 // With MinReplicas, a grant is returned only once a replica acknowledged

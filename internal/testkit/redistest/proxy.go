@@ -17,8 +17,9 @@ import (
 // black-hole everything (SetBlackhole: a partition, or a server that accepts
 // and never answers), hold requests before forwarding them (SetDelay: a
 // server that answers slowly), lose the replies of chosen requests
-// (DropMatching), add jitter (SetJitter) and reset every connection
-// (ResetAll).
+// (DropMatching), add jitter (SetJitter), reset every connection
+// (ResetAll) and hold everything in one or both directions without losing
+// a byte (SetStall: a partition that heals before TCP gives up).
 type Proxy struct {
 	// Addr is the address clients dial instead of the server's.
 	Addr string
@@ -38,9 +39,11 @@ type Proxy struct {
 	killed   int  // connections reset so far
 	hole     bool // black hole: nothing is forwarded either way
 	delay    time.Duration
-	delayOn  []byte // only requests containing it are delayed; nil: all
-	watch    []byte // Watch's marker
-	watched  int    // requests read that contain watch
+	delayOn  []byte        // only requests containing it are delayed; nil: all
+	watch    []byte        // Watch's marker
+	watched  int           // requests read that contain watch
+	stallReq chan struct{} // non-nil while requests are held: closed when SetStall lets them go
+	stallRep chan struct{} // the same for replies
 	closed   bool
 	quit     chan struct{} // closed by Close: ends delays
 	wg       sync.WaitGroup
@@ -131,6 +134,54 @@ func (p *Proxy) SetBlackhole(on bool) {
 	p.mu.Unlock()
 	if !on {
 		p.ResetAll()
+	}
+}
+
+// SetStall holds what clients send (requests) and what Redis sends
+// (replies), each direction on or off, until a later call lets it go: the
+// held bytes are then forwarded in order, nothing lost, and connections stay
+// open (a partition that heals before TCP gives up; a request sent during it
+// runs late, a reply to a request that ran before it arrives late). Held
+// requests were read by the proxy but not yet seen by Redis (Watch counts
+// them once forwarded). New connections are accepted and held the same way.
+// SetStall(false, false) ends the stall.
+func (p *Proxy) SetStall(requests, replies bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.stallReq = restall(p.stallReq, requests)
+	p.stallRep = restall(p.stallRep, replies)
+}
+
+// restall returns the gate of one direction: the open gate g (a new one if
+// none) while on, nil once off (closing g lets its held bytes go).
+func restall(g chan struct{}, on bool) chan struct{} {
+	switch {
+	case on && g == nil:
+		return make(chan struct{})
+	case !on && g != nil:
+		close(g)
+		return nil
+	}
+	return g
+}
+
+// pass waits while the direction (requests or replies) is stalled; it
+// reports false if the proxy was closed meanwhile.
+func (p *Proxy) pass(requests bool) bool {
+	p.mu.Lock()
+	g := p.stallRep
+	if requests {
+		g = p.stallReq
+	}
+	p.mu.Unlock()
+	if g == nil {
+		return true
+	}
+	select {
+	case <-g:
+		return true
+	case <-p.quit:
+		return false
 	}
 }
 
@@ -356,7 +407,7 @@ func (p *Proxy) serve(c net.Conn) {
 					poisoned = true
 					mu.Unlock()
 				}
-				if !p.jitterSleep() {
+				if !p.jitterSleep() || !p.pass(true) {
 					return
 				}
 				if _, err := s.Write(buf[:n]); err != nil {
@@ -382,7 +433,7 @@ func (p *Proxy) serve(c net.Conn) {
 			if lose {
 				return // the request ran; its reply is lost with the connection
 			}
-			if !p.jitterSleep() {
+			if !p.jitterSleep() || !p.pass(false) {
 				return
 			}
 			if _, err := c.Write(buf[:n]); err != nil {

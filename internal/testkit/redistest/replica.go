@@ -10,13 +10,20 @@ import (
 )
 
 // StartReplica starts a redis-server replicating s (stopped when the test
-// ends) and waits until the replication link is up.
+// ends) and waits until the replication link is up. It first sets s's
+// repl-diskless-sync-delay to 0: Redis 7 otherwise waits 5 s for more
+// replicas before the first full sync.
 func (s *Server) StartReplica(t testing.TB) *Server {
 	t.Helper()
-	host, port := splitAddr(s.Addr)
-	r := Start(t, "--replicaof", host, port)
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
+	pc := redis.NewClient(s.Options())
+	defer pc.Close()
+	if err := pc.ConfigSet(ctx, "repl-diskless-sync-delay", "0").Err(); err != nil {
+		t.Fatalf("redistest: primary %s: %v", s.Addr, err)
+	}
+	host, port := splitAddr(s.Addr)
+	r := Start(t, "--replicaof", host, port, "--repl-diskless-sync-delay", "0") // the same once promoted
 	c := redis.NewClient(r.Options())
 	defer c.Close()
 	err := waitFor(ctx, func() (bool, error) {
