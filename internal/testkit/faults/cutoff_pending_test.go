@@ -35,7 +35,7 @@ func TestCutOffLeaseContextEndsAtDeadline(t *testing.T) {
 	pending(t, "a cut-off lease's Context and Done end min(100 ms, LeaseTTL/10) after its Deadline")
 	for _, v := range variants {
 		t.Run(v.name, func(t *testing.T) {
-			checkLeaks(t)
+			redistest.CheckLeaks(t)
 			p, viaProxy, direct := proxied(t)
 			ctx := redistest.Ctx(t, 30*time.Second)
 			name := redistest.Name(t)

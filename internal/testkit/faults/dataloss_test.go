@@ -15,7 +15,6 @@ import (
 	"github.com/redsem/redsem/fencing"
 	"github.com/redsem/redsem/internal/core"
 	"github.com/redsem/redsem/internal/testkit/redistest"
-	"go.uber.org/goleak"
 )
 
 // A failover that loses acknowledged grants (docs/reliability.md, "Replicas
@@ -34,8 +33,8 @@ import (
 // deadNodeRedial is go-redis's redial of a dead node's address (a pool
 // whose dials kept failing dials again once a second, in a goroutine of
 // its own, until it succeeds or the pool is closed): after Close it stops
-// within a second, later than goleak looks.
-var deadNodeRedial = goleak.IgnoreAnyFunction("github.com/redis/go-redis/v9/internal/pool.(*ConnPool).tryDial")
+// within a second, later than the leak check looks.
+var deadNodeRedial = redistest.IgnoreFunction("github.com/redis/go-redis/v9/internal/pool.(*ConnPool).tryDial")
 
 // lossTTL is the lease TTL of the semaphores watched: longer than the
 // failovers take here, so that zombies still believe when the new primary
@@ -535,7 +534,7 @@ func lossSems(t *testing.T, c redis.UniversalClient, minReplicas int, name func(
 // again once the remaining replica follows the new primary.
 func TestFailoverLosesGrantsSentinel(t *testing.T) {
 	skipShort(t)
-	checkLeaks(t, deadNodeRedial)
+	redistest.CheckLeaks(t, deadNodeRedial)
 	primary := redistest.Start(t)
 	replicas := []*redistest.Server{primary.StartReplica(t), primary.StartReplica(t)}
 	sen := redistest.StartSentinel(t, primary, 2)
@@ -586,7 +585,7 @@ func TestFailoverLosesGrantsSentinel(t *testing.T) {
 // replica left to acknowledge.
 func TestFailoverLosesGrantsCluster(t *testing.T) {
 	skipShort(t)
-	checkLeaks(t, deadNodeRedial)
+	redistest.CheckLeaks(t, deadNodeRedial)
 	cl := redistest.StartCluster(t, 3, 1)
 	cc := cl.Client(t)
 	ctx := redistest.Ctx(t, 90*time.Second)
