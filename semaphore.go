@@ -78,7 +78,9 @@ type Lease interface {
 	// Slot() is Slots()[0].
 	Slots() []int
 	// Context is cancelled once the lease is lost (context.Cause is
-	// ErrLeaseLost) or released (context.Canceled).
+	// ErrLeaseLost) or released (context.Canceled). A lease not renewed in
+	// time is lost at its Deadline: Context ends then, before the lease
+	// gives its slots back in Redis; Done closes after that.
 	Context() context.Context
 }
 

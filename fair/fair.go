@@ -23,9 +23,9 @@ type Options struct {
 	QueueTTL time.Duration
 	// DisableAutoRenew turns off the background renewal of leases; holders
 	// then call Lease.Renew themselves before Lease.Deadline. A lease not
-	// renewed in time is given up at its Deadline: released in Redis at
-	// once (waiters are woken), then Done closes and Err is
-	// redsem.ErrLeaseLost. A lease handed
+	// renewed in time is given up at its Deadline: its Context ends
+	// (cause redsem.ErrLeaseLost), it is released in Redis at once (waiters
+	// are woken), then Done closes and Err is redsem.ErrLeaseLost. A lease handed
 	// over while its Acquire waited in the queue may report a Deadline
 	// sooner than LeaseTTL (about QueueTTL after the grant) until the first
 	// Renew: until then it lasts only as long as the process's queue

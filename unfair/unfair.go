@@ -17,9 +17,9 @@ type Options struct {
 	LeaseTTL time.Duration
 	// DisableAutoRenew turns off the background renewal of leases; holders
 	// then call Lease.Renew themselves before Lease.Deadline. A lease not
-	// renewed in time is given up at its Deadline: released in Redis at
-	// once (waiters are woken), then Done closes and Err is
-	// redsem.ErrLeaseLost.
+	// renewed in time is given up at its Deadline: its Context ends
+	// (cause redsem.ErrLeaseLost), it is released in Redis at once (waiters
+	// are woken), then Done closes and Err is redsem.ErrLeaseLost.
 	DisableAutoRenew bool
 	// KeyPrefix is the first part of every Redis key; zero: "redsem". It may
 	// not contain braces.

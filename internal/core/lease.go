@@ -21,7 +21,7 @@ import (
 //	held   renewal answered "renewed"             held    endRenew: Deadline moves to the new one
 //	held   renewal answered "gone"                lost    endRenew
 //	held   renewal failed (Redis, ctx)            held    endRenew: Deadline unchanged; watchdog retries sooner
-//	held   timer: deadline passed, no op          lost    fire -> expire: force release (bounded), then lost
+//	held   timer: deadline passed, no op          lost    fire -> expire: Context ends, force release (bounded), then lost
 //	held   timer: deadline passed, op in flight   held    fire does nothing; the op's end re-arms the timer
 //	held   Release answered "released"            released Release / releaseLater
 //	held   Release answered "nothing held"        lost    Release / releaseLater
@@ -291,13 +291,16 @@ func (l *Lease) fire() {
 }
 
 // expire gives up a lease whose deadline passed unrenewed (the op is
-// opExpire): it releases the slots in Redis at once (best effort, at most
-// releaseBound: the entry may still be listed for a moment past the local
-// deadline, which is early by design), so that waiters are woken and the
-// slots can be taken again, and then marks the lease lost. When Done closes
-// the slots are free, or Redis could not be reached in time (then they
-// expire there on their own).
+// opExpire). First it ends the lease's Context (cause ErrLeaseLost), so
+// that work done under it stops at the deadline, before the slots can be
+// handed on; then it releases the slots in Redis at once (best effort, at
+// most releaseBound: the entry may still be listed for a moment past the
+// local deadline, which is early by design), so that waiters are woken and
+// the slots can be taken again, and then marks the lease lost. When Done
+// closes the slots are free, or Redis could not be reached in time (then
+// they expire there on their own).
 func (l *Lease) expire(octx context.Context) {
+	l.cancel(redsem.ErrLeaseLost) // the holder stops first: the release below frees its slots
 	ctx, cancel := context.WithTimeout(octx, l.e.releaseBound())
 	_, _ = l.e.release(ctx, l.id, "force")
 	cancel()

@@ -2,6 +2,7 @@ package faults_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"math/rand/v2"
 	"sync"
@@ -169,10 +170,20 @@ func testClusterFamilyShards(t *testing.T, variant string) {
 			t.Errorf("master %d holds %d of %d members and ran %d of %d script calls: under 20%%", i, metas[i], totalMetas, calls[i], totalCalls)
 		}
 	}
+	// 3 000 leases renew about 1 800 times a second: on a loaded machine
+	// (CI, -race) some renewals come late and their leases are lost, which
+	// is what a lease promises then; this part measures the spread only.
+	lost := 0
 	for _, l := range leases {
-		if err := l.Release(ctx); err != nil {
+		switch err := l.Release(ctx); {
+		case errors.Is(err, redsem.ErrLeaseLost):
+			lost++
+		case err != nil:
 			t.Fatal(err)
 		}
+	}
+	if lost > 0 {
+		t.Logf("%d of %d leases were lost before their release (renewals late under load)", lost, keys)
 	}
 
 	// 2. Three processes on 90 keys of limit 2, and a master killed.
