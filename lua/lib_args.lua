@@ -1,7 +1,7 @@
 -- lib_args.lua: the first part of the lib, the functions that the
 -- semaphore scripts share. The lib is the lib_*.lua files concatenated in
--- this order (lua.go): lib_args, lib_records, lib_slots, lib_prune,
--- lib_limit, lib_rate, lib_queue, lib_admit; it is prepended to each
+-- this order (lua.go): lib_args, lib_records, lib_family, lib_slots,
+-- lib_prune, lib_limit, lib_rate, lib_queue, lib_admit, lib_total; it is prepended to each
 -- script for EVAL, and is the head of the FUNCTION library that holds them
 -- all. Each file uses only what the files before it define (Lua's locals
 -- are seen only below their declaration). The lib defines no reply of its

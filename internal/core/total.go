@@ -126,3 +126,23 @@ func forEachNode(ctx context.Context, client redis.UniversalClient, fn func(cont
 func (e *Engine) totalKey(key string) bool {
 	return e.keys.Fam != nil && e.keys.Fam[FamTot] == key
 }
+
+// ReadFamilyTotal returns the total of the family called name and its use
+// (famstatus.lua, read-only), and false when the family has no total's
+// keys in Redis (none was ever used, or they expired and SetTotal set
+// none). For tools: it does not know the clients' own total, so a family
+// whose counters expired reports only SetTotal's.
+func ReadFamilyTotal(ctx context.Context, client redis.UniversalClient, prefix, name string) (redsem.FamilyStatus, bool, error) {
+	keys := FamilyKeys(prefix, name)
+	n, err := client.Exists(ctx, keys[FamTot], keys[FamTotal]).Result()
+	if err != nil || n == 0 {
+		return redsem.FamilyStatus{}, false, err
+	}
+	f, err := NewFamily(Config{Client: client, Name: name, Limit: 1, Prefix: prefix}, 0, 1, 1)
+	if err != nil {
+		return redsem.FamilyStatus{}, false, err
+	}
+	defer f.Close()
+	st, err := f.status(ctx)
+	return st, err == nil, err
+}
