@@ -84,6 +84,13 @@ type Lease interface {
 	Context() context.Context
 }
 
+// FamilyStatus is the total of a keyed family (fair.Family.Status,
+// unfair.Family.Status) and its use.
+type FamilyStatus struct {
+	Total, Held int // the bound in force (0: none) and the slots held in all members
+	Waiting     int // waiters in all members
+}
+
 // Status is a snapshot of a semaphore's live state.
 type Status struct {
 	Limit   int      // the limit in force (SetLimit's, else the established one)

@@ -1,9 +1,11 @@
 package fair
 
 import (
+	"context"
 	"time"
 
 	"github.com/redis/go-redis/v9"
+	"github.com/redsem/redsem"
 	"github.com/redsem/redsem/internal/core"
 )
 
@@ -31,6 +33,20 @@ type FamilyOptions struct {
 	// SetRate, so every process of a family must use the same (see
 	// docs/operations.md, "Families on a cluster").
 	Shards int
+	// Total bounds the slots held across all members at once ("each
+	// tenant at most limit, all tenants together at most Total"): a grant
+	// needs room in its member's limit and in the total, in one atomic
+	// admission, so no slot is held while waiting for the other; AcquireN
+	// counts n against both. Zero: no total, and the family counts none
+	// (its members store and behave exactly as without this field). At
+	// most 2^20. A family with a total keeps all of its members in one
+	// hash slot: Shards above 1 is refused with a *redsem.ConfigError.
+	// Every process of the family must be built with a Total (the value
+	// of the first live client holds until SetTotal sets one for all; a
+	// client built with another gets redsem.ErrLimitMismatch while
+	// anything is held); a process built without one would not count its
+	// leases (see docs/design.md, "Limits that compose").
+	Total int
 }
 
 // Family is a keyed family of fair semaphores: one semaphore per key (per
@@ -52,7 +68,7 @@ type Family struct {
 // at most limit holders at once, in arrival order. It does no I/O and
 // validates like New (and a negative IdleAfter, Shards outside [0, 1024]).
 func NewFamily(client redis.UniversalClient, name string, limit int, opts FamilyOptions) (*Family, error) {
-	f, err := core.NewFamily(core.ConfigOf(client, name, limit, true, opts.Options), opts.IdleAfter, opts.Shards)
+	f, err := core.NewFamily(core.ConfigOf(client, name, limit, true, opts.Options), opts.IdleAfter, opts.Shards, opts.Total)
 	if err != nil {
 		return nil, err
 	}
@@ -66,6 +82,20 @@ func NewFamily(client redis.UniversalClient, name string, limit int, opts Family
 // does nothing (Family.Close ends the shared machinery). Get returns
 // redsem.ErrClosed after Close.
 func (f *Family) Get(key string) (*Semaphore, error) { return semaphore(f.f.Get(key)) }
+
+// SetTotal sets the family's total (FamilyOptions.Total) for every client
+// of the family, live: raising it admits waiters at once, lowering it
+// grants nothing until enough is released; 0 removes the bound (the
+// family goes on counting, so a later SetTotal holds at once). The
+// setting never expires. A family built without a total counts nothing:
+// SetTotal then returns a *redsem.ConfigError.
+func (f *Family) SetTotal(ctx context.Context, total int) error { return f.f.SetTotal(ctx, total) }
+
+// Status returns the family's total in force (0: none) and its use: the
+// slots held in all members, and the waiters in all members (the entries of their queues).
+// Without a total it scans the members' keys (SCAN) and adds them up, one
+// member at a time.
+func (f *Family) Status(ctx context.Context) (redsem.FamilyStatus, error) { return f.f.Status(ctx) }
 
 // Name is the family's name as given to NewFamily.
 func (f *Family) Name() string { return f.f.Name() }

@@ -1,6 +1,7 @@
 -- acquire.lua: one attempt to take n slots at once; in queue mode (fair) it
 -- also joins the queue, or reports the place it already has.
--- KEYS: the nine keys laid out at the top of lib_args.lua.
+-- KEYS: the nine keys laid out at the top of lib_args.lua (thirteen for a
+-- member of a family with a total: lib_family.lua).
 -- ARGV: [1] channel base, [2] publish command, [3] client limit (and rate),
 --       [4] id (lease/waiter UUID, reused on retries: the script is idempotent),
 --       [5] n: slots wanted (>= 1), [6] lease_ms (>= 1),
@@ -52,9 +53,11 @@
 --                                                ran first) or released, or
 --                                                the request came after
 --                                                refuse_after
---        {-3, now, limit, rate_limit}            n is above the limit in
+--        {-3, now, limit, rate_limit[, total]}   n is above the limit in
 --                                                force, or above the rate's
---                                                limit (0: no rate)
+--                                                limit (0: no rate), or
+--                                                (total given) above the
+--                                                family's total in force
 --        {-4, now, entries}                      the queue is full
 --        {-5, now}                               queue mode: the session is
 --                                                not live (it expired while
@@ -66,6 +69,15 @@
 --                                                with the one live clients
 --                                                established ("limit/per_ms",
 --                                                "0/0": none)
+--        {-7, now, established}                  a member of a family with a
+--                                                total: the client's total
+--                                                disagrees with the one live
+--                                                clients established
+-- A member of a family with a total (KEYS[10..13], lib_family.lua) is
+-- granted only when its member and the family's total both have room, and
+-- (fair) no earlier head of the family that fits in its member waits for
+-- the total (admit_total, lib_total.lua); its queue entries take the
+-- family's arrival numbers.
 -- Errors: "ERR redsem: ..." for bad arguments, a wrong number of keys, or a
 -- stored limit that is not an integer in [1, 2^20], before any write.
 local client_limit, err = client_arg()
@@ -169,14 +181,30 @@ end
 if n > limit or (rate() > 0 and n > call.rate_limit) then
   return finish({-3, now, limit, call.rate_limit})
 end
-if num('_q') > 0 then
+-- total_blocked: a member of a family with a total, whose earliest waiting
+-- head (of any member) that fits in its member finds the total full: a new
+-- request must not go before it.
+local total_blocked = false
+if fam_tot_key then
+  fam_expire(now)
+  local ok; ok, established = fam_establish()
+  if not ok then
+    return finish({-7, now, established})
+  end
+  if n > fam_bound() then
+    return finish({-3, now, limit, call.rate_limit or 0, fam_bound()})
+  end
+  local _, stop = admit_total(now, now_us, {})
+  total_blocked = stop == 'total'
+elseif num('_q') > 0 then
   admit(now, now_us, limit)
 end
 
 -- Free slots with nobody queued: nobody is jumped. The rate may still hold
 -- the request back (rate_ms tells for how long).
 local wait_ms = -1
-if num('_q') == 0 and limit - num('_used') >= n then
+if num('_q') == 0 and limit - num('_used') >= n and
+    (not fam_tot_key or (not total_blocked and n <= fam_room())) then
   if rate_fits(n, now_us) then
     local token, slots = grant(id, n, now, now_us, now + lease_ms, owner)
     return granted(token, now + lease_ms, slots)
@@ -203,6 +231,9 @@ elseif mode == 'wait' then
   if num('_want') < now + want_ms / 2 then -- refreshed at most twice per want_ms
     set('_want', now + want_ms)
   end
+  if fam_tot_key and limit - num('_used') >= n then
+    fam_want(now, want_ms) -- the member had room: the family's total wake it
+  end
   return refused(-1)
 end
 -- Queueing under a dead session would leave an entry that admit and prune
@@ -214,8 +245,14 @@ end
 if max_q > 0 and num('_q') >= max_q then
   return finish({-4, now, num('_q')})
 end
-local seq = num('_seq') + 1
-set('_seq', seq)
+local seq
+if fam_tot_key then
+  seq = fam._seq + 1 -- the family's arrival order, across its members
+  fam_put('_seq', seq)
+else
+  seq = num('_seq') + 1
+  set('_seq', seq)
+end
 redis.call('ZADD', queue_key, fmt(seq), id)
 put(id, 'W|' .. sid .. '|' .. fmt(n) .. '|' .. fmt(lease_ms) .. '|' .. owner)
 set('_q', num('_q') + 1)

@@ -1,7 +1,8 @@
 -- heartbeat.lua: one call per process session keeps all of its fair waiters
 -- alive, and admits waiters whose turn came (e.g. after a holder expired).
 -- Its cost does not depend on how many waiters the process has.
--- KEYS: the nine keys laid out at the top of lib_args.lua.
+-- KEYS: the nine keys laid out at the top of lib_args.lua (thirteen for a
+-- member of a family with a total: lib_family.lua).
 -- ARGV: [1] channel base, [2] publish command, [3] client limit (and rate),
 --       [4] session id, [5] queue_ms (>= 1): the session lives that long
 --       from now, [6] "new" for a session's first beat, else "old".
@@ -34,7 +35,9 @@ end
 expire(now)
 prune(now)
 local out = {now, alive, 0}
-if num('_q') > 0 then
+if fam_tot_key then
+  admit_total(now, now_us, out) -- every member's, in the family's order
+elseif num('_q') > 0 then
   append(out, admit(now, now_us, limit_in_force(client_limit)))
 end
 out[3] = hint(now)

@@ -3,7 +3,8 @@
 -- (when to look again), and append for the scripts' replies.
 -- Uses from lib_args.lua: queue_key, meta_key, channel, call (clock_us,
 -- rate_room_at_us), SENTINEL, fmt; from lib_records.lua: get,
--- num, next_expiry, set, put, del, records; from lib_slots.lua:
+-- num, next_expiry, set, put, del, records; from lib_family.lua: fam,
+-- fam_bound, fam_room; from lib_slots.lua:
 -- parse_waiter; from lib_rate.lua: rate, rate_fits, rate_ms; from
 -- lib_queue.lua: grant, publish, session_deadline.
 
@@ -19,7 +20,14 @@
 -- with a process that never learned of it. Each grantee's session is told
 -- "g id token deadline slots". Returns the grants as a flat list
 -- (id, token, deadline, "slots", ...).
-local function admit(now, now_us, limit)
+--
+-- In a member of a family with a total (admit_total, lib_total.lua, calls
+-- it with single set), a head waiter heavier than the total in force is
+-- evicted as one heavier than the limit ("x id total"), one that fits in
+-- its member but not in what is left of the total keeps its place and
+-- admit returns "total" besides the grants, and it returns after one
+-- grant: the next head of the family may be another member's.
+local function admit(now, now_us, limit, single)
   local out = {}
   local rate_limit = rate()
   while num('_q') > 0 and limit - num('_used') > 0 do
@@ -40,6 +48,10 @@ local function admit(now, now_us, limit)
     if not sdl then
       del(id) -- a dead waiter: evicted
       set('_q', num('_q') - 1)
+    elseif fam_tot_key and n > fam_bound() then
+      del(id) -- heavier than the family's total: never admitted
+      set('_q', num('_q') - 1)
+      publish(channel .. ':s:' .. sid, 'x ' .. id .. ' ' .. fmt(fam_bound()))
     elseif n > limit or (rate_limit > 0 and n > rate_limit) then
       del(id)
       set('_q', num('_q') - 1)
@@ -59,6 +71,9 @@ local function admit(now, now_us, limit)
         publish(channel .. ':s:' .. sid, 'w ' .. id .. ' ' .. rate_ms(now_us))
       end
       break
+    elseif fam_tot_key and n > fam_room() then
+      redis.call('ZADD', queue_key, seq, id) -- the family's total is full: keep the place
+      return out, 'total'
     else
       set('_q', num('_q') - 1)
       local deadline = now + lease_ms
@@ -71,6 +86,9 @@ local function admit(now, now_us, limit)
       out[#out + 1] = token
       out[#out + 1] = deadline
       out[#out + 1] = list
+      if single then
+        break
+      end
     end
   end
   return out
@@ -101,7 +119,8 @@ local function notify_free(now, limit)
   publish(channel .. ':free', free .. ' ' .. meta_key)
 end
 
--- hint returns ms until the earliest holder may expire, or until the rate
+-- hint returns ms until the earliest holder (of any member, in a family
+-- with a total) may expire, or until the rate
 -- lets in what it held back in this call (call.rate_room_at_us) if that is
 -- sooner; -1 with neither.
 local function hint(now)
@@ -114,6 +133,14 @@ local function hint(now)
     local r = rate_ms(call.clock_us)
     if h < 0 or r < h then
       h = r
+    end
+  end
+  if fam_tot_key and fam_load()._next ~= math.huge then
+    -- A member of a family with a total: a lease of any member that
+    -- expires frees room in the total.
+    local f = math.max(fam._next - now, 0)
+    if h < 0 or f < h then
+      h = f
     end
   end
   return h

@@ -1,7 +1,7 @@
 -- lib_args.lua: the first part of the lib, the functions that the
 -- semaphore scripts share. The lib is the lib_*.lua files concatenated in
--- this order (lua.go): lib_args, lib_records, lib_slots, lib_prune,
--- lib_limit, lib_rate, lib_queue, lib_admit; it is prepended to each
+-- this order (lua.go): lib_args, lib_records, lib_family, lib_slots,
+-- lib_prune, lib_limit, lib_rate, lib_queue, lib_admit, lib_total; it is prepended to each
 -- script for EVAL, and is the head of the FUNCTION library that holds them
 -- all. Each file uses only what the files before it define (Lua's locals
 -- are seen only below their declaration). The lib defines no reply of its
@@ -72,7 +72,9 @@
 --           base..":s:"..session, freed-slot notices to base..":free"
 --   ARGV[2] publish command: "PUBLISH", or "SPUBLISH" on a cluster
 --   ARGV[3] the calling client's limit (integer >= 1), and its rate if it
---           has one: "limit" or "limit:rate_limit:per_ms" (client_arg)
+--           has one: "limit" or "limit:rate_limit:per_ms" (client_arg);
+--           a member of a family with a total appends "+total:f" (fair)
+--           or "+total:u" (unfair): the total its client was built with
 
 local SENTINEL = '~'
 -- Keys outlive the longest entry by at least this much.
@@ -124,17 +126,47 @@ local meta, meta_nums, meta_dirty, meta_gone
 -- bind makes afresh, so that no field can outlive its call (a call that
 -- fails half-way, a Lua error, leaves its table to be replaced whole).
 local call
+--
+-- A member of a keyed family with a total (FamilyOptions.Total) gets four
+-- more keys, KEYS[10..13] (lib_family.lua lays them out; settotal.lua and
+-- famstatus.lua get those four as KEYS[1..4], and the members' sessions
+-- key); without a total they stay nil, and every script runs and stores
+-- exactly as it did before totals existed. fam is their cache (lib_family.lua, nil until loaded),
+-- fam_client_total, fam_client_limit and fam_fair the client's total, limit and
+-- variant (from ARGV[3], client_arg).
+local fam_tot_key, fam_leases_key, fam_heads_key, fam_total_key
+local fam, fam_client_total, fam_client_limit, fam_fair
+-- fam_finish (lib_total.lua) runs at finish, before meta is written, in a
+-- call with the family's keys.
+local fam_finish
 
 -- bind starts a call: it sets the state above from the call's KEYS and
 -- ARGV, and returns an error reply when they do not have the shape every
 -- script needs (nil when they do).
-local function bind(keys, args)
+local function bind(keys, args, family_only)
   argv = args
-  if #keys ~= 9 then
-    return fail('want 9 keys, got ' .. #keys)
+  local nk = #keys
+  if family_only then
+    -- settotal.lua, famstatus.lua: the family's four keys and its
+    -- sessions key (a family with a total has one shard), no member.
+    if nk ~= 5 then
+      return fail('want 5 keys, got ' .. nk)
+    end
+    holders_key, queue_key, sessions_key, free_key, ended_key, meta_key, limit_key, window_key, rate_key =
+      nil, nil, keys[5], nil, nil, nil, nil, nil, nil
+    fam_tot_key, fam_leases_key, fam_heads_key, fam_total_key = keys[1], keys[2], keys[3], keys[4]
+  elseif nk == 9 then
+    holders_key, queue_key, sessions_key, free_key, ended_key, meta_key, limit_key, window_key, rate_key =
+      keys[1], keys[2], keys[3], keys[4], keys[5], keys[6], keys[7], keys[8], keys[9]
+    fam_tot_key = nil
+  elseif nk == 13 then
+    holders_key, queue_key, sessions_key, free_key, ended_key, meta_key, limit_key, window_key, rate_key =
+      keys[1], keys[2], keys[3], keys[4], keys[5], keys[6], keys[7], keys[8], keys[9]
+    fam_tot_key, fam_leases_key, fam_heads_key, fam_total_key = keys[10], keys[11], keys[12], keys[13]
+  else
+    return fail('want 9 keys, got ' .. nk .. ' (13 with a family total)')
   end
-  holders_key, queue_key, sessions_key, free_key, ended_key, meta_key, limit_key, window_key, rate_key =
-    keys[1], keys[2], keys[3], keys[4], keys[5], keys[6], keys[7], keys[8], keys[9]
+  fam = nil
   channel, publish_cmd = args[1], args[2]
   if publish_cmd ~= 'PUBLISH' and publish_cmd ~= 'SPUBLISH' then
     return fail('bad publish command: ' .. tostring(publish_cmd))
@@ -247,6 +279,17 @@ end
 -- call.client_rate_per_ms (0, 0: none).
 local function client_arg()
   local s = argv[3]
+  if fam_tot_key then
+    -- A member of a family with a total: "...+total:f" (fair) or ":u".
+    local head, t, kind = string.match(s or '', '^(.-)%+(%d+):([fu])$')
+    t = t and #t <= 8 and tonumber(t)
+    if not t or t < 1 or t > MAX_LIMIT then
+      return nil, fail('bad total: ' .. tostring(s))
+    end
+    fam_client_total, fam_fair = t, kind == 'f'
+    s = head
+    argv[3] = head
+  end
   if s and string.find(s, ':', 1, true) then
     local l, r = string.match(s, '^(%d+):(%d+:%d+)$')
     local rl, rp
@@ -259,7 +302,9 @@ local function client_arg()
     call.client_rate_limit, call.client_rate_per_ms = rl, rp
     argv[3] = l
   end
-  return int_arg(3, 'limit', 1, MAX_LIMIT)
+  local v, err = int_arg(3, 'limit', 1, MAX_LIMIT)
+  fam_client_limit = v
+  return v, err
 end
 
 -- clock returns the server time in milliseconds and in microseconds, and

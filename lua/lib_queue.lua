@@ -6,7 +6,7 @@
 -- publish_cmd, call (session_deadlines), fmt; from lib_records.lua:
 -- get, num, next_expiry, set, put, del, records, extend; from
 -- lib_slots.lua: parse_waiter; from lib_limit.lua: take_slots; from
--- lib_rate.lua: rate_record.
+-- lib_rate.lua: rate_record; from lib_family.lua: fam_add.
 
 -- grant makes id a holder of n slots until deadline, with the next fencing
 -- token: never less than the server clock in microseconds, so tokens keep
@@ -30,6 +30,9 @@ local function grant(id, n, now, now_us, deadline, owner)
   end
   extend(now, deadline)
   rate_record(token, n, now)
+  if fam_tot_key then
+    fam_add(id, n, now, deadline) -- a family's total counts it
+  end
   return token, slots, list
 end
 

@@ -291,8 +291,12 @@ local function flush()
   end
 end
 
--- finish writes what the script changed in meta and returns reply.
+-- finish writes what the script changed in meta (and, for a member of a
+-- family with a total, in the family's keys) and returns reply.
 local function finish(reply)
+  if fam_tot_key then
+    fam_finish() -- a family with a total: its own keys (lib_total.lua)
+  end
   flush()
   return reply
 end

@@ -4,8 +4,8 @@
 -- call.freed for a grant of the same call); drop_holders removes holder
 -- entries and frees their slots.
 -- Uses from lib_args.lua: holders_key, call (freed, freed_next,
--- freed_sorted), CHUNK; from lib_records.lua: get, num, set, del, records,
--- add_free.
+-- freed_sorted), fam_tot_key, CHUNK; from lib_records.lua: get, num, set,
+-- del, records, add_free; from lib_family.lua: fam_drop.
 
 -- slot_list returns the slots of a record's "s1,s2,..." as a list.
 local function slot_list(slots)
@@ -81,6 +81,9 @@ local function drop_holders(ids)
     local rec = get(id)
     if rec and string.sub(rec, 1, 1) == 'L' then
       local list = lease_slots(rec)
+      if fam_tot_key then
+        fam_drop(id, #list) -- a family's total counts it no more
+      end
       if not slots then
         slots = list
       else

@@ -27,6 +27,10 @@ var (
 	libArgs string
 	//go:embed lib_records.lua
 	libRecords string
+	//go:embed lib_family.lua
+	libFamily string
+	//go:embed lib_total.lua
+	libTotal string
 	//go:embed lib_slots.lua
 	libSlots string
 	//go:embed lib_prune.lua
@@ -53,6 +57,10 @@ var (
 	setLimitSrc string
 	//go:embed setrate.lua
 	setRateSrc string
+	//go:embed settotal.lua
+	setTotalSrc string
+	//go:embed famstatus.lua
+	famStatusSrc string
 	//go:embed fence_lib.lua
 	fenceLib string
 	//go:embed fence.lua
@@ -64,7 +72,7 @@ var (
 // libFiles are the files of the lib, by concern, in the order in which they
 // are concatenated: each uses only what the files before it define (Lua
 // sees a local only below its declaration), as its header states.
-var libFiles = []string{libArgs, libRecords, libSlots, libPrune, libLimit, libRate, libQueue, libAdmit}
+var libFiles = []string{libArgs, libRecords, libFamily, libSlots, libPrune, libLimit, libRate, libQueue, libAdmit, libTotal}
 
 // lib is the text of the lib: its files, concatenated.
 var lib = strings.Join(libFiles, "")
@@ -95,11 +103,17 @@ const (
 	FenceSet
 	// SetRate sets the rate (Options.Rate) for every client of a name.
 	SetRate
+	// SetTotal sets the total of a keyed family (FamilyOptions.Total) for
+	// every client; it runs on the family's keys, not a member's.
+	SetTotal
+	// FamilyStatus reads a keyed family's total and its use without
+	// writing (FCALL_RO or EVALSHA_RO), on the family's keys.
+	FamilyStatus
 )
 
 // Scripts lists every script, in the order of their constants.
 func Scripts() []Script {
-	return []Script{Acquire, Renew, Release, Heartbeat, Status, SetLimit, Fence, FenceSet, SetRate}
+	return []Script{Acquire, Renew, Release, Heartbeat, Status, SetLimit, Fence, FenceSet, SetRate, SetTotal, FamilyStatus}
 }
 
 type script struct {
@@ -117,17 +131,31 @@ var bodies = []struct {
 	file, src string
 	fn        string // the function's name in the library, after the prefix
 	readOnly  bool   // registered with the no-writes flag (FCALL_RO)
+	family    bool   // runs on a family's four keys (bindFamily), not a member's
 }{
-	{Acquire, "acquire.lua", acquireSrc, "acquire", false},
-	{Renew, "renew.lua", renewSrc, "renew", false},
-	{Release, "release.lua", releaseSrc, "release", false},
-	{Heartbeat, "heartbeat.lua", heartbeatSrc, "heartbeat", false},
-	{Status, "status.lua", statusSrc, "status", true},
-	{SetLimit, "setlimit.lua", setLimitSrc, "setlimit", false},
-	{SetRate, "setrate.lua", setRateSrc, "setrate", false},
+	{Acquire, "acquire.lua", acquireSrc, "acquire", false, false},
+	{Renew, "renew.lua", renewSrc, "renew", false, false},
+	{Release, "release.lua", releaseSrc, "release", false, false},
+	{Heartbeat, "heartbeat.lua", heartbeatSrc, "heartbeat", false, false},
+	{Status, "status.lua", statusSrc, "status", true, false},
+	{SetLimit, "setlimit.lua", setLimitSrc, "setlimit", false, false},
+	{SetRate, "setrate.lua", setRateSrc, "setrate", false, false},
+	{SetTotal, "settotal.lua", setTotalSrc, "settotal", false, true},
+	{FamilyStatus, "famstatus.lua", famStatusSrc, "famstatus", true, true},
 }
 
-const bindCall = "local bind_err = bind(KEYS, ARGV) if bind_err then return bind_err end\n"
+const (
+	bindCall       = "local bind_err = bind(KEYS, ARGV) if bind_err then return bind_err end\n"
+	bindFamilyCall = "local bind_err = bind(KEYS, ARGV, true) if bind_err then return bind_err end\n"
+)
+
+// bindOf is the first statement of a script's body.
+func bindOf(family bool) string {
+	if family {
+		return bindFamilyCall
+	}
+	return bindCall
+}
 
 // library is the FUNCTION library: its name (redsem_ and the first 12 hex
 // digits of the SHA1 of its text without the name line, so that each
@@ -137,7 +165,7 @@ var libName, libSrc = func() (string, string) {
 	var b strings.Builder
 	b.WriteString(lib)
 	for _, x := range bodies {
-		fmt.Fprintf(&b, "\nlocal function fn_%s(KEYS, ARGV)\n%s%s\nend\n", x.fn, bindCall, x.src)
+		fmt.Fprintf(&b, "\nlocal function fn_%s(KEYS, ARGV)\n%s%s\nend\n", x.fn, bindOf(x.family), x.src)
 	}
 	body := b.String()
 	sum := sha1.Sum([]byte(body))
@@ -170,14 +198,14 @@ func (s Script) Function() string {
 	return ""
 }
 
-var table = func() [SetRate + 1]script {
-	var t [SetRate + 1]script
+var table = func() [FamilyStatus + 1]script {
+	var t [FamilyStatus + 1]script
 	add := func(s Script, file, src string) {
 		sum := sha1.Sum([]byte(src))
 		t[s] = script{file: file, src: src, sha: hex.EncodeToString(sum[:])}
 	}
 	for _, b := range bodies {
-		add(b.s, b.file, lib+bindCall+b.src)
+		add(b.s, b.file, lib+bindOf(b.family)+b.src)
 	}
 	add(Fence, "fence.lua", fenceLib+fenceSrc)
 	add(FenceSet, "fence_set.lua", fenceLib+fenceSetSrc)
@@ -201,7 +229,7 @@ func (s Script) Source() string { return s.entry().src }
 func (s Script) Hash() string { return s.entry().sha }
 
 func (s Script) entry() script {
-	if s < Acquire || s > SetRate {
+	if s < Acquire || s > FamilyStatus {
 		return script{}
 	}
 	return table[s]

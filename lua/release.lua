@@ -1,7 +1,8 @@
 -- release.lua: give back a lease's slots or leave the queue, by id; then
 -- admit the waiters that may now enter and tell unfair waiters about free
 -- slots.
--- KEYS: the nine keys laid out at the top of lib_args.lua.
+-- KEYS: the nine keys laid out at the top of lib_args.lua (thirteen for a
+-- member of a family with a total: lib_family.lua).
 -- ARGV: [1] channel base, [2] publish command, [3] client limit (and rate),
 --       [4] lease or waiter id,
 --       [5] mode: "owner" when the lease's holder releases it
@@ -83,7 +84,9 @@ end
 
 local limit = limit_in_force(client_limit)
 local out = {kind, now}
-if num('_q') > 0 then
+if fam_tot_key then
+  admit_total(now, now_us, out) -- every member's, in the family's order
+elseif num('_q') > 0 then
   append(out, admit(now, now_us, limit))
 end
 notify_free(now, limit)

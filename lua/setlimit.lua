@@ -2,7 +2,8 @@
 -- never expires. Raising it admits waiters at once; lowering it below a
 -- queued waiter's weight ends that waiter's wait (an "x" message), wherever
 -- it stands in the queue (a scan of the queue: SetLimit is rare).
--- KEYS: the nine keys laid out at the top of lib_args.lua.
+-- KEYS: the nine keys laid out at the top of lib_args.lua (thirteen for a
+-- member of a family with a total: lib_family.lua).
 -- ARGV: [1] channel base, [2] publish command, [3] the new limit (>= 1),
 --           with the caller's rate as in client_arg (lib_args.lua),
 --       [4] call id (a UUID per SetLimit call): a copy of the call that runs
@@ -28,7 +29,9 @@ expire(now)
 -- queue wherever they stand, and their processes are told (an "x" message).
 evict_heavier(limit, '')
 local out = {now}
-if num('_q') > 0 then
+if fam_tot_key then
+  admit_total(now, now_us, out) -- every member's, in the family's order
+elseif num('_q') > 0 then
   append(out, admit(now, now_us, limit))
 end
 notify_free(now, limit)

@@ -6,7 +6,8 @@
 -- wherever it stands in the queue (a scan of the queue: SetRate is rare).
 -- The window's records stay: grants made before the call count against the
 -- new rate.
--- KEYS: the nine keys laid out at the top of lib_args.lua.
+-- KEYS: the nine keys laid out at the top of lib_args.lua (thirteen for a
+-- member of a family with a total: lib_family.lua).
 -- ARGV: [1] channel base, [2] publish command, [3] client limit (and rate),
 --       [4] call id (a UUID per SetRate call): a copy of the call that runs
 --           again finds its record and changes nothing,
@@ -39,7 +40,9 @@ if rl > 0 then
 end
 local limit = limit_in_force(client_limit)
 local out = {now}
-if num('_q') > 0 then
+if fam_tot_key then
+  admit_total(now, now_us, out) -- every member's, in the family's order
+elseif num('_q') > 0 then
   append(out, admit(now, now_us, limit))
 end
 notify_free(now, limit)

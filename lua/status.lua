@@ -1,5 +1,6 @@
 -- status.lua: read the live state; writes nothing (run it with EVALSHA_RO).
--- KEYS: the nine keys laid out at the top of lib_args.lua.
+-- KEYS: the nine keys laid out at the top of lib_args.lua (thirteen for a
+-- member of a family with a total: lib_family.lua).
 -- ARGV: [1] channel base, [2] publish command, [3] client limit (and rate).
 -- Reply: {limit, now, n_holders, (id, "slots", token, deadline_ms, owner) x
 --         n_holders, n_waiters, (id, weight, deadline_ms, owner) x n_waiters,

@@ -52,3 +52,53 @@ func ExampleNewFamily() {
 	// key-1 must wait
 	// key-2 calls
 }
+
+// SetTotal changes the family's total for every client, live: lowered, it
+// grants nothing until the family is under it; 0 removes the bound.
+func ExampleFamily_SetTotal() {
+	ctx := context.Background()
+	client := redis.NewClient(&redis.Options{Addr: redisAddr(), ContextTimeoutEnabled: true})
+	defer client.Close()
+
+	tenants, err := unfair.NewFamily(client, "example:tenant-settotal", 2, unfair.FamilyOptions{Total: 4})
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer tenants.Close()
+
+	acme, err := tenants.Get("acme")
+	if err != nil {
+		log.Fatal(err)
+	}
+	globex, err := tenants.Get("globex")
+	if err != nil {
+		log.Fatal(err)
+	}
+	l, err := acme.TryAcquireN(ctx, 2)
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer l.Release(ctx)
+
+	if err := tenants.SetTotal(ctx, 2); err != nil {
+		log.Fatal(err)
+	}
+	_, err = globex.TryAcquire(ctx)
+	fmt.Println("total 2:", err)
+
+	if err := tenants.SetTotal(ctx, 0); err != nil {
+		log.Fatal(err)
+	}
+	g, err := globex.TryAcquire(ctx)
+	fmt.Println("no total:", err)
+	st, err := tenants.Status(ctx)
+	if err != nil {
+		log.Fatal(err)
+	}
+	fmt.Printf("total %d, held %d\n", st.Total, st.Held)
+	_ = g.Release(ctx)
+	// Output:
+	// total 2: redsem: no slot available
+	// no total: <nil>
+	// total 0, held 3
+}

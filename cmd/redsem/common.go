@@ -87,7 +87,7 @@ func (c *command) openMember(ss *session, cfg core.Config, key string) (*core.En
 		return nil, cli.ReachErr(ss.t, err)
 	}
 	c.noShardRecord = !recorded
-	if c.fam, err = core.NewFamily(cfg, 0, shards); err != nil {
+	if c.fam, err = core.NewFamily(cfg, 0, shards, 0); err != nil {
 		return nil, err
 	}
 	ss.close = func() { _ = c.fam.Close(); _ = ss.client.Close() }

@@ -961,3 +961,33 @@ func TestSetLimitKeyWritesNoShardRecord(t *testing.T) {
 		t.Fatalf("set-limit --key wrote no override (%d, %v)", n, err)
 	}
 }
+
+// status FAMILY shows a family's total and its use, in text and JSON.
+func TestFamilyTotalStatus(t *testing.T) {
+	ctx := redistest.Ctx(t, 30*time.Second)
+	fam := redistest.Name(t)
+	f, err := unfair.NewFamily(redistest.Client(t), fam, 3, unfair.FamilyOptions{Total: 5})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	for _, key := range []string{"a", "b"} {
+		s, err := f.Get(key)
+		if err != nil {
+			t.Fatal(err)
+		}
+		l, err := s.TryAcquireN(ctx, 2)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer l.Release(context.Background())
+	}
+	code, out, errs := runCmd(t, "status", fam)
+	if code != exitOK || !strings.Contains(out, "family total: 5; 4 slots held in all members") {
+		t.Fatalf("status %s: exit %d, stderr %q, out:\n%s", fam, code, errs, out)
+	}
+	code, out, _ = runCmd(t, "status", "--json", fam)
+	if code != exitOK || !strings.Contains(out, `"total":{"Total":5,"Held":4,"Waiting":0}`) {
+		t.Fatalf("status --json %s: exit %d:\n%s", fam, code, out)
+	}
+}

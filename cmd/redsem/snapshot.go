@@ -12,16 +12,20 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+	"github.com/redsem/redsem"
 	"github.com/redsem/redsem/internal/core"
 )
 
 // snapshot is what status and watch show of one semaphore. Times are by the
 // Redis server's clock.
 type snapshot struct {
-	Name       string    `json:"name"`
-	Family     string    `json:"family,omitempty"` // with --key: Name is a member of this family
-	Prefix     string    `json:"prefix"`
-	ServerTime time.Time `json:"server_time"`
+	Name   string `json:"name"`
+	Family string `json:"family,omitempty"` // with --key: Name is a member of this family
+	// Total: the family's total (FamilyOptions.Total) and its use, when it
+	// has one (NAME is a family whose clients were built with a total).
+	Total      *redsem.FamilyStatus `json:"total,omitempty"`
+	Prefix     string               `json:"prefix"`
+	ServerTime time.Time            `json:"server_time"`
 	// Live is false when none of the semaphore's keys but the set-limit
 	// override exists: nobody holds, waits or has established a limit.
 	Live bool `json:"live"`

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/redsem/redsem/cmd/redsem/internal/cli"
+	"github.com/redsem/redsem/internal/core"
 )
 
 const statusAbout = `Shows the live holders (id, slot, fencing token, age, deadline), the fair
@@ -40,6 +41,13 @@ func runStatus(args []string, stdout, stderr io.Writer) int {
 			return c.Fail(cli.ReachErr(ss.t, err))
 		}
 		s.Members, s.MemberCount = members, n
+		tot, ok, err := core.ReadFamilyTotal(ss.ctx, ss.client, c.Prefix, pos[0])
+		if err != nil {
+			return c.Fail(cli.ReachErr(ss.t, err))
+		}
+		if ok {
+			s.Total = &tot
+		}
 	}
 	if *asJSON {
 		return c.printJSON(s)
@@ -62,7 +70,7 @@ func render(w io.Writer, s *snapshot) {
 	at := s.ServerTime.Format("2006-01-02 15:04:05.000 MST")
 	if s.Family != "" {
 		fmt.Fprintf(w, "member %q of family %q (prefix %q) at %s (Redis server clock)\n", s.Name, s.Family, s.Prefix, at)
-	} else if !s.Live && s.Limit == nil && s.MemberCount > 0 {
+	} else if !s.Live && s.Limit == nil && (s.MemberCount > 0 || s.Total != nil) {
 		// The name of a keyed family, not of a semaphore.
 		fmt.Fprintf(w, "family %q (prefix %q) at %s (Redis server clock)\n", s.Name, s.Prefix, at)
 		renderMembers(w, s)
@@ -222,6 +230,13 @@ func runWatch(args []string, stdout, stderr io.Writer) int {
 
 // renderMembers lists a family's busiest members, if status found any.
 func renderMembers(w io.Writer, s *snapshot) {
+	if t := s.Total; t != nil {
+		bound := "none (SetTotal 0)"
+		if t.Total > 0 {
+			bound = fmt.Sprint(t.Total)
+		}
+		fmt.Fprintf(w, "family total: %s; %d slots held in all members, %d queued (fair)\n", bound, t.Held, t.Waiting)
+	}
 	if s.MemberCount == 0 {
 		return
 	}

@@ -51,7 +51,7 @@ type Engine struct {
 	alerts *alerts   // conditions logged at Warn (shared by every engine of the client)
 	lib    *libState // whether the client's calls use FCALL (functions.go)
 
-	sent [lua.SetRate + 1]atomic.Bool // scripts sent whole once (see loaded)
+	sent [lua.FamilyStatus + 1]atomic.Bool // scripts sent whole once (see loaded)
 
 	waiting waiting // the variant's waiting strategy
 

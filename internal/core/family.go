@@ -25,6 +25,13 @@ type Family struct {
 	// defaulted: the options left Shards zero (DefaultShards), for the
 	// mismatch error's text.
 	defaulted bool
+	// total: FamilyOptions.Total, the slots held across all members at
+	// once (0: the family counts no total, and its members' calls are
+	// those of a family without one). famKeys: its keys (FamilyKeys), nil
+	// without a total; famEng runs the family-level scripts on them.
+	total   int
+	famKeys []string
+	famEng  *Engine
 
 	// shardsOK: the shard count recorded in Redis was found equal to ours
 	// (checkShards, once per Family).
@@ -50,8 +57,10 @@ type famShard struct {
 // with no call in flight and no live lease is kept; zero: DefaultIdleAfter.
 // shards is how many hash tags the members are spread over, at most
 // MaxShards; zero: DefaultShards (one, whatever the client, so that a
-// default never changes what a key means; see DefaultShards).
-func NewFamily(cfg Config, idleAfter time.Duration, shards int) (*Family, error) {
+// default never changes what a key means; see DefaultShards). total is
+// the bound on the slots held across all members at once (0: none, and
+// nothing is counted); a family with a total has one shard.
+func NewFamily(cfg Config, idleAfter time.Duration, shards, total int) (*Family, error) {
 	root, err := New(cfg)
 	if err != nil {
 		return nil, err
@@ -65,6 +74,16 @@ func NewFamily(cfg Config, idleAfter time.Duration, shards int) (*Family, error)
 	if shards < 0 || shards > MaxShards {
 		return nil, cfgErr("Shards", "%d is not in [0, %d] (0: the default, %d)", shards, MaxShards, DefaultShards)
 	}
+	if total < 0 || total > MaxLimit {
+		return nil, cfgErr("FamilyOptions.Total", "%d is not in [0, %d] (0: no total)", total, MaxLimit)
+	}
+	if total > 0 && shards > 1 {
+		// Members of several shards live in several slots, which no one
+		// script can count together; a total kept per shard, or borrowed
+		// from one node, is not built: refuse rather than promise it.
+		return nil, cfgErr("FamilyOptions.Total", "a total needs one shard, but FamilyOptions.Shards is %d: "+
+			"a family with a total keeps every member in one hash slot (leave Shards 0 or 1)", shards)
+	}
 	defaulted := shards == 0
 	if defaulted {
 		shards = DefaultShards
@@ -73,8 +92,21 @@ func NewFamily(cfg Config, idleAfter time.Duration, shards int) (*Family, error)
 	for i := range f.shards {
 		f.shards[i] = &famShard{}
 	}
+	if total > 0 {
+		f.total = total
+		f.famKeys = FamilyKeys(root.cfg.Prefix, root.cfg.Name)
+		base := root.cfg.Prefix + ":{" + EscapeTag(root.cfg.Name) + "}:f:"
+		script := append(append([]string{}, f.famKeys...), base+"sessions")
+		keys := Keys{Chan: base + "ch", Free: base + "ch:free", Fam: f.famKeys, script: script}
+		f.famEng = &Engine{cfg: root.cfg, keys: keys, pub: root.pub, fam: f, stopped: root.stopped, stop: root.stop,
+			alerts: root.alerts, lib: root.lib, waiting: root.waiting}
+	}
 	return f, nil
 }
+
+// Total is the total the family was built with (FamilyOptions.Total; 0:
+// none).
+func (f *Family) Total() int { return f.total }
 
 // Shards is the family's shard count.
 func (f *Family) Shards() int { return len(f.shards) }
@@ -106,6 +138,9 @@ func (f *Family) Get(key string) (*Engine, error) {
 		sh.tag = ShardTag(f.root.cfg.Name, i, len(f.shards))
 	}
 	keys := memberKeys(cfg.Prefix, sh.tag, key)
+	if f.famKeys != nil {
+		keys = keys.withFamily(f.famKeys)
+	}
 	if sh.alerts == nil {
 		sh.alerts = alertsFor(cfg.Client, keys)
 	}

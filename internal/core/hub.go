@@ -485,7 +485,9 @@ func (h *hub) wakeUnfair(free int) { h.wakeUnfairOf("", free) }
 
 // wakeUnfairOf is wakeUnfair for the waiters of the semaphore whose meta
 // key is meta (of any, if meta is ""): the members of an unfair family
-// share one freed-slot channel.
+// share one freed-slot channel. A notice that names a family's total
+// (its f:tot key: leases left the total) wakes the waiters of every
+// member of that family.
 func (h *hub) wakeUnfairOf(meta string, free int) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
@@ -493,7 +495,7 @@ func (h *hub) wakeUnfairOf(meta string, free int) {
 		if free <= 0 {
 			return
 		}
-		if w.n > free || (meta != "" && w.e.keys.List[KeyMeta] != meta) {
+		if w.n > free || (meta != "" && w.e.keys.List[KeyMeta] != meta && !w.e.totalKey(meta)) {
 			continue
 		}
 		select {

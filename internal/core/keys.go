@@ -10,6 +10,48 @@ type Keys struct {
 	Chan string   // channel base; grants go to Chan+":s:"+session
 	Free string   // channel of freed-slot notices for unfair waiters
 	Want string   // channel of demand notices (redsemsql: a Connect waits)
+	// Fam: a member of a family with a total (FamilyOptions.Total): the
+	// family's four keys (FamilyKeys), which its scripts get after List
+	// (KEYS[10..13]); nil otherwise. The family-level calls (SetTotal,
+	// Status) have only these.
+	Fam []string
+	// script: the keys the scripts get, List followed by Fam (List itself
+	// when Fam is nil; for the family-level calls, Fam and the members'
+	// sessions key).
+	script []string
+}
+
+// Script returns the keys that the scripts get: List, then Fam.
+func (k Keys) Script() []string {
+	if k.script == nil {
+		return k.List
+	}
+	return k.script
+}
+
+// Family keys, in the order of FamilyKeys (lua/lib_family.lua's KEYS).
+const (
+	FamTot    = iota // HASH the total's counters, and the weight of each lease of more than one slot
+	FamLeases        // ZSET lease id (of any member) -> deadline (server ms)
+	FamHeads         // ZSET member key base -> arrival number of its queue's head (fair)
+	FamTotal         // STRING the total set by SetTotal; never expires
+)
+
+// FamilyKeys returns the keys of the total of the family called family
+// (of one shard: a family with a total has one) under prefix:
+// prefix:{tag}:f:tot, :f:leases, :f:heads and :f:total, with the family's
+// own tag, so in the slot of every member.
+func FamilyKeys(prefix, family string) []string {
+	base := prefix + ":{" + EscapeTag(family) + "}:f:"
+	return []string{base + "tot", base + "leases", base + "heads", base + "total"}
+}
+
+// withFamily returns k with the family keys fam (a member of a family with
+// a total).
+func (k Keys) withFamily(fam []string) Keys {
+	k.Fam = fam
+	k.script = append(append(make([]string, 0, len(k.List)+len(fam)), k.List...), fam...)
+	return k
 }
 
 // Key suffixes, in the order of the Lua library's KEYS.

@@ -35,6 +35,8 @@ import (
 //	status.lua      e.status      redsem.Status
 //	setlimit.lua    e.setLimit    (grants it made)
 //	setrate.lua     e.setRate     (grants it made)
+//	settotal.lua    f.setTotal    (grants it made): on a family's keys, not a member's
+//	famstatus.lua   f.status      redsem.FamilyStatus: on a family's keys
 //
 // Grants that a script made to waiters of this process come back in its
 // reply too (a grant list, decodeGrants); the call hands them to their
@@ -76,6 +78,7 @@ func (e *Engine) run(ctx context.Context, c redis.Scripter, s lua.Script, limit 
 	argv := make([]any, 0, 3+len(args))
 	argv = append(argv, e.keys.Chan, e.pub, e.limitArg(limit))
 	argv = append(argv, args...)
+	keys := e.keys.Script()
 	sent := time.Now()
 	call := func() ([]any, error) {
 		if v, ok, err := e.fcall(ctx, c, s, argv); ok {
@@ -83,21 +86,21 @@ func (e *Engine) run(ctx context.Context, c redis.Scripter, s lua.Script, limit 
 		}
 		var cmd *redis.Cmd
 		script := Script(s)
-		if s == lua.Status {
-			cmd = script.RunRO(ctx, c, e.keys.List, argv...)
+		if s == lua.Status || s == lua.FamilyStatus {
+			cmd = script.RunRO(ctx, c, keys, argv...)
 			if err := cmd.Err(); err != nil && (strings.Contains(err.Error(), "not allowed in read-only scripts") ||
 				strings.Contains(err.Error(), "unknown command")) {
 				// Redis before 7.0 has no EVALSHA_RO, and miniredis counts
 				// TIME as a write in a read-only script; status.lua writes
 				// nothing, so run it as a plain script.
-				cmd = script.Run(ctx, c, e.keys.List, argv...)
+				cmd = script.Run(ctx, c, keys, argv...)
 			}
 		} else if loaded := e.loaded(s); !loaded.Load() {
 			// The engine's first call of this script sends it whole (EVAL
 			// caches it on the server): one round trip, where EVALSHA
 			// would take two on a server that has not seen it (NOSCRIPT,
 			// then EVAL). Later calls send its SHA1.
-			cmd = script.Eval(ctx, c, e.keys.List, argv...)
+			cmd = script.Eval(ctx, c, keys, argv...)
 			if err := cmd.Err(); err == nil {
 				loaded.Store(true)
 			} else if Unreachable(err) && ctx.Err() == nil {
@@ -107,10 +110,10 @@ func (e *Engine) run(ctx context.Context, c redis.Scripter, s lua.Script, limit 
 				// than 16 KiB), and the client sees only a reset: the
 				// SHA1, a small command, gets the server's reply (the
 				// authentication error; or NOSCRIPT, then EVAL).
-				cmd = script.Run(ctx, c, e.keys.List, argv...)
+				cmd = script.Run(ctx, c, keys, argv...)
 			}
 		} else {
-			cmd = script.Run(ctx, c, e.keys.List, argv...)
+			cmd = script.Run(ctx, c, keys, argv...)
 		}
 		return cmd.Slice()
 	}
@@ -138,10 +141,10 @@ func (e *Engine) fcall(ctx context.Context, c redis.Scripter, s lua.Script, argv
 		return nil, false, nil
 	}
 	var cmd *redis.Cmd
-	if s == lua.Status {
-		cmd = f.FCallRO(ctx, fn, e.keys.List, argv...)
+	if s == lua.Status || s == lua.FamilyStatus {
+		cmd = f.FCallRO(ctx, fn, e.keys.Script(), argv...)
 	} else {
-		cmd = f.FCall(ctx, fn, e.keys.List, argv...)
+		cmd = f.FCall(ctx, fn, e.keys.Script(), argv...)
 	}
 	v, err = cmd.Slice()
 	if err != nil && (strings.Contains(err.Error(), "Function not found") || refused(err)) {
@@ -155,10 +158,23 @@ func (e *Engine) fcall(ctx context.Context, c redis.Scripter, s lua.Script, argv
 // limitArg is ARGV[3] of a script call: the limit, and the client's rate
 // if it has one ("limit:rate_limit:per_ms", the Lua library's client_arg).
 func (e *Engine) limitArg(limit int) any {
+	var s string
 	if r := e.cfg.Rate; !r.IsZero() {
-		return strconv.Itoa(limit) + ":" + strconv.Itoa(r.Limit) + ":" + strconv.FormatInt(ms(r.Per), 10)
+		s = strconv.Itoa(limit) + ":" + strconv.Itoa(r.Limit) + ":" + strconv.FormatInt(ms(r.Per), 10)
+	} else if e.keys.Fam == nil {
+		return limit
+	} else {
+		s = strconv.Itoa(limit)
 	}
-	return limit
+	if e.keys.Fam != nil {
+		// A member of a family with a total: its client's total and variant.
+		v := ":u"
+		if e.cfg.Fair {
+			v = ":f"
+		}
+		s += "+" + strconv.Itoa(e.fam.total) + v
+	}
+	return s
 }
 
 // loaded is the flag that says the engine (its family, for a member) sent
@@ -226,6 +242,7 @@ const (
 	codeQueueFull   = -4 // now, entries: redsem.ErrQueueFull
 	codeSessionDied = -5 // now: errSessionDied (queue mode: the session is not live)
 	codeRateDiffers = -6 // now, "limit/per_ms": *redsem.RateMismatchError
+	codeTotalDiffer = -7 // now, established total: a family's total mismatch (matches redsem.ErrLimitMismatch)
 )
 
 // acquireCodes names every reply code of acquire.lua (protocol_test.go
@@ -233,6 +250,7 @@ const (
 var acquireCodes = map[int64]string{
 	codeGranted: "granted", codeQueued: "not granted", codeMismatch: "limit mismatch", codeCancelled: "cancelled",
 	codeWeight: "too heavy", codeQueueFull: "queue full", codeSessionDied: "session died", codeRateDiffers: "rate mismatch",
+	codeTotalDiffer: "total mismatch",
 }
 
 // errCancelled is acquire.lua's "this id was cancelled by its own undo, or
@@ -259,6 +277,7 @@ type acquireReply struct {
 	rateMs   int64     // not granted: a slot was free but the rate's window was full: ms until it has room; -1 not so
 	other    int64     // mismatch: established limit; weight: limit; queue full: entries
 	rateMax  int64     // weight: the rate's limit in force (0: none)
+	totalMax int64     // weight: the family's total in force (0: not given)
 	rate     string    // rate mismatch: the established rate, "limit/per_ms"
 	// rateInForce: not granted with rateMs >= 0: the rate in force
 	rateInForce redsem.Rate
@@ -291,7 +310,14 @@ func (e *Engine) acquire(ctx context.Context, a acquireArgs) (acquireReply, erro
 		return r, &redsem.LimitMismatchError{Name: e.cfg.Name, Client: e.cfg.Limit, Established: int(r.other)}
 	case codeRateDiffers:
 		return r, &redsem.RateMismatchError{Name: e.cfg.Name, Client: e.cfg.Rate, Established: parseRate(r.rate)}
+	case codeTotalDiffer:
+		return r, fmt.Errorf("redsem: total mismatch for family %q: this client was built with total %d, "+
+			"but live clients established total %d (use SetTotal to change it for all): %w",
+			e.fam.Name(), e.fam.total, r.other, redsem.ErrLimitMismatch)
 	case codeWeight:
+		if r.totalMax > 0 && int64(a.n) > r.totalMax {
+			return r, fmt.Errorf("redsem: %q: %d slots wanted, the family's total in force is %d: %w", e.cfg.Name, a.n, r.totalMax, redsem.ErrWeight)
+		}
 		if int64(a.n) <= r.other && r.rateMax > 0 {
 			return r, fmt.Errorf("redsem: %q: %d slots wanted, the rate in force grants %d per period: %w", e.cfg.Name, a.n, r.rateMax, redsem.ErrWeight)
 		}
@@ -398,7 +424,10 @@ func decodeAttempt(v []any, sent time.Time) (acquireReply, error) {
 		if r.more() {
 			a.rateMax = r.int()
 		}
-	case codeMismatch, codeQueueFull:
+		if r.more() {
+			a.totalMax = r.int()
+		}
+	case codeMismatch, codeQueueFull, codeTotalDiffer:
 		a.other = r.int()
 	case codeRateDiffers:
 		a.rate = r.str()
@@ -1103,4 +1132,34 @@ func Unreachable(err error) bool {
 		return strings.HasPrefix(msg, "LOADING") || strings.HasPrefix(msg, "MASTERDOWN")
 	}
 	return false
+}
+
+// ---- settotal.lua, famstatus.lua: a family's total ----
+
+// setTotal runs settotal.lua on the family's keys: ARGV[4] the total (0:
+// none). Its reply is now and the grants it made.
+func (f *Family) setTotal(ctx context.Context, total int) error {
+	e := f.famEng
+	v, sent, err := e.run(ctx, e.cfg.Client, lua.SetTotal, e.cfg.Limit, total)
+	if err != nil {
+		return e.callErr(ctx, err)
+	}
+	return e.grantsReply("settotal", v, sent)
+}
+
+// status runs famstatus.lua (read-only) on the family's keys: total in
+// force, slots held, queue entries, now.
+func (f *Family) status(ctx context.Context) (redsem.FamilyStatus, error) {
+	e := f.famEng
+	v, _, err := e.run(ctx, e.cfg.Client, lua.FamilyStatus, e.cfg.Limit)
+	if err != nil {
+		return redsem.FamilyStatus{}, e.callErr(ctx, err)
+	}
+	r := reader{script: "famstatus", v: v}
+	st := redsem.FamilyStatus{Total: int(r.int()), Held: int(r.int()), Waiting: int(r.int())}
+	r.int() // now
+	if r.err != nil {
+		return redsem.FamilyStatus{}, e.wrap(r.err)
+	}
+	return st, nil
 }

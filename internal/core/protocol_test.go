@@ -64,7 +64,7 @@ func TestAcquireCodesKnown(t *testing.T) {
 			v = append(v, int64(1), int64(100), int64(0))
 		case codeQueued:
 			v = append(v, int64(-1), int64(0))
-		case codeMismatch, codeWeight, codeQueueFull:
+		case codeMismatch, codeWeight, codeQueueFull, codeTotalDiffer:
 			v = append(v, int64(3))
 		case codeRateDiffers:
 			v = append(v, "2/1000")

@@ -529,7 +529,7 @@ func TestFamilyMemberCallsBounded(t *testing.T) {
 	p.SetBlackhole(true)
 	defer p.SetBlackhole(false)
 	for _, v := range variants {
-		f, err := core.NewFamily(core.Config{Client: c, Name: redistest.Name(t) + v.name, Limit: 2, Fair: v.fair}, 0, 4)
+		f, err := core.NewFamily(core.Config{Client: c, Name: redistest.Name(t) + v.name, Limit: 2, Fair: v.fair}, 0, 4, 0)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -84,15 +84,7 @@ func ReadLayout(ctx context.Context, c redis.Cmdable, keys []string) (*Layout, e
 	l := &Layout{Now: now.UnixMilli(), NowUs: now.UnixMicro(), Meta: meta.Val()}
 	l.Limit, l.HasLimit = lim.Val(), lim.Err() == nil
 	l.Rate, l.HasRate = rate.Val(), rate.Err() == nil
-	strip := func(in []redis.Z) []redis.Z {
-		var out []redis.Z
-		for _, z := range in {
-			if z.Member != layoutSentinel {
-				out = append(out, z)
-			}
-		}
-		return out
-	}
+	strip := stripSentinel
 	l.Holders = strip(zs[lkHolders].Val())
 	l.Queue = strip(zs[lkQueue].Val())
 	l.Sessions = strip(zs[lkSessions].Val())
@@ -104,6 +96,17 @@ func ReadLayout(ctx context.Context, c redis.Cmdable, keys []string) (*Layout, e
 		}
 	}
 	return l, nil
+}
+
+// stripSentinel returns the entries of a sorted set but its sentinel.
+func stripSentinel(in []redis.Z) []redis.Z {
+	var out []redis.Z
+	for _, z := range in {
+		if z.Member != layoutSentinel {
+			out = append(out, z)
+		}
+	}
+	return out
 }
 
 // LeaseRecord is a parsed meta record "L|token|s1,s2,...|owner".

@@ -38,6 +38,7 @@ type flags struct {
 	suite      bool
 	repeat     int
 	quiet      bool
+	family     int // --family TOTAL: the family workload (family.go)
 
 	// child mode: run a share of the workers and print a Trace.
 	child      bool
@@ -71,6 +72,13 @@ Without --redis or $REDIS_URL it starts a throw-away redis-server from PATH.
 re-run with --child). --weights A-B makes each acquire take a random number
 of slots in [A, B] (variants with AcquireN, and local).
 
+--family TOTAL runs the family workload instead (fair, unfair): a keyed
+family of members of --limit slots each and TOTAL in all
+(FamilyOptions.Total), a hot tenant with all the workers but two and a cold
+tenant with two; it reports how much of the total was used, each tenant's
+holds and mean wait, and the cost of a hold (acquire + release, one at a
+time) next to the same run's family without a total.
+
 --suite runs the whole set behind docs/benchmarks.md (quick benchmark,
 contended comparison, sweeps), prints Markdown tables and, with --svg,
 writes the charts.`
@@ -95,6 +103,7 @@ func Main(args []string, stdout, stderr io.Writer) int {
 	fs.BoolVar(&f.jsonOut, "json", false, "print one JSON object per run instead of a table")
 	fs.StringVar(&f.svgDir, "svg", "", "write SVG charts to this directory")
 	fs.BoolVar(&f.suite, "suite", false, "run the docs/benchmarks.md suite")
+	fs.IntVar(&f.family, "family", 0, "run the family workload with this `TOTAL` (FamilyOptions.Total): a hot and a cold tenant of --limit each")
 	fs.IntVar(&f.repeat, "repeat", 1, "--suite: run each contended workload this many times and show the median")
 	fs.BoolVar(&f.quiet, "quiet", false, "no progress line")
 	fs.Uint64Var(&f.seed, "seed", 1, "seed of the hold and weight draws")
@@ -126,9 +135,12 @@ func Main(args []string, stdout, stderr io.Writer) int {
 		return c.Fail(err)
 	}
 	defer b.close()
-	if f.suite {
+	switch {
+	case f.family > 0:
+		err = b.familyRuns()
+	case f.suite:
 		err = b.suite()
-	} else {
+	default:
 		err = b.runAll()
 	}
 	if err != nil {
@@ -157,6 +169,17 @@ func (f *flags) validate() error {
 		return fmt.Errorf("--repeat %d: want >= 1", f.repeat)
 	case f.duration <= 0:
 		return fmt.Errorf("--duration %v: want > 0", f.duration)
+	case f.family < 0:
+		return fmt.Errorf("--family %d: want a total >= 1", f.family)
+	case f.family > 0 && (f.suite || f.procs > 1 || f.workers < 2):
+		return errors.New("--family runs in one process, not with --suite, and needs --workers >= 2")
+	}
+	if f.family > 0 {
+		for _, v := range strings.Split(f.variants, ",") {
+			if v != "fair" && v != "unfair" {
+				return fmt.Errorf("--family: variant %s has no families (fair and unfair do)", v)
+			}
+		}
 	}
 	if _, err := ParseHold(f.hold); err != nil {
 		return err

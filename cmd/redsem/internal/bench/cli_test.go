@@ -212,3 +212,36 @@ func TestRateRedsem(t *testing.T) {
 		}
 	}
 }
+
+// --family: each variant runs with the total and without one; the workers
+// never counted more than the total held, the cold tenant was served, and
+// every run measured a hold's cost.
+func TestFamilyWorkload(t *testing.T) {
+	url := "redis://" + redistest.Shared(t).Addr
+	var out, errOut bytes.Buffer
+	code := bench.Main([]string{"--redis", url, "--variant", "fair,unfair", "--family", "3", "--limit", "2", "--workers", "6",
+		"--hold", "2ms", "--duration", "300ms", "--json", "--quiet"}, &out, &errOut)
+	if code != 0 {
+		t.Fatalf("exit %d, stderr %q", code, errOut.String())
+	}
+	var runs []bench.FamilyResult
+	for _, line := range strings.Split(strings.TrimSpace(out.String()), "\n") {
+		var r bench.FamilyResult
+		if err := json.Unmarshal([]byte(line), &r); err != nil {
+			t.Fatalf("%q: %v", line, err)
+		}
+		runs = append(runs, r)
+	}
+	if len(runs) != 4 {
+		t.Fatalf("%d runs, want 4 (two variants, with and without a total)", len(runs))
+	}
+	for _, r := range runs {
+		if (r.Total > 0 && r.PeakHeld > r.Total) || r.Hot.Holds == 0 || r.Cold.Holds == 0 || r.HoldCost <= 0 || r.Utilisation <= 0 {
+			t.Errorf("%+v", r)
+		}
+	}
+	var u bytes.Buffer
+	if code := bench.Main([]string{"--variant", "local", "--family", "3"}, &u, &u); code != 2 {
+		t.Errorf("--family with local: exit %d, want 2 (%s)", code, u.String())
+	}
+}

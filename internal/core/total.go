@@ -1,0 +1,148 @@
+package core
+
+import (
+	"context"
+	"strings"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/redsem/redsem"
+)
+
+// A family's total (FamilyOptions.Total): the slots held across all of its
+// members at once. Its members' scripts get the family's four keys
+// (FamilyKeys) after their own and count every lease there, in the same
+// call that grants, renews, releases or expires it, so that a grant finds
+// room in its member and in the total in one atomic admission; see
+// lua/lib_family.lua and lua/lib_total.lua.
+
+// SetTotal sets the family's total for every client (0 removes the bound;
+// the family keeps counting, so a later total holds at once). It needs a
+// family built with a total: one built without counts nothing.
+func (f *Family) SetTotal(ctx context.Context, total int) error {
+	if f.root.isClosed() {
+		return redsem.ErrClosed
+	}
+	if f.total == 0 {
+		return cfgErr("FamilyOptions.Total", "family %q was built without a total (0), so its members count none: "+
+			"build every client of the family with a Total, then SetTotal changes it", f.Name())
+	}
+	if total < 0 || total > MaxLimit {
+		return cfgErr("total", "%d is not in [0, %d] (0: no bound)", total, MaxLimit)
+	}
+	if err := f.compareShards(ctx); err != nil {
+		return f.famEng.callErr(ctx, err)
+	}
+	return f.setTotal(ctx, total)
+}
+
+// Status reads the family's total in force and its use: the slots held
+// in all members and the waiters queued in all of them (fair; an unfair
+// family's waiters are not recorded in Redis: the count is this process's).
+func (f *Family) Status(ctx context.Context) (redsem.FamilyStatus, error) {
+	if f.total == 0 {
+		return f.scanStatus(ctx)
+	}
+	st, err := f.status(ctx)
+	if err == nil && !f.root.cfg.Fair {
+		st.Waiting = f.localWaiters()
+	}
+	return st, err
+}
+
+// localWaiters counts this process's unfair waiters in all members.
+func (f *Family) localWaiters() int {
+	n := 0
+	for _, sh := range f.shards {
+		sh.mu.Lock()
+		h := sh.hub
+		sh.mu.Unlock()
+		if h != nil {
+			h.mu.Lock()
+			n += len(h.unfair)
+			h.mu.Unlock()
+		}
+	}
+	return n
+}
+
+// scanStatus is Status for a family without a total, which keeps no count:
+// it finds the members' keys (SCAN, on every master of a cluster) and sums
+// their live holders' slots and their queue entries, one member at a time
+// (not one snapshot: a tool's view, for the CLI).
+func (f *Family) scanStatus(ctx context.Context) (redsem.FamilyStatus, error) {
+	var st redsem.FamilyStatus
+	client := f.root.cfg.Client
+	for i := range f.shards {
+		tag := ShardTag(f.root.cfg.Name, i, len(f.shards))
+		pattern := globEscaper.Replace(f.root.cfg.Prefix+":{"+tag+"}:m:") + "*:meta"
+		var metas []string
+		err := forEachNode(ctx, client, func(ctx context.Context, c redis.UniversalClient) error {
+			iter := c.Scan(ctx, 0, pattern, 512).Iterator()
+			for iter.Next(ctx) {
+				metas = append(metas, iter.Val())
+			}
+			return iter.Err()
+		})
+		if err != nil {
+			return st, f.root.callErr(ctx, err)
+		}
+		for _, meta := range metas {
+			base := strings.TrimSuffix(meta, "meta")
+			keys := Keys{List: make([]string, len(keySuffixes)), Chan: f.root.cfg.Prefix + ":{" + tag + "}:f:ch"}
+			for k, s := range keySuffixes {
+				keys.List[k] = base + s
+			}
+			keys.List[KeySessions] = f.root.cfg.Prefix + ":{" + tag + "}:f:sessions"
+			e := &Engine{cfg: f.root.cfg, keys: keys, pub: f.root.pub, lib: f.root.lib, alerts: f.root.alerts, stopped: f.root.stopped}
+			ms, err := e.status(ctx)
+			if err != nil {
+				return st, err
+			}
+			for _, h := range ms.Holders {
+				st.Held += len(h.Slots)
+			}
+			st.Waiting += len(ms.Waiters)
+		}
+	}
+	if !f.root.cfg.Fair {
+		st.Waiting = f.localWaiters()
+	}
+	return st, nil
+}
+
+// globEscaper escapes the characters that a SCAN pattern gives a meaning.
+var globEscaper = strings.NewReplacer(`\`, `\\`, `*`, `\*`, `?`, `\?`, `[`, `\[`, `]`, `\]`)
+
+// forEachNode runs fn on every master of a cluster client, else on the
+// client itself.
+func forEachNode(ctx context.Context, client redis.UniversalClient, fn func(context.Context, redis.UniversalClient) error) error {
+	if cc, ok := client.(*redis.ClusterClient); ok {
+		return cc.ForEachMaster(ctx, func(ctx context.Context, c *redis.Client) error { return fn(ctx, c) })
+	}
+	return fn(ctx, client)
+}
+
+// totalKey reports whether key is the f:tot key of e's family's total.
+func (e *Engine) totalKey(key string) bool {
+	return e.keys.Fam != nil && e.keys.Fam[FamTot] == key
+}
+
+// ReadFamilyTotal returns the total of the family called name and its use
+// (famstatus.lua, read-only), and false when the family has no total's
+// keys in Redis (none was ever used, or they expired and SetTotal set
+// none). For tools: it does not know the clients' own total, so a family
+// whose counters expired reports only SetTotal's.
+func ReadFamilyTotal(ctx context.Context, client redis.UniversalClient, prefix, name string) (redsem.FamilyStatus, bool, error) {
+	keys := FamilyKeys(prefix, name)
+	n, err := client.Exists(ctx, keys[FamTot], keys[FamTotal]).Result()
+	if err != nil || n == 0 {
+		return redsem.FamilyStatus{}, false, err
+	}
+	f, err := NewFamily(Config{Client: client, Name: name, Limit: 1, Prefix: prefix}, 0, 1, 1)
+	if err != nil {
+		return redsem.FamilyStatus{}, false, err
+	}
+	defer f.Close()
+	st, err := f.status(ctx)
+	return st, err == nil, err
+}

@@ -1,0 +1,172 @@
+-- lib_total.lua: admission under a family's total (FamilyOptions.Total),
+-- the last part of the lib: sync_head (a member's entry in f:heads),
+-- admit_total (the fair heads of every member, in the family's arrival
+-- order), fam_want and fam_finish (what a call on a member of such a
+-- family does last).
+-- Uses from lib_args.lua: every per-call local (admit_total moves between
+-- members), the family's keys, fam, fam_client_limit, fam_fair,
+-- fam_finish, SENTINEL, fmt; from lib_records.lua: load, get, num,
+-- records, flush; from lib_family.lua: fam_load, fam_extend, fam_expire,
+-- fam_room, fam_write, fam_put; from lib_slots.lua: parse_waiter; from
+-- lib_prune.lua: expire; from lib_limit.lua: limit_in_force; from
+-- lib_queue.lua: publish; from lib_admit.lua: admit, append.
+--
+-- The rule (fair): a member's waiters are admitted in its queue's order,
+-- and across members in the family's arrival order (every member's queue
+-- is ordered by the family's counter _seq) among the heads that fit in
+-- their own member: the earliest such head goes first, and when the total
+-- has no room for it nobody behind it in the family goes either. A head
+-- that does not fit in its own member (its tenant at its limit) is passed
+-- over, so it blocks nobody of another member. f:heads holds each member's
+-- head (its arrival number, negated while the head does not fit in its
+-- member), so that admit_total visits only the heads that may go, in
+-- order, with one ZRANGE each.
+
+-- member_base is the prefix of the current member's keys
+-- ("prefix:{tag}:m:KEY:"), the name of its entry in f:heads.
+local function member_base()
+  return string.sub(holders_key, 1, -8) -- holders_key is base .. 'holders'
+end
+
+-- sync_head writes the current member's entry in f:heads: none while its
+-- queue is empty, else its head's arrival number, negated when the head
+-- does not fit in the member's limit (limit) now.
+local function sync_head(now, limit)
+  local base = member_base()
+  local h = num('_q') > 0 and redis.call('ZRANGE', queue_key, 0, 0, 'WITHSCORES')
+  if not h or h[1] == nil or h[1] == SENTINEL then
+    redis.call('ZREM', fam_heads_key, base)
+    return
+  end
+  local id, seq = h[1], tonumber(h[2])
+  records({id})
+  local rec, n = get(id), 1
+  if rec and string.sub(rec, 1, 1) == 'W' then
+    local _, w = parse_waiter(rec)
+    n = w
+  end
+  if n > limit - num('_used') then
+    seq = -seq
+  end
+  redis.call('ZADD', fam_heads_key, fmt(seq), base)
+  fam_extend(now, num('_hz')) -- the entry lives as long as the member's keys
+end
+
+-- save returns the current member's per-call state; restore makes it
+-- current again; enter makes the member whose keys start with base
+-- current, with a fresh state (its meta loaded) that shares the call's
+-- clock, client rate and session cache (the sessions key is the shard's).
+local function save()
+  return {holders_key, queue_key, free_key, ended_key, meta_key, limit_key, window_key, rate_key,
+    meta, meta_nums, meta_dirty, meta_gone, call}
+end
+
+local function restore(s)
+  holders_key, queue_key, free_key, ended_key, meta_key, limit_key, window_key, rate_key = s[1], s[2], s[3], s[4], s[5], s[6], s[7], s[8]
+  meta, meta_nums, meta_dirty, meta_gone, call = s[9], s[10], s[11], s[12], s[13]
+end
+
+local function enter(base)
+  holders_key, queue_key, free_key, ended_key, meta_key, limit_key, window_key, rate_key =
+    base .. 'holders', base .. 'queue', base .. 'free', base .. 'ended', base .. 'meta', base .. 'limit', base .. 'window', base .. 'rate'
+  local c = call
+  call = {
+    client_rate_limit = c.client_rate_limit, client_rate_per_ms = c.client_rate_per_ms,
+    clock_ms = c.clock_ms, clock_us = c.clock_us, rate_loaded = false, horizon_moved = false,
+    session_deadlines = c.session_deadlines,
+  }
+  meta_nums, meta_dirty, meta_gone = {}, {}, nil
+  load()
+end
+
+-- admit_total drops the family's expired leases from its count, then (fair)
+-- admits waiters of every member by the rule above: the member the call
+-- runs on (if any: settotal.lua runs on none) first has its head's entry
+-- brought up to date, then the heads are visited in arrival order. It
+-- appends the grants to out and returns out, and "total" when the earliest
+-- head that fits in its member found no room in the total (so that a new
+-- request must not go before it).
+local function admit_total(now, now_us, out)
+  fam_expire(now)
+  if not fam_fair then
+    return out, nil
+  end
+  local own = holders_key and member_base()
+  if own then
+    call.fam_sync = true -- fam_finish writes its head again
+    sync_head(now, limit_in_force(fam_client_limit))
+  end
+  local own_state, cur, from, stop = nil, own, '(0', nil
+  while true do
+    local h = redis.call('ZRANGE', fam_heads_key, from, '+inf', 'BYSCORE', 'LIMIT', 0, 1, 'WITHSCORES')
+    local base = h[1]
+    if base == nil or base == SENTINEL then
+      break
+    end
+    from = '(' .. h[2]
+    if base ~= cur then
+      if cur == own then
+        own_state = save()
+      else
+        flush() -- the member visited before: written out
+      end
+      if base == own then
+        restore(own_state)
+      else
+        enter(base)
+      end
+      cur = base
+    end
+    if not get('_hz') then
+      redis.call('ZREM', fam_heads_key, base) -- its keys expired: nothing waits there
+    else
+      if base ~= own then
+        expire(now) -- its expired holders' slots, so that its room is exact
+      end
+      local limit = limit_in_force(fam_client_limit)
+      local got
+      got, stop = admit(now, now_us, limit, true)
+      append(out, got)
+      sync_head(now, limit)
+      if stop then
+        break
+      end
+    end
+  end
+  if cur ~= own then
+    flush()
+    restore(own_state)
+  end
+  return out, stop
+end
+
+-- fam_want asks for freed-total notices for want_ms (an unfair waiter was
+-- refused), refreshed at most twice per want_ms.
+local function fam_want(now, want_ms)
+  if fam._want < now + want_ms / 2 then
+    fam_put('_want', now + want_ms)
+  end
+end
+
+-- fam_finish (declared in lib_args.lua, called by finish) writes the
+-- member's head again if admit_total ran (the call may have queued or
+-- removed a waiter since), tells unfair waiters refused by the total that
+-- leases left it ("n f:tot-key" on the shard's freed-slot channel: each
+-- process wakes its waiters of every member), and writes the family's
+-- counters.
+fam_finish = function()
+  if not fam then
+    return -- the call never read the family's counters: it changed none
+  end
+  local now = call.clock_ms
+  if call.fam_sync and holders_key then
+    sync_head(now, limit_in_force(fam_client_limit))
+  end
+  if not fam_fair and fam.freed and fam._want > now then
+    local room = fam_room()
+    if room > 0 then
+      publish(channel .. ':free', (room == math.huge and 1000000 or room) .. ' ' .. fam_tot_key)
+    end
+  end
+  fam_write()
+end

@@ -1,0 +1,27 @@
+-- settotal.lua: set the total of a keyed family (FamilyOptions.Total) for
+-- every client: the slots held across all of its members at once; 0
+-- removes the bound (the family goes on counting, so that a later total
+-- holds at once). The setting never expires. Raising it admits waiters
+-- at once (fair) or tells unfair waiters refused by the total; lowering
+-- it below what is held grants nothing until enough is released, and a
+-- waiter heavier than it is told so when it reaches the head ("x id
+-- total"). Running it twice sets the same value twice.
+-- KEYS: the family's four keys laid out at the top of lib_family.lua, then
+-- [5] the sessions key of its members (prefix:{tag}:f:sessions).
+-- ARGV: [1] channel base, [2] publish command, [3] client limit and total
+--       ("limit+total:f" or ":u", as in client_arg, lib_args.lua),
+--       [4] the total, in [0, 2^20] (0: no bound).
+-- Reply: {now, grants...}: grants as in release.lua.
+local client_limit, err = client_arg()
+if err then return err end
+local total; total, err = int_arg(4, 'total', 0, MAX_LIMIT)
+if err then return err end
+local now, now_us = clock()
+fam_load()
+redis.call('SET', fam_total_key, total)
+fam_put('_ftotal', fmt(total))
+fam.bound = nil
+fam.freed = true -- unfair waiters refused by the total may fit now
+local out = {now}
+admit_total(now, now_us, out)
+return finish(out)

@@ -1,0 +1,257 @@
+package property_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/redis/go-redis/v9"
+	"github.com/redsem/redsem"
+	"github.com/redsem/redsem/fair"
+	"github.com/redsem/redsem/internal/core"
+	"github.com/redsem/redsem/internal/testkit/redistest"
+	"github.com/redsem/redsem/lua"
+	"github.com/redsem/redsem/unfair"
+	"pgregory.net/rapid"
+)
+
+// The family-with-a-total machine: three tenants (members) of a family with
+// a total, weights, SetTotal lowering, raising and removing it, leases whose
+// holder never renews (they expire, in members nobody may call again), and
+// a hot tenant (half the draws). Its model knows which leases are certainly
+// held (released ones are not; crashed ones only until they may have
+// expired) and which may be, and after every step checks: a grant fits in
+// its member's limit and in the total in force, counting every lease that
+// is certainly held; a refusal had a reason, counting every lease that may
+// be; Family.Status's Held lies between the two; and the layout's checker
+// (redistest.ReadTotal) holds _held to f:leases and f:leases to the
+// members' holders.
+func TestUnfairTotalMachine(t *testing.T) { runTotalMachine(t, false) }
+func TestFairTotalMachine(t *testing.T)   { runTotalMachine(t, true) }
+
+var totalTenants = []string{"hot", "a", "b"}
+
+type totalLease struct {
+	l      redsem.Lease // nil: a crashed holder's (rawTry)
+	tenant string
+	n      int
+	crash  bool
+	until  time.Time // crash: certainly expired after this (local clock)
+}
+
+type totalMachine struct {
+	rdb     *redis.Client
+	name    string
+	limit   int
+	bound   int // the total in force; math.MaxInt: none
+	built   int // the total the clients were built with
+	get     func(key string) (redsem.Semaphore, error)
+	variant string // "f" or "u", as acquire.lua's ARGV[3] names it
+	status  func(ctx context.Context) (redsem.FamilyStatus, error)
+	set     func(ctx context.Context, total int) error
+	leases  []*totalLease
+}
+
+func runTotalMachine(t *testing.T, isFair bool) {
+	srv := redistest.Start(t)
+	rdb := srv.Client(t)
+	rapid.Check(t, func(rt *rapid.T) {
+		m := &totalMachine{rdb: rdb, name: fmt.Sprintf("total-%d", time.Now().UnixNano()),
+			limit: rapid.IntRange(1, 3).Draw(rt, "limit")}
+		total := rapid.IntRange(1, 5).Draw(rt, "total")
+		m.bound, m.built = total, total
+		var closers []func() error
+		if isFair {
+			f, err := fair.NewFamily(rdb, m.name, m.limit, fair.FamilyOptions{Total: total,
+				Options: fair.Options{LeaseTTL: normalTTL, QueueTTL: queueTTL}})
+			if err != nil {
+				rt.Fatal(err)
+			}
+			m.get, closers = func(k string) (redsem.Semaphore, error) { return f.Get(k) }, append(closers, f.Close)
+			m.status, m.set = f.Status, f.SetTotal
+		} else {
+			f, err := unfair.NewFamily(rdb, m.name, m.limit, unfair.FamilyOptions{Total: total,
+				Options: unfair.Options{LeaseTTL: normalTTL}})
+			if err != nil {
+				rt.Fatal(err)
+			}
+			m.get, closers = func(k string) (redsem.Semaphore, error) { return f.Get(k) }, append(closers, f.Close)
+			m.status, m.set = f.Status, f.SetTotal
+		}
+		m.variant = "u"
+		if isFair {
+			m.variant = "f"
+		}
+		defer func() {
+			for _, c := range closers {
+				_ = c()
+			}
+		}()
+		rt.Repeat(map[string]func(*rapid.T){
+			"":         m.check,
+			"try":      func(rt *rapid.T) { m.try(rt, false) },
+			"tryCrash": func(rt *rapid.T) { m.try(rt, true) },
+			"release":  m.release,
+			"setTotal": m.setTotal,
+			"sleep":    func(*rapid.T) { time.Sleep(crashTTL + 30*time.Millisecond) }, // crashed leases expire
+		})
+		for _, l := range m.leases {
+			if l.l != nil {
+				_ = l.l.Release(context.Background())
+			}
+		}
+	})
+}
+
+// forget drops crashed leases that have certainly expired.
+func (m *totalMachine) forget() {
+	now := time.Now()
+	kept := m.leases[:0]
+	for _, l := range m.leases {
+		if !l.crash || now.Before(l.until) {
+			kept = append(kept, l)
+		}
+	}
+	m.leases = kept
+}
+
+// counts is what is certainly and possibly held, in all and in tenant.
+func (m *totalMachine) counts(tenant string) (allCertain, allPossible, memCertain, memPossible int) {
+	m.forget()
+	for _, l := range m.leases {
+		allPossible += l.n
+		if l.tenant == tenant {
+			memPossible += l.n
+		}
+		if !l.crash {
+			allCertain += l.n
+			if l.tenant == tenant {
+				memCertain += l.n
+			}
+		}
+	}
+	return
+}
+
+func (m *totalMachine) try(rt *rapid.T, crash bool) {
+	tenant := totalTenants[0]
+	if rapid.Bool().Draw(rt, "cold") {
+		tenant = rapid.SampledFrom(totalTenants[1:]).Draw(rt, "tenant")
+	}
+	n := rapid.IntRange(1, m.limit).Draw(rt, "n")
+	ctx, cancel := context.WithTimeout(context.Background(), waitBound)
+	defer cancel()
+	allC, allP, memC, memP := m.counts(tenant)
+	var l redsem.Lease
+	var err error
+	if crash {
+		err = m.rawTry(ctx, tenant, n)
+	} else {
+		var s redsem.Semaphore
+		if s, err = m.get(tenant); err != nil {
+			rt.Fatal(err)
+		}
+		l, err = s.TryAcquireN(ctx, n)
+	}
+	switch {
+	case err == nil:
+		if memC+n > m.limit || allC+n > m.bound {
+			rt.Fatalf("%s granted %d with %d certainly held in it (limit %d) and %d in all (total %d)", tenant, n, memC, m.limit, allC, m.bound)
+		}
+		m.leases = append(m.leases, &totalLease{l: l, tenant: tenant, n: n, crash: crash, until: time.Now().Add(crashTTL + 20*time.Millisecond)})
+	case errors.Is(err, redsem.ErrNoSlot):
+		if memP+n <= m.limit && allP+n <= m.bound {
+			rt.Fatalf("%s refused %d with at most %d held in it (limit %d) and %d in all (total %d)", tenant, n, memP, m.limit, allP, m.bound)
+		}
+	case errors.Is(err, redsem.ErrWeight):
+		if n <= m.bound {
+			rt.Fatalf("%s: %d slots refused as too heavy with the total %d: %v", tenant, n, m.bound, err)
+		}
+	default:
+		rt.Fatalf("%s TryAcquireN(%d): %v", tenant, n, err)
+	}
+}
+
+func (m *totalMachine) release(rt *rapid.T) {
+	m.forget()
+	if len(m.leases) == 0 {
+		rt.Skip("nothing held")
+	}
+	i := rapid.IntRange(0, len(m.leases)-1).Draw(rt, "lease")
+	l := m.leases[i]
+	if l.crash {
+		rt.Skip("a crashed holder releases nothing")
+	}
+	m.leases = append(m.leases[:i], m.leases[i+1:]...)
+	if err := l.l.Release(context.Background()); err != nil {
+		rt.Fatalf("release of %s's %d: %v", l.tenant, l.n, err)
+	}
+}
+
+func (m *totalMachine) setTotal(rt *rapid.T) {
+	t := rapid.IntRange(0, 5).Draw(rt, "setTotal")
+	ctx, cancel := context.WithTimeout(context.Background(), waitBound)
+	defer cancel()
+	if err := m.set(ctx, t); err != nil {
+		rt.Fatal(err)
+	}
+	m.bound = t
+	if t == 0 {
+		m.bound = math.MaxInt
+	}
+}
+
+func (m *totalMachine) check(rt *rapid.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), waitBound)
+	defer cancel()
+	allC, allP, _, _ := m.counts("")
+	st, err := m.status(ctx)
+	if err != nil {
+		rt.Fatal(err)
+	}
+	if st.Held < allC || st.Held > allP {
+		rt.Fatalf("Status held %d, the model says between %d and %d", st.Held, allC, allP)
+	}
+	if want := m.bound; (want == math.MaxInt && st.Total != 0) || (want != math.MaxInt && st.Total != want) {
+		rt.Fatalf("Status total %d, want %d", st.Total, want)
+	}
+	members := map[string][]string{}
+	for _, k := range totalTenants {
+		members[k] = core.KeysForMember(core.DefaultPrefix, m.name, k).List
+	}
+	l, err := redistest.ReadTotal(ctx, m.rdb, core.FamilyKeys(core.DefaultPrefix, m.name), members)
+	if err != nil {
+		rt.Fatal(err)
+	}
+	if p := l.Check(0, m.limit); !p.OK() {
+		rt.Fatalf("layout: %s", p.String())
+	}
+}
+
+// rawTry is a TryAcquireN whose holder crashes at once: acquire.lua run
+// directly, for a lease of crashTTL that no client renews or releases (an
+// engine's lease would be released by its own client at its deadline). It
+// returns nil when granted, redsem.ErrNoSlot or redsem.ErrWeight.
+func (m *totalMachine) rawTry(ctx context.Context, tenant string, n int) error {
+	k := core.KeysForMember(core.DefaultPrefix, m.name, tenant)
+	keys := append(append([]string{}, k.List...), core.FamilyKeys(core.DefaultPrefix, m.name)...)
+	total := m.built
+	v, err := core.Script(lua.Acquire).Run(ctx, m.rdb, keys, k.Chan, "PUBLISH", fmt.Sprintf("%d+%d:%s", m.limit, total, m.variant),
+		uuid.NewString(), n, crashTTL.Milliseconds(), "try", "-", 1000, "crashed", 0, 0).Slice()
+	if err != nil {
+		return err
+	}
+	switch v[0] {
+	case int64(1):
+		return nil
+	case int64(0):
+		return redsem.ErrNoSlot
+	case int64(-3):
+		return redsem.ErrWeight
+	}
+	return fmt.Errorf("acquire.lua: %v", v)
+}
