@@ -64,7 +64,7 @@ func (v variant) newTotalFamily(t testing.TB, c redis.UniversalClient, name stri
 // members' holders) finds nothing wrong, sampled during the run and at its
 // end.
 func TestTotalHolds(t *testing.T) {
-	checkLeaks(t)
+	redistest.CheckLeaks(t)
 	cl := redistest.StartCluster(t, 3, 0)
 	one := redistest.Start(t)
 	servers := []struct {
