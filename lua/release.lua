@@ -26,9 +26,9 @@
 --        by this call or, for an owner, by an earlier run of it), 2 (a queue
 --        entry was removed), 0 (nothing live had that id: the lease was
 --        lost), 3 (expire only: another holder has the lease, renewed after
---        until_ms, or a holder released it: nothing was changed), and grants
---        is a flat list (id, token, deadline_ms, "slots") for each waiter
---        admitted by this call.
+--        until_ms: nothing was changed), 4 (expire only: a holder released
+--        it, its tombstone is there), and grants is a flat list (id, token,
+--        deadline_ms, "slots") for each waiter admitted by this call.
 local client_limit, err = client_arg()
 if err then return err end
 local id; id, err = id_arg(4, 'id')
@@ -89,7 +89,7 @@ elseif rk == 'W' then
 elseif rk == 'R' and mode == 'owner' then
   kind = 1 -- released by an earlier run of this request
 elseif rk == 'R' and mode == 'expire' then
-  kind = 3 -- released by a holder (a process that resumed it)
+  kind = 4 -- released by a holder (a process that resumed it)
 end
 if mode == 'owner' and kind == 1 then
   tombstone(id, 'R', now, now + keep_ms)

@@ -336,9 +336,10 @@ func (l *Lease) fire() {
 // deadline in Redis is later than the last one this handle knew of: a
 // process that resumed it renews it (or a renewal of this handle whose
 // reply was lost did: then the slots expire at that deadline, as a crashed
-// holder's). This handle then ends as released when it knew its own
-// deadline (another holder has the lease, or released it already), as
-// lost otherwise.
+// holder's). This handle then ends as released when a holder released the
+// lease already, or when another renewed it and this handle's own renewals
+// were all answered (else it cannot tell that one of them did not move
+// the deadline); as lost otherwise.
 func (l *Lease) expire(octx context.Context) {
 	l.mu.Lock()
 	until, unsure := l.until, l.unsure
@@ -347,7 +348,7 @@ func (l *Lease) expire(octx context.Context) {
 	r, err := l.e.releaseExpired(ctx, l.id, until)
 	cancel()
 	st := lost
-	if err == nil && r.kind == releasedElsewhere && !unsure {
+	if err == nil && (r.kind == releasedElsewhere || r.kind == heldElsewhere && !unsure) {
 		st = released
 	}
 	l.mu.Lock()

@@ -472,9 +472,11 @@ const (
 	ReleasedNothing = 0 // nothing live had the id (a lease: it was lost)
 	ReleasedLease   = 1
 	ReleasedWaiter  = 2
-	// releasedElsewhere (mode "expire" only): another holder has the lease
-	// (renewed after the bound), or a holder released it; nothing changed.
-	releasedElsewhere = 3
+	// Mode "expire" only: another holder has the lease (renewed after
+	// the bound: heldElsewhere), or a holder released it
+	// (releasedElsewhere); nothing changed.
+	heldElsewhere     = 3
+	releasedElsewhere = 4
 )
 
 // releaseReply is release.lua's reply: what it released, and how many
@@ -497,8 +499,8 @@ func (e *Engine) release(ctx context.Context, id, mode string) (releaseReply, er
 // releaseExpired runs release.lua in mode "expire" for a lease whose
 // process gives it up at its local deadline: it releases the lease only if
 // its deadline in Redis is at most until (ARGV[6], server ms), the one this
-// process last set or was granted; releasedElsewhere if another process
-// renewed it since or a holder released it.
+// process last set or was granted; heldElsewhere if another process
+// renewed it since, releasedElsewhere if a holder released it.
 func (e *Engine) releaseExpired(ctx context.Context, id string, until int64) (releaseReply, error) {
 	return e.runRelease(ctx, id, "expire", until)
 }
