@@ -331,9 +331,10 @@ func variant(sem redsem.Semaphore) string {
 // Acquire, AcquireN, TryAcquire and TryAcquireN call makes a span
 // "redsem.acquire", a child of the span in its context, ended when the call
 // returns; every lease it grants makes a span "redsem.hold", from the grant
-// to its release or loss (unless WithoutHoldSpans). Status, SetLimit,
-// SetRate (for a semaphore that has it, found by interface assertion),
-// Name and Close pass through; Close also stops WithStatusMetrics' reads.
+// to its release or loss (unless WithoutHoldSpans), and so does every
+// lease that Resume returns, from the Resume on. Status, SetLimit,
+// SetRate, Name and Close pass through; Close also stops
+// WithStatusMetrics' reads.
 //
 // Its redsem.semaphore.name is sem.Name(): for the members of a keyed
 // family, whose names are their keys, use WrapFamily instead, or every key
