@@ -32,7 +32,7 @@ import (
 // Resume returns the live lease id, granted by any process, as a lease of
 // this engine (see redsem.Semaphore.Resume).
 func (e *Engine) Resume(ctx context.Context, id string) (redsem.Lease, error) {
-	if err := CheckLeaseID(id); err != nil {
+	if err := checkLeaseID(id); err != nil {
 		return nil, err
 	}
 	if e.isClosed() {
@@ -88,10 +88,10 @@ func (e *Engine) forget(l *Lease) {
 // maxIDLen is the longest id the scripts accept (id_arg in lib_args.lua).
 const maxIDLen = 128
 
-// CheckLeaseID returns a *redsem.ConfigError (field "id") unless id is
+// checkLeaseID returns a *redsem.ConfigError (field "id") unless id is
 // what the scripts accept as a lease id: 1 to 128 ASCII letters, digits
 // and '-' (every ID a lease reports is a UUID).
-func CheckLeaseID(id string) error {
+func checkLeaseID(id string) error {
 	if id == "" {
 		return cfgErr("id", "empty lease id")
 	}
