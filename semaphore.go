@@ -84,16 +84,19 @@ type Lease interface {
 	// its process's queue session.
 	Deadline() time.Time
 	// Renew extends the lease by its TTL. It returns ErrLeaseLost if the
-	// lease is gone (ErrReleased after its Release); it never re-creates a
+	// lease is gone (ErrReleased after its Release, also through another
+	// handle of the lease: see Semaphore.Resume); it never re-creates a
 	// lost lease.
 	Renew(ctx context.Context) error
 	// Release frees the slot. A second call returns nil. It returns
 	// ErrLeaseLost if the slot was lost before it.
 	Release(ctx context.Context) error
-	// Done is closed once the lease is released or lost.
+	// Done is closed once the lease is released (also through another
+	// handle: see Semaphore.Resume) or lost.
 	Done() <-chan struct{}
-	// Err is nil while held or after Release; ErrLeaseLost once lost
-	// (also after a Release that found the lease lost).
+	// Err is nil while held or after Release (also through another
+	// handle); ErrLeaseLost once lost (also after a Release that found the
+	// lease lost).
 	Err() error
 	// Slots is every slot the lease holds, ascending, len == its weight.
 	// Slot() is Slots()[0].

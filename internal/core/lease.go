@@ -241,11 +241,13 @@ func (l *Lease) beginOp(ctx context.Context, kind opKind) (context.Context, erro
 	}
 }
 
-// Renew extends the lease by the lease TTL from now. It returns nil only
+// Renew extends the lease to at least now + the lease TTL (never earlier
+// than another handle of it set it). It returns nil only
 // when Redis renewed the lease, and Deadline then reports the new deadline;
 // ErrLeaseLost if the lease is gone (and then the lease is lost for good),
 // ErrReleased after a successful Release (or when a Release called
-// meanwhile ended the renewal), or the Redis error if Redis could not be
+// meanwhile ended the renewal, or a Release through another handle of the
+// lease, Resume's, ended the lease), or the Redis error if Redis could not be
 // asked; it never re-creates a lost lease. A renewal in flight holds back
 // the lease's own expiry at its deadline until its reply is in.
 func (l *Lease) Renew(ctx context.Context) error {
