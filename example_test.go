@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log"
+	"time"
 
 	"github.com/redis/go-redis/v9"
 	"github.com/redsem/redsem"
@@ -102,4 +103,55 @@ func Example_weighted() {
 	// Output:
 	// slots: [0 1 2]
 	// 21 of 20: true
+}
+
+// Resume hands a lease to another process: here a front end takes the slot
+// for a job and a worker, with its own client as in another process,
+// finishes the job and releases the slot. The lease's ID travels with the
+// job.
+func Example_resume() {
+	ctx := context.Background()
+	frontClient := redis.NewClient(&redis.Options{Addr: redisAddr(), ContextTimeoutEnabled: true})
+	defer frontClient.Close()
+	workerClient := redis.NewClient(&redis.Options{Addr: redisAddr(), ContextTimeoutEnabled: true})
+	defer workerClient.Close()
+
+	// Two jobs run at once, across front ends and workers.
+	front, err := fair.New(frontClient, "example:jobs", 2, fair.Options{LeaseTTL: 900 * time.Millisecond})
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer front.Close()
+	worker, err := fair.New(workerClient, "example:jobs", 2, fair.Options{})
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer worker.Close()
+
+	// The front end: a slot for the job, handed on with it.
+	lease, err := front.Acquire(ctx)
+	if err != nil {
+		log.Fatal(err)
+	}
+	jobLeaseID := lease.ID()
+
+	// The worker: the same grant, with the same fencing token.
+	job, err := worker.Resume(ctx, jobLeaseID)
+	if err != nil {
+		log.Fatal(err)
+	}
+	fmt.Println("same token:", job.Token() == lease.Token())
+	if err := job.Release(ctx); err != nil { // the slot is free for everyone now
+		log.Fatal(err)
+	}
+
+	// The front end's handle learns it at its next renewal, and ends quietly.
+	<-lease.Done()
+	fmt.Println("front end's lease:", lease.Err())
+	_, err = worker.Resume(ctx, jobLeaseID)
+	fmt.Println("resume again:", errors.Is(err, redsem.ErrLeaseLost))
+	// Output:
+	// same token: true
+	// front end's lease: <nil>
+	// resume again: true
 }

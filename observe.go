@@ -40,6 +40,11 @@ const (
 	// the call took. A call whose context ended while Redis was merely slow
 	// reports EventAcquireTimedOut instead.
 	EventUnavailable
+	// EventResumed: Resume made a lease of this process out of one granted
+	// elsewhere (another process, or another semaphore value of the same
+	// name); LeaseID, Slot and Token are set. Its end reports
+	// EventReleased or EventLeaseLost, as any lease's does.
+	EventResumed
 )
 
 var eventNames = map[EventKind]string{
@@ -52,6 +57,7 @@ var eventNames = map[EventKind]string{
 	EventEvictionPolicy:  "eviction_policy",
 	EventAcquireFailed:   "acquire_failed",
 	EventUnavailable:     "unavailable",
+	EventResumed:         "resumed",
 }
 
 // String returns the event kind in snake_case, as used in logs and metrics.

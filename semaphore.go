@@ -41,8 +41,29 @@ type Semaphore interface {
 	TryAcquireN(ctx context.Context, n int) (Lease, error)
 	// Close stops the semaphore's background work (wake-up subscription,
 	// fair heartbeat); blocked Acquire calls return ErrClosed, as do later
-	// Acquire and TryAcquire calls. Leases already granted keep working.
+	// Acquire, TryAcquire and Resume calls. Leases already granted keep
+	// working.
 	Close() error
+	// Resume returns the live lease with that id (its ID()), granted by
+	// any process: a lease handed on, e.g. from the process that acquired
+	// it for a request to the worker that finishes the job. It renews the
+	// lease at once and returns it as a lease of this process: renewed in
+	// the background like any other (unless DisableAutoRenew), released
+	// or lost the same way, with the same Token and Slots (the fence is
+	// the grant's). Its Hold in events and MaxHold count from Resume. The
+	// lease is one in Redis whatever the number of handles: a Release
+	// through any of them frees its slots at once, and every other
+	// handle, in this process or another, ends as released (Err nil) at
+	// its next renewal, without errors; a handle that stops renewing
+	// (DisableAutoRenew, MaxHold, its process exits) leaves the lease to
+	// the others. Resume of an id this semaphore holds already returns
+	// that same lease, renewed. An id with no live lease (released,
+	// expired, never granted, a queued waiter's) returns an error
+	// matching ErrLeaseLost; an id that cannot be a lease's (empty, too
+	// long, other characters than letters, digits and '-') a
+	// *ConfigError (field "id"), at once. Neither leaves anything in
+	// Redis. After Close it returns ErrClosed.
+	Resume(ctx context.Context, id string) (Lease, error)
 }
 
 // Lease is one grant of one or more slots (see AcquireN).
@@ -63,16 +84,19 @@ type Lease interface {
 	// its process's queue session.
 	Deadline() time.Time
 	// Renew extends the lease by its TTL. It returns ErrLeaseLost if the
-	// lease is gone (ErrReleased after its Release); it never re-creates a
+	// lease is gone (ErrReleased after its Release, also through another
+	// handle of the lease: see Semaphore.Resume); it never re-creates a
 	// lost lease.
 	Renew(ctx context.Context) error
 	// Release frees the slot. A second call returns nil. It returns
 	// ErrLeaseLost if the slot was lost before it.
 	Release(ctx context.Context) error
-	// Done is closed once the lease is released or lost.
+	// Done is closed once the lease is released (also through another
+	// handle: see Semaphore.Resume) or lost.
 	Done() <-chan struct{}
-	// Err is nil while held or after Release; ErrLeaseLost once lost
-	// (also after a Release that found the lease lost).
+	// Err is nil while held or after Release (also through another
+	// handle); ErrLeaseLost once lost (also after a Release that found the
+	// lease lost).
 	Err() error
 	// Slots is every slot the lease holds, ascending, len == its weight.
 	// Slot() is Slots()[0].

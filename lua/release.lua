@@ -14,21 +14,33 @@
 --           "force" for an operator's forced release: no record, so the
 --           holder of a force-released lease learns that it was lost (a
 --           force-removed waiter's session is told "r id": its process
---           queues it again),
---       [6] ms the tombstone or cancellation record lives (owner, undo).
+--           queues it again); "expire" when a process gives its handle
+--           of a lease up at its local deadline, unrenewed (DisableAutoRenew,
+--           MaxHold): as force, but only while the lease's deadline is at
+--           most until_ms, the one that process last set or was granted. A
+--           later one means another process resumed the lease (Resume) and
+--           renewed it since: the lease lives on, untouched, as does one
+--           that a holder released already (its tombstone stays),
+--       [6] ms the tombstone or cancellation record lives (owner, undo);
+--           until_ms, a deadline in server ms (expire).
 -- Reply: {kind, now, grants...} where kind is 1 (a live lease was released,
 --        by this call or, for an owner, by an earlier run of it), 2 (a queue
 --        entry was removed), 0 (nothing live had that id: the lease was
---        lost), and grants is a flat list (id, token, deadline_ms, "slots")
---        for each waiter admitted by this call.
+--        lost), 3 (expire only: another holder has the lease, renewed after
+--        until_ms: nothing was changed), 4 (expire only: a holder released
+--        it, its tombstone is there), and grants is a flat list (id, token,
+--        deadline_ms, "slots") for each waiter admitted by this call.
 local client_limit, err = client_arg()
 if err then return err end
 local id; id, err = id_arg(4, 'id')
 if err then return err end
 local mode = ARGV[5]
-if mode ~= 'owner' and mode ~= 'undo' and mode ~= 'force' then return fail('bad mode: ' .. tostring(mode)) end
-local keep_ms = 0
-if mode ~= 'force' then
+if mode ~= 'owner' and mode ~= 'undo' and mode ~= 'force' and mode ~= 'expire' then return fail('bad mode: ' .. tostring(mode)) end
+local keep_ms, until_ms = 0, 0
+if mode == 'expire' then
+  until_ms, err = int_arg(6, 'until_ms', 1)
+  if err then return err end
+elseif mode ~= 'force' then
   keep_ms, err = int_arg(6, 'record_ms', 1)
   if err then return err end
   if keep_ms > TOMB_MS then
@@ -58,12 +70,14 @@ if rk == 'L' then
   -- (_next not ahead of now), this lease may be past its deadline and
   -- still listed. Its slots go back either way; only a live one counts as
   -- released.
-  local live = true
-  if now >= next_expiry() then
-    local dl = tonumber(redis.call('ZSCORE', holders_key, id))
+  local live, dl = true, nil
+  if mode == 'expire' or now >= next_expiry() then
+    dl = tonumber(redis.call('ZSCORE', holders_key, id))
     live = dl ~= nil and dl > now
   end
-  if drop_holders({id}) > 0 and live then
+  if mode == 'expire' and live and dl > until_ms then
+    kind = 3 -- renewed since by a process that resumed it: it lives on
+  elseif drop_holders({id}) > 0 and live then
     kind = 1
   end
 elseif rk == 'W' then
@@ -75,6 +89,8 @@ elseif rk == 'W' then
   end
 elseif rk == 'R' and mode == 'owner' then
   kind = 1 -- released by an earlier run of this request
+elseif rk == 'R' and mode == 'expire' then
+  kind = 4 -- released by a holder (a process that resumed it)
 end
 if mode == 'owner' and kind == 1 then
   tombstone(id, 'R', now, now + keep_ms)

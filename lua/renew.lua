@@ -1,24 +1,46 @@
 -- renew.lua: extend a lease to now + lease_ms. It never re-creates a lease
--- that is gone (ZADD XX).
+-- that is gone (ZADD XX), and never moves a deadline earlier: a lease
+-- resumed in another process (Resume) may be renewed by several processes
+-- with different lease TTLs, and each keeps a Deadline that must not be
+-- later than the one Redis holds.
 -- KEYS: the nine keys laid out at the top of lib_args.lua (thirteen for a
 -- member of a family with a total: lib_family.lua).
 -- ARGV: [1] channel base, [2] publish command, [3] client limit (and rate),
---       [4] lease id, [5] lease_ms (>= 1).
--- Reply: {1, now, deadline_ms} renewed; {0, now} the lease is gone (lost).
+--       [4] lease id, [5] lease_ms (>= 1),
+--       [6] optional: "resume" (Resume: the reply also carries the lease's
+--           token and slots, from its record).
+-- Reply: {1, now, deadline_ms} renewed, deadline_ms the lease's deadline
+--        now (with "resume": {1, now, deadline_ms, token, "s1,s2,..."});
+--        {0, now} the lease is gone (lost); {2, now} the lease is gone
+--        because a holder released it (its "R" tombstone is there: a
+--        Release in this or another process).
 local client_limit, err = client_arg()
 if err then return err end
 local id; id, err = id_arg(4, 'id')
 if err then return err end
 local lease_ms; lease_ms, err = int_arg(5, 'lease_ms', 1)
 if err then return err end
+local resume = ARGV[6] == 'resume'
+if ARGV[6] ~= nil and not resume then return fail('bad renew mode: ' .. tostring(ARGV[6])) end
 
 local now, now_us = clock()
 local held = tonumber(redis.call('ZSCORE', holders_key, id))
+local rec
+if held and held > now and resume then
+  rec = redis.call('HGET', meta_key, id)
+  if not rec or string.sub(rec, 1, 1) ~= 'L' then
+    held = nil -- listed without a lease record: not a lease to hand out
+  end
+end
 if not held or held <= now then
   -- Lost. Clean up and hand any freed slot on.
-  load()
+  load(id)
   if not get('_hz') then
     return {0, now}
+  end
+  local gone = 0
+  if not held and get(id) == 'R' then
+    gone = 2 -- released by a holder, in this process or another
   end
   -- Its own entry, if still listed past its deadline, goes now (expire()
   -- takes only the earliest BATCH).
@@ -32,15 +54,22 @@ if not held or held <= now then
     end
     notify_free(now, limit)
   end
-  return finish({0, now})
+  return finish({gone, now})
 end
-redis.call('ZADD', holders_key, 'XX', fmt(now + lease_ms), id)
+local deadline = math.max(held, now + lease_ms)
+if deadline > held then
+  redis.call('ZADD', holders_key, 'XX', fmt(deadline), id)
+end
 load_horizon() -- a live renewal needs only the horizon (extend)
-extend(now, now + lease_ms)
+extend(now, deadline)
 if fam_tot_key then
   -- A family's total counts the lease until the same deadline.
-  redis.call('ZADD', fam_leases_key, 'XX', fmt(now + lease_ms), id)
+  redis.call('ZADD', fam_leases_key, 'XX', fmt(deadline), id)
   fam_load()
-  fam_extend(now, now + lease_ms)
+  fam_extend(now, deadline)
 end
-return finish({1, now, now + lease_ms})
+if resume then
+  local token, slots = parse_lease(rec)
+  return finish({1, now, deadline, token, table.concat(slots, ',')})
+end
+return finish({1, now, deadline})

@@ -78,6 +78,7 @@ func runMachine(t *testing.T, isFair bool) {
 			"tryAtEdge":       m.tryAtEdge,
 			"renewAtDeadline": m.renewAtDeadline,
 			"storm":           m.storm,
+			"resume":          m.resume,
 		}
 		if isFair {
 			actions["enqueue"] = m.enqueue
@@ -111,6 +112,10 @@ type machine struct {
 
 	norm  redsem.Semaphore // normalTTL, no auto-renew; its Acquire queues live waiters
 	crash redsem.Semaphore // crashTTL, no auto-renew: holders that stop renewing
+	// other is another process's semaphore of the name (its own client,
+	// without the fault layer; normalTTL, no auto-renew): the resume
+	// action hands leases to it.
+	other redsem.Semaphore
 	close func()
 	// delay is the fault layer on cli, the client of norm and crash (rdb,
 	// the test's own client, has none): random holds of script replies and
@@ -146,6 +151,7 @@ func newMachine(t *testing.T, rt *rapid.T, srv *redistest.Server, rdb *redis.Cli
 	m.delay.SetOn(rapid.IntRange(0, 2).Draw(rt, "storm_die") == 0) // a third of the checks start stormy
 	m.cli = m.delay.NewClient(srv.Options())
 	cli := m.cli
+	oc := redis.NewClient(srv.Options()) // the other process's client
 	var err error
 	if isFair {
 		var a, b *fair.Semaphore
@@ -157,6 +163,10 @@ func newMachine(t *testing.T, rt *rapid.T, srv *redistest.Server, rdb *redis.Cli
 		}
 		m.norm, m.crash = a, b
 		m.close = func() { _ = a.Close(); _ = b.Close(); _ = cli.Close() }
+		if err == nil {
+			m.other, err = fair.New(oc, m.name, m.base, fair.Options{LeaseTTL: normalTTL, QueueTTL: queueTTL,
+				DisableAutoRenew: true, FallbackInterval: fallback, Rate: m.rate})
+		}
 	} else {
 		var a, b *unfair.Semaphore
 		a, err = unfair.New(cli, m.name, m.base, unfair.Options{LeaseTTL: normalTTL,
@@ -167,10 +177,21 @@ func newMachine(t *testing.T, rt *rapid.T, srv *redistest.Server, rdb *redis.Cli
 		}
 		m.norm, m.crash = a, b
 		m.close = func() { _ = a.Close(); _ = b.Close(); _ = cli.Close() }
+		if err == nil {
+			m.other, err = unfair.New(oc, m.name, m.base, unfair.Options{LeaseTTL: normalTTL,
+				DisableAutoRenew: true, FallbackInterval: fallback, Rate: m.rate})
+		}
 	}
 	if err != nil {
 		_ = cli.Close()
+		_ = oc.Close()
 		fatalf(rt, "new: %v", err)
+	}
+	closeMain := m.close
+	m.close = func() {
+		closeMain()
+		_ = m.other.Close()
+		_ = oc.Close()
 	}
 	return m
 }
@@ -323,7 +344,11 @@ func (m *machine) granted(rt *rapid.T, e *entity, slots []int, token int64, w wi
 
 // takeLease records a lease that Acquire or TryAcquire returned during w.
 func (m *machine) takeLease(rt *rapid.T, l redsem.Lease, n int, ttl time.Duration, floor int64, w window, arrival int) *entity {
-	e := &entity{kind: kLease, id: l.ID(), lease: l, weight: n, ttl: ttl.Milliseconds(), floor: floor,
+	sem := m.norm
+	if ttl == crashTTL {
+		sem = m.crash
+	}
+	e := &entity{kind: kLease, id: l.ID(), lease: l, sem: sem, weight: n, ttl: ttl.Milliseconds(), floor: floor,
 		limitAt: m.limit, arrival: arrival}
 	e.death = after(w, e.ttl)
 	if m.fair {
@@ -455,7 +480,7 @@ func (m *machine) settle(rt *rapid.T, e *entity, r goResult) {
 	} else if e.id != r.l.ID() {
 		fatalf(rt, "%s: lease id %s, waiter id %s", e.label, r.l.ID(), e.id)
 	}
-	e.lease = r.l
+	e.lease, e.sem = r.l, m.norm
 	e.ttl = normalTTL.Milliseconds()
 	if r.l.Token() < m.restartUs {
 		if e.requeued {
@@ -1402,6 +1427,7 @@ func (m *machine) drainAndCheckLeak(rt *rapid.T) {
 		}
 	}
 	m.awaitUndo(rt)
+	m.checkFormers(rt)
 	ctx, cancel := m.ctx()
 	defer cancel()
 	var until int64

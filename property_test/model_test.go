@@ -60,6 +60,13 @@ const (
 	kRaw               // a remote fair waiter queued by a raw script call that never heart-beats
 )
 
+// formerHandle is a handle of a lease that the resume action replaced:
+// the process that held it keeps it, unused.
+type formerHandle struct {
+	l     redsem.Lease
+	crash bool // a crash semaphore's (crashTTL, no renewal): it ends at its deadline, soon
+}
+
 type goResult struct {
 	l   redsem.Lease
 	err error
@@ -72,8 +79,12 @@ type entity struct {
 	label string // L3, W2, R1: how logs and failures name it
 	id    string // "" until known (a kGo waiter's id is learnt from Status)
 
-	lease   redsem.Lease
-	ttl     int64 // lease TTL in ms
+	lease redsem.Lease
+	sem   redsem.Semaphore // the semaphore whose handle lease is
+	// former are the handles of the lease that a resume replaced (another
+	// process took it over): no longer used, each ends by itself.
+	former  []formerHandle
+	ttl     int64 // lease TTL in ms (of the handle in lease)
 	death   span  // when its slot (or queue place) certainly ends; {0,0} once lost
 	weight  int   // slots it asks for (AcquireN's n)
 	granted bool  // its slots are known to have been granted

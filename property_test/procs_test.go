@@ -69,7 +69,19 @@ type helperParams struct {
 	// Faults: the child's client holds script replies and pub/sub messages
 	// back at random (procDelay), with generator seed Seed.
 	Faults bool `json:"faults,omitempty"`
+	// Handoff: leases change process (Resume). A worker done with its
+	// lease offers it, one time in three, on a list in Redis
+	// (handoffKey) for 0-5 ms; taken, it is no longer that worker's to
+	// release (its process's handle keeps renewing it until it learns of
+	// the release elsewhere); else it releases it. The last worker of a
+	// process of several only takes offered leases (it resumes one, holds
+	// it and releases it); the others, one time in two before they
+	// acquire, take one if there is one.
+	Handoff bool `json:"handoff,omitempty"`
 }
+
+// handoffKey is the list on which the children of a run offer leases.
+func handoffKey(name string) string { return "handoff:" + name }
 
 // procDelay is the fault layer of a child whose Faults is set.
 func procDelay(seed uint64) redistest.DelayConfig {
@@ -89,6 +101,11 @@ func (p helperParams) rate() redsem.Rate {
 //	rel: Release was called at T (printed before the call).
 //	lost: Release of ID returned ErrLeaseLost.
 //	evict: the process saw its waiter ID evicted (EventWaiterEvicted).
+//	res: Resume of ID (taken from the handoff list) returned at T the
+//	     lease with its slots, token and early deadline estimate.
+//	resfail: Resume of ID returned ErrLeaseLost.
+//	handlost: the process's handle of ID, which it handed on, ended with
+//	     ErrLeaseLost (it must end quietly once the lease is released).
 type record struct {
 	Ev       string `json:"ev"`
 	ID       string `json:"id"`
@@ -145,9 +162,19 @@ func TestHelperProcess(t *testing.T) {
 	quietTo := quietFrom.Add(time.Duration(p.Quiet) * time.Millisecond)
 	end := time.Now().Add(time.Duration(p.RunMs) * time.Millisecond)
 	var wg sync.WaitGroup
+	var handedMu sync.Mutex
+	var handed []redsem.Lease // leases handed on (Handoff) by this process's workers
 	for w := 0; w < p.Workers; w++ {
 		rng := rand.New(rand.NewPCG(p.Seed, uint64(w)))
+		taker := p.Handoff && p.Workers > 1 && w == p.Workers-1
 		wg.Go(func() {
+			for taker && time.Now().Before(end) {
+				// This worker only takes the leases others offer.
+				id, err := rdb.BRPop(context.Background(), 20*time.Millisecond, handoffKey(p.Name)).Result()
+				if err == nil && len(id) == 2 {
+					resumeHandedLease(sem, id[1], rng, p.HoldMax, emit)
+				}
+			}
 			for time.Now().Before(end) {
 				if now := time.Now(); p.Quiet > 0 && !now.Before(quietFrom) && now.Before(quietTo) {
 					if !p.Streamer || w != 0 {
@@ -172,6 +199,12 @@ func TestHelperProcess(t *testing.T) {
 					time.Sleep(procQueue / 10)
 					continue
 				}
+				if p.Handoff && rng.IntN(2) == 0 {
+					if id, err := rdb.RPop(context.Background(), handoffKey(p.Name)).Result(); err == nil {
+						resumeHandedLease(sem, id, rng, p.HoldMax, emit)
+						continue
+					}
+				}
 				n := 1 + rng.IntN(p.Limit)
 				ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
 				start := time.Now().UnixNano()
@@ -188,17 +221,83 @@ func TestHelperProcess(t *testing.T) {
 				emit(record{Ev: "acq", ID: l.ID(), Weight: n, Slots: l.Slots(), Token: l.Token(), Start: start,
 					T: time.Now().UnixNano(), Deadline: l.Deadline().UnixNano()})
 				time.Sleep(time.Duration(rng.IntN(p.HoldMax*1000+1)) * time.Microsecond)
-				emit(record{Ev: "rel", ID: l.ID(), T: time.Now().UnixNano()})
-				if err := l.Release(context.Background()); errors.Is(err, redsem.ErrLeaseLost) {
-					emit(record{Ev: "lost", ID: l.ID(), T: time.Now().UnixNano()})
-				} else if err != nil {
-					emit(record{Ev: "fail", T: time.Now().UnixNano(), Err: "release: " + err.Error()})
+				if p.Handoff && rng.IntN(3) == 0 && offerLease(rdb, p.Name, l, rng, emit) {
+					handedMu.Lock()
+					handed = append(handed, l)
+					handedMu.Unlock()
+				} else {
+					releaseRecorded(l, emit)
 				}
 				time.Sleep(time.Duration(rng.IntN(2000)) * time.Microsecond)
 			}
 		})
 	}
 	wg.Wait()
+	// The leases this process handed on: each ends by itself, released
+	// (quietly) once the process that took it releases it; one still open
+	// after three lease TTLs (whoever took it was killed) is released here.
+	until := time.Now().Add(3 * procLease)
+	for _, l := range handed {
+		select {
+		case <-l.Done():
+		case <-time.After(time.Until(until)):
+		}
+		select {
+		case <-l.Done():
+			if err := l.Err(); err != nil {
+				emit(record{Ev: "handlost", ID: l.ID(), T: time.Now().UnixNano(), Err: err.Error()})
+			}
+		default:
+			releaseRecorded(l, emit)
+		}
+	}
+}
+
+// releaseRecorded releases l, recording the call (rel) and a loss (lost).
+func releaseRecorded(l redsem.Lease, emit func(record)) {
+	emit(record{Ev: "rel", ID: l.ID(), T: time.Now().UnixNano()})
+	if err := l.Release(context.Background()); errors.Is(err, redsem.ErrLeaseLost) {
+		emit(record{Ev: "lost", ID: l.ID(), T: time.Now().UnixNano()})
+	} else if err != nil {
+		emit(record{Ev: "fail", T: time.Now().UnixNano(), Err: "release: " + err.Error()})
+	}
+}
+
+// offerLease offers l on the handoff list for 0-5 ms and reports whether
+// another worker took it (it is then no longer this worker's to release).
+func offerLease(rdb *redis.Client, name string, l redsem.Lease, rng *rand.Rand, emit func(record)) bool {
+	ctx := context.Background()
+	if err := rdb.LPush(ctx, handoffKey(name), l.ID()).Err(); err != nil {
+		emit(record{Ev: "fail", T: time.Now().UnixNano(), Err: "offer: " + err.Error()})
+		return false
+	}
+	time.Sleep(time.Duration(rng.IntN(5001)) * time.Microsecond)
+	n, err := rdb.LRem(ctx, handoffKey(name), 1, l.ID()).Result()
+	if err != nil {
+		emit(record{Ev: "fail", T: time.Now().UnixNano(), Err: "withdraw the offer: " + err.Error()})
+		return true // maybe taken: its handle ends by itself, or the end releases it
+	}
+	return n == 0
+}
+
+// resumeHandedLease resumes the lease id that another worker handed on,
+// holds it and releases it.
+func resumeHandedLease(sem redsem.Semaphore, id string, rng *rand.Rand, holdMax int, emit func(record)) {
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+	l, err := sem.Resume(ctx, id)
+	cancel()
+	switch {
+	case errors.Is(err, redsem.ErrLeaseLost):
+		emit(record{Ev: "resfail", ID: id, T: time.Now().UnixNano(), Err: err.Error()})
+		return
+	case err != nil:
+		emit(record{Ev: "fail", T: time.Now().UnixNano(), Err: "resume: " + err.Error()})
+		return
+	}
+	emit(record{Ev: "res", ID: l.ID(), Weight: len(l.Slots()), Slots: l.Slots(), Token: l.Token(),
+		T: time.Now().UnixNano(), Deadline: l.Deadline().UnixNano()})
+	time.Sleep(time.Duration(rng.IntN(holdMax*1000+1)) * time.Microsecond)
+	releaseRecorded(l, emit)
 }
 
 // interval is one lease as the checker sees it.
@@ -214,6 +313,9 @@ type interval struct {
 	lost       bool
 	deadline   int64 // the lease's Deadline() when Acquire returned
 	killed     int64 // when its process was killed; 0 if it was not
+	resumers   []int // the processes that resumed it (Handoff)
+	released   bool  // a Release of one of its handles was called (to)
+	relProc    int   // the process that called it; -1 none
 }
 
 func TestConcurrentProcesses(t *testing.T) {
@@ -255,13 +357,14 @@ func TestConcurrentProcesses(t *testing.T) {
 			p.RatePerMs = rapid.IntRange(50, 200).Draw(rt, "rate_per_ms")
 		}
 		p.Faults = rapid.Bool().Draw(rt, "faults")
+		p.Handoff = rapid.Bool().Draw(rt, "handoff")
 		nkill := rapid.IntRange(0, nproc-1).Draw(rt, "kills")
 		kills := make([]time.Duration, nkill)
 		for i := range kills {
 			kills[i] = time.Duration(rapid.IntRange(50, int(procRun.Milliseconds())-100).Draw(rt, "kill_at_ms")) * time.Millisecond
 		}
 		slices.Sort(kills)
-		trace("%s: fair %v limit %d rate %v processes %d workers %d quiet %d ms, kills %v, faults %v", t.Name(), p.Fair, p.Limit, p.rate(), nproc, p.Workers, p.Quiet, kills, p.Faults)
+		trace("%s: fair %v limit %d rate %v processes %d workers %d quiet %d ms, kills %v, faults %v, handoff %v", t.Name(), p.Fair, p.Limit, p.rate(), nproc, p.Workers, p.Quiet, kills, p.Faults, p.Handoff)
 		runProcesses(t, rt, rdb, p, nproc, kills)
 	})
 }
@@ -336,6 +439,11 @@ func runProcesses(t *testing.T, rt *rapid.T, rdb *redis.Client, p helperParams, 
 	}
 	var ivs []interval
 	var lastDeadline int64
+	type procRecord struct {
+		proc int
+		r    record
+	}
+	var all []procRecord
 	for i, c := range children {
 		select {
 		case <-c.done:
@@ -346,46 +454,101 @@ func runProcesses(t *testing.T, rt *rapid.T, rdb *redis.Client, p helperParams, 
 		if c.killed == 0 && err != nil {
 			fatalf(rt, "process %d: %v\n%s", i, err, c.stderr.String())
 		}
-		open := map[string]*interval{}
+		if c.killed != 0 {
+			// Its leases were renewed until the kill.
+			lastDeadline = max(lastDeadline, c.killed+procLease.Nanoseconds())
+		}
 		for _, r := range c.recs {
-			switch r.Ev {
-			case "acq":
-				iv := &interval{proc: i, id: r.ID, weight: r.Weight, slots: r.Slots, token: r.Token, start: r.Start, from: r.T, to: -1,
-					deadline: r.Deadline, killed: c.killed}
-				open[r.ID] = iv
-				lastDeadline = max(lastDeadline, r.Deadline)
-				if c.killed != 0 {
-					// Until a rel record says otherwise, it holds the slot at
-					// least until the kill and until its deadline estimate.
-					iv.to, iv.killedOpen = max(c.killed, r.Deadline), true
-				}
-				ivs = append(ivs, *iv)
-			case "rel":
-				if iv := open[r.ID]; iv != nil {
-					iv.to, iv.killedOpen = r.T, false
-					setInterval(ivs, *iv)
-				}
-			case "lost":
-				if iv := open[r.ID]; iv != nil {
-					// It ended at some unknown time before Release: count nothing.
-					iv.to, iv.lost = iv.from, true
-					setInterval(ivs, *iv)
-				}
-			case "fail":
-				fatalf(rt, "process %d: %s", i, r.Err)
-			case "timeout":
-				// Only with a rate: the window kept it waiting.
-			case "evict":
-				// Only a process that stopped (paused, cut off) for
-				// QueueTTL may lose its place; these never stop.
-				fatalf(rt, "process %d saw its waiter %s evicted (EventWaiterEvicted) while it was running (quiet stretch: %v)", i, r.ID, p.Quiet > 0)
-			}
+			all = append(all, procRecord{i, r})
 		}
-		for _, iv := range open {
-			if iv.to < 0 {
-				fatalf(rt, "process %d was not killed but lease %s was never released", i, iv.id)
+	}
+	// One history: the processes share the wall clock, so the records of a
+	// lease acquired in one process and resumed and released in another
+	// (Handoff) come in their order.
+	slices.SortStableFunc(all, func(a, b procRecord) int { return cmpInt(a.r.T, b.r.T) })
+	open := map[string]*interval{}
+	handed := 0
+	for _, pr := range all {
+		i, r := pr.proc, pr.r
+		c := children[i]
+		switch r.Ev {
+		case "acq":
+			iv := &interval{proc: i, id: r.ID, weight: r.Weight, slots: r.Slots, token: r.Token, start: r.Start, from: r.T, to: -1,
+				deadline: r.Deadline, killed: c.killed, relProc: -1}
+			open[r.ID] = iv
+			lastDeadline = max(lastDeadline, r.Deadline)
+			if c.killed != 0 {
+				// Until a rel record says otherwise, it holds the slot at
+				// least until the kill and until its deadline estimate.
+				iv.to, iv.killedOpen = max(c.killed, r.Deadline), true
 			}
+			ivs = append(ivs, *iv)
+		case "res":
+			iv := open[r.ID]
+			if iv == nil {
+				fatalf(rt, "process %d resumed lease %s, which no process was granted", i, r.ID)
+			}
+			if r.Token != iv.token || !slices.Equal(r.Slots, iv.slots) {
+				fatalf(rt, "process %d resumed %s with slots %v token %d: the grant's were %v and %d", i, r.ID, r.Slots, r.Token, iv.slots, iv.token)
+			}
+			handed++
+			iv.resumers = append(iv.resumers, i)
+			lastDeadline = max(lastDeadline, r.Deadline)
+			if c.killed != 0 && !iv.released {
+				// Resumed by a process killed later: held at least until
+				// that kill and that deadline estimate, unless released.
+				iv.to, iv.killedOpen = max(iv.to, c.killed, r.Deadline), true
+				setInterval(ivs, *iv)
+			}
+		case "resfail":
+			// A lease is offered only while its process holds it, and that
+			// process keeps renewing it until it learns of its release:
+			// only its death may end it before the Resume.
+			if iv := open[r.ID]; iv == nil || children[iv.proc].killed == 0 {
+				fatalf(rt, "process %d: Resume of lease %s, handed on by a live process, failed: %s", i, r.ID, r.Err)
+			}
+		case "rel":
+			if iv := open[r.ID]; iv != nil && !iv.released {
+				// The first Release of any of its handles ends it.
+				iv.to, iv.killedOpen, iv.released, iv.relProc = r.T, false, true, i
+				setInterval(ivs, *iv)
+			}
+		case "lost":
+			if iv := open[r.ID]; iv != nil && iv.relProc == i {
+				// It ended at some unknown time before Release: count nothing.
+				iv.to, iv.lost = iv.from, true
+				setInterval(ivs, *iv)
+			}
+		case "handlost":
+			iv := open[r.ID]
+			if iv == nil {
+				fatalf(rt, "process %d: handlost of unknown lease %s", i, r.ID)
+			}
+			if iv.released && iv.relProc != i && !iv.lost {
+				fatalf(rt, "process %d's handle of lease %s, which process %d resumed and released, ended with %s: it must end quietly", i, r.ID, iv.relProc, r.Err)
+			}
+			if !iv.released {
+				iv.to, iv.lost = iv.from, true // lost before anyone released it
+				setInterval(ivs, *iv)
+			}
+		case "fail":
+			fatalf(rt, "process %d: %s", i, r.Err)
+		case "timeout":
+			// Only with a rate: the window kept it waiting.
+		case "evict":
+			// Only a process that stopped (paused, cut off) for
+			// QueueTTL may lose its place; these never stop.
+			fatalf(rt, "process %d saw its waiter %s evicted (EventWaiterEvicted) while it was running (quiet stretch: %v)", i, r.ID, p.Quiet > 0)
 		}
+	}
+	for _, iv := range open {
+		if iv.to < 0 {
+			fatalf(rt, "lease %s of process %d (resumed by %v), no holder of which was killed, was never released", iv.id, iv.proc, iv.resumers)
+		}
+	}
+	if p.Handoff {
+		rt.Logf("%d leases were resumed by another worker", handed)
+		trace("%d leases were resumed by another worker", handed)
 	}
 	if lp := stopPolling(); lp.err != nil {
 		fatalf(rt, "reading the keys during the run: %v", lp.err)

@@ -80,6 +80,9 @@ func (*standIn) SetLimit(context.Context, int) error           { return nil }
 func (*standIn) SetRate(context.Context, redsem.Rate) error    { return nil }
 func (*standIn) Name() string                                  { return "stand-in" }
 func (*standIn) Close() error                                  { return nil }
+func (*standIn) Resume(context.Context, string) (redsem.Lease, error) {
+	return newStandInLease(), nil
+}
 
 type standInLease struct {
 	once   sync.Once

@@ -40,7 +40,11 @@
 //	_OTHER        any other error (redsem.ErrWeight, a limit mismatch, ...) status Error
 //
 // A hold that ends by the lease's loss sets error.type lease_lost, status
-// Error; a released one, none.
+// Error; a released one, none. A lease that Resume returns (a lease handed
+// on by another process) starts a "redsem.hold" span too, a child of the
+// span in Resume's context, and counts in redsem.client.slot.usage until
+// it ends; Resume of a lease held already through the same instruments
+// returns its wrapped lease and counts nothing twice.
 //
 // # Metrics
 //

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"reflect"
 	"sync"
 	"time"
 
@@ -217,6 +218,13 @@ type instruments struct {
 
 	// WithStatusMetrics only.
 	limitG, usageG, queueG metric.Int64ObservableGauge
+
+	// held maps each lease held now through these instruments (the
+	// semaphore's own Lease) to its wrapper (*lease), so that Resume of a
+	// lease held already returns its wrapper instead of counting it twice;
+	// resumeMu makes Resume's look-up and new hold one step.
+	held     sync.Map
+	resumeMu sync.Mutex
 }
 
 func newInstruments(c *config) *instruments {
@@ -323,9 +331,10 @@ func variant(sem redsem.Semaphore) string {
 // Acquire, AcquireN, TryAcquire and TryAcquireN call makes a span
 // "redsem.acquire", a child of the span in its context, ended when the call
 // returns; every lease it grants makes a span "redsem.hold", from the grant
-// to its release or loss (unless WithoutHoldSpans). Status, SetLimit,
-// SetRate (for a semaphore that has it, found by interface assertion),
-// Name and Close pass through; Close also stops WithStatusMetrics' reads.
+// to its release or loss (unless WithoutHoldSpans), and so does every
+// lease that Resume returns, from the Resume on. Status, SetLimit,
+// SetRate, Name and Close pass through; Close also stops
+// WithStatusMetrics' reads.
 //
 // Its redsem.semaphore.name is sem.Name(): for the members of a keyed
 // family, whose names are their keys, use WrapFamily instead, or every key
@@ -386,6 +395,26 @@ func (s *semaphore) TryAcquire(ctx context.Context) (redsem.Lease, error) {
 // TryAcquireN is the wrapped semaphore's TryAcquireN, traced and measured.
 func (s *semaphore) TryAcquireN(ctx context.Context, n int) (redsem.Lease, error) {
 	return s.acquire(ctx, n, func(ctx context.Context) (redsem.Lease, error) { return s.sem.TryAcquireN(ctx, n) })
+}
+
+// Resume is the wrapped semaphore's Resume. A lease it returns is held by
+// this process from then on, as a granted one is: a "redsem.hold" span
+// (unless WithoutHoldSpans) and the slots used, until its release or loss.
+// A lease held already through this wrapper (or a member of the same
+// family) comes back as the same wrapped lease.
+func (s *semaphore) Resume(ctx context.Context, id string) (redsem.Lease, error) {
+	l, err := s.sem.Resume(ctx, id)
+	if err != nil {
+		return nil, err
+	}
+	s.in.resumeMu.Lock()
+	defer s.in.resumeMu.Unlock()
+	if w, ok := s.in.held.Load(heldKey(l)); ok {
+		return w.(*lease), nil
+	}
+	slots := l.Slots()
+	grant := []attribute.KeyValue{AttrLeaseToken.Int64(l.Token()), AttrLeaseSlots.IntSlice(slots)}
+	return s.hold(ctx, l, AttrAcquireWeight.Int(len(slots)), len(slots), grant), nil
 }
 
 // Status passes through.
@@ -476,6 +505,7 @@ func (s *semaphore) hold(ctx context.Context, l redsem.Lease, weight attribute.K
 		// keeps its values (baggage, span) but not its end.
 		mctx: context.WithoutCancel(ctx)}
 	s.in.usage.Add(w.mctx, w.slots, s.m.base)
+	s.in.held.Store(heldKey(l), w)
 	// The lease may be lost without a Release (not renewed in time, its
 	// keys gone): this goroutine sees it, and ends with the lease however
 	// it ends, so none outlives its lease.
@@ -484,6 +514,17 @@ func (s *semaphore) hold(ctx context.Context, l redsem.Lease, weight attribute.K
 		w.end(holdErrorType(l.Err()))
 	}()
 	return w
+}
+
+// heldKey is the key of lease l in instruments.held: l itself when it is
+// a pointer (this module's leases are), which identifies the lease; else
+// a key of its own, which finds nothing (a Lease of another kind may not
+// be comparable).
+func heldKey(l redsem.Lease) any {
+	if reflect.TypeOf(l).Kind() == reflect.Pointer {
+		return l
+	}
+	return new(int)
 }
 
 // lease is a granted lease with its hold: every method is the semaphore's
@@ -529,6 +570,7 @@ func (l *lease) Unwrap() redsem.Lease { return l.Lease }
 func (l *lease) end(et string) {
 	l.once.Do(func() {
 		s := l.s
+		s.in.held.CompareAndDelete(heldKey(l.Lease), l)
 		s.in.usage.Add(l.mctx, -l.slots, s.m.base)
 		s.in.holdDur.Record(l.mctx, time.Since(l.start).Seconds(), s.m.byErr[et])
 		if et != "" {

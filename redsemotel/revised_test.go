@@ -466,3 +466,56 @@ func TestScopeVersion(t *testing.T) {
 		}
 	}
 }
+
+// A lease that Resume returns is held by this process from then on: a
+// "redsem.hold" span and its slots in redsem.client.slot.usage until it
+// ends. Resume of a lease held already through the same wrapper returns
+// the same wrapped lease and counts nothing twice.
+func TestResumeHold(t *testing.T) {
+	p := newProviders(t)
+	ctx := redistest.Ctx(t, 20*time.Second)
+	name := redistest.Name(t)
+	first, err := fair.New(redistest.Client(t), name, 3, fair.Options{LeaseTTL: 1500 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = first.Close() })
+	base, err := fair.New(redistest.Client(t), name, 3, fair.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	sem := redsemotel.Wrap(base, p.opts()...)
+	t.Cleanup(func() { _ = sem.Close() })
+	granted, err := first.AcquireN(ctx, 2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	l, err := sem.Resume(ctx, granted.ID())
+	if err != nil {
+		t.Fatal(err)
+	}
+	again, err := sem.Resume(ctx, granted.ID())
+	if err != nil || again != l {
+		t.Fatalf("second Resume: %v, %v; want the same wrapped lease", again, err)
+	}
+	if got := sumOf(p.collect(t), "redsem.client.slot.usage"); got != 2 {
+		t.Errorf("slot usage %v with the resumed lease of 2 slots, want 2", got)
+	}
+	if err := l.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	var names []string
+	for _, sp := range p.spans.Ended() {
+		names = append(names, sp.Name())
+	}
+	if fmt.Sprint(names) != "[redsem.hold]" {
+		t.Errorf("spans %v, want one redsem.hold", names)
+	}
+	if got := sumOf(p.collect(t), "redsem.client.slot.usage"); got != 0 {
+		t.Errorf("slot usage %v after Release, want 0", got)
+	}
+	<-granted.Done() // the first handle learns at its next renewal
+	if granted.Err() != nil {
+		t.Errorf("first handle: %v after the release through the resumed one, want nil", granted.Err())
+	}
+}

@@ -105,6 +105,8 @@ func (m *Metrics) Observe(ev redsem.Event) {
 		m.acquires.WithLabelValues(ev.Name, ResultOK).Inc()
 		m.wait.WithLabelValues(ev.Name).Observe(ev.Wait.Seconds())
 		m.holders.WithLabelValues(ev.Name).Inc()
+	case redsem.EventResumed:
+		m.holders.WithLabelValues(ev.Name).Inc() // a lease of this process now: its end decrements
 	case redsem.EventReleased:
 		m.hold.WithLabelValues(ev.Name).Observe(ev.Hold.Seconds())
 		m.holders.WithLabelValues(ev.Name).Dec()

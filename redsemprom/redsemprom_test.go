@@ -269,6 +269,42 @@ func TestWaiterEvicted(t *testing.T) {
 	l.Release(ctx)
 }
 
+// A lease resumed from another process (Resume, EventResumed) is held by
+// this one: redsem_holders counts it until its release.
+func TestResumedLeaseHeld(t *testing.T) {
+	ctx := redistest.Ctx(t, 30*time.Second)
+	name := redistest.Name(t)
+	p := newProbe(t)
+	other, err := unfair.New(redistest.Client(t), name, 1, unfair.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer other.Close()
+	sem, err := unfair.New(redistest.Client(t), name, 1, unfair.Options{Observer: p.m.Observe})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sem.Close()
+	granted, err := other.Acquire(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	l, err := sem.Resume(ctx, granted.ID())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := p.get(t, "redsem_holders", "name", name); got != 1 {
+		t.Errorf("holders %v with a resumed lease, want 1", got)
+	}
+	if err := l.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if got := p.get(t, "redsem_holders", "name", name); got != 0 {
+		t.Errorf("holders %v after its release, want 0", got)
+	}
+	_ = granted.Release(ctx) // nil: released already, by the other handle
+}
+
 func TestStatusCollector(t *testing.T) {
 	ctx := redistest.Ctx(t, 30*time.Second)
 	client := redistest.Client(t)

@@ -166,3 +166,18 @@ func (s *Semaphore) AcquireN(ctx context.Context, n int) (redsem.Lease, error) {
 func (s *Semaphore) TryAcquireN(ctx context.Context, n int) (redsem.Lease, error) {
 	return s.e().TryAcquireN(ctx, n)
 }
+
+// Resume returns the live lease with that id (its ID()), granted by any
+// process: a lease handed on from the process that acquired it, e.g. with
+// a job, to the worker that finishes it. It renews the lease at once and
+// returns it as a lease of this process, renewed in the background like
+// any other (unless DisableAutoRenew), with the same Token and Slots. A
+// Release through any handle of the lease frees its slots at once; the
+// others end as released at their next renewal, without errors. A lease
+// this semaphore holds already comes back as the same lease, renewed. An
+// id with no live lease returns an error matching redsem.ErrLeaseLost, an
+// id that cannot be a lease's a *redsem.ConfigError; neither leaves
+// anything in Redis.
+func (s *Semaphore) Resume(ctx context.Context, id string) (redsem.Lease, error) {
+	return s.e().Resume(ctx, id)
+}

@@ -174,7 +174,8 @@ func (c *call) sleep(d time.Duration) bool {
 
 // lease makes the lease of a grant.
 func (c *call) lease(g grant) *Lease {
-	return c.e.newLease(c.id, g.slots, g.token, g.deadline)
+	l, _ := c.e.newLease(c.id, g.slots, g.token, g.deadline, g.until) // a new id: always fresh
+	return l
 }
 
 // exit ends the call: a grant is confirmed on replicas (if configured) and

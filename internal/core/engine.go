@@ -12,6 +12,7 @@
 //	              shard) and its local waiters; the unfair wake list
 //	session.go    the fair queue session: its id, its heartbeat, its renewal
 //	lease.go      a granted lease: one owner for its state, its watchdog
+//	resume.go     Resume: a lease granted elsewhere, by its id
 //	protocol.go   every script as one typed call (arguments, reply, reply
 //	              codes and the errors they mean), their decoding, the
 //	              server's clock, and what every error means
@@ -57,6 +58,13 @@ type Engine struct {
 
 	hubMu sync.Mutex
 	hub   *hub
+
+	// leases are the engine's live leases by id (resume.go): Resume of an
+	// id held here returns the same Lease. A lease enters when made
+	// (newLease) and leaves when it ends (finishLocked), under leasesMu,
+	// which is taken after a lease's mu, never before it.
+	leasesMu sync.Mutex
+	leases   map[string]*Lease
 
 	// stopped ends on Close (a family's, for its members): the one place
 	// that says the semaphore is closed. Calls bind their context to it,

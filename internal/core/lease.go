@@ -20,8 +20,10 @@ import (
 //	state  event                                  next    where
 //	held   renewal answered "renewed"             held    endRenew: Deadline moves to the new one
 //	held   renewal answered "gone"                lost    endRenew
+//	held   renewal answered "released"            released endRenew: a holder released it (another handle: Resume)
 //	held   renewal failed (Redis, ctx)            held    endRenew: Deadline unchanged; watchdog retries sooner
-//	held   timer: deadline passed, no op          lost    fire -> expire: Context ends, force release (bounded), then lost
+//	held   timer: deadline passed, no op          lost    fire -> expire: Context ends, release unless renewed elsewhere (bounded), then lost
+//	                                              released   ... or released when another holder renewed or released it
 //	held   timer: deadline passed, op in flight   held    fire does nothing; the op's end re-arms the timer
 //	held   Release answered "released"            released Release / releaseLater
 //	held   Release answered "nothing held"        lost    Release / releaseLater
@@ -70,6 +72,13 @@ type Lease struct {
 	mu       sync.Mutex
 	state    leaseState
 	deadline time.Time
+	// until is the deadline Redis holds as far as this handle knows
+	// (server ms): the latest one a grant or renewal of this handle
+	// reported. A later one in Redis means another handle (Resume)
+	// renewed the lease; expire leaves such a lease alone. unsure: the
+	// latest renewal failed, so it may have moved the deadline unseen.
+	until    int64
+	unsure   bool
 	released bool // Release was answered (a second call returns nil)
 
 	// The operation in flight (opNone: none); opDone is closed when it
@@ -90,25 +99,43 @@ type Lease struct {
 
 var _ redsem.Lease = (*Lease)(nil)
 
-func (e *Engine) newLease(id string, slots []int, token int64, deadline time.Time) *Lease {
+// newLease makes the lease of a grant (or of Resume), holding slots with
+// token until deadline (local) or until (server ms), and registers it with
+// e (see Engine.leases): fresh. When e has a live lease of that id already
+// (only Resume can meet one), it returns that lease instead, not fresh.
+func (e *Engine) newLease(id string, slots []int, token int64, deadline time.Time, until int64) (_ *Lease, fresh bool) {
 	l := &Lease{
-		e: e, id: id, slots: slots, token: token, deadline: deadline, granted: time.Now(),
+		e: e, id: id, slots: slots, token: token, deadline: deadline, until: until, granted: time.Now(),
 		done: make(chan struct{}),
 	}
 	l.ctx, l.cancel = context.WithCancelCause(context.Background())
+	// Registered under mu, which is held until the lease is complete: a
+	// Resume that finds it in e.leases meanwhile waits for it (mu, then
+	// leasesMu: the order finishLocked takes them in).
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	e.leasesMu.Lock()
+	if old := e.leases[id]; old != nil {
+		e.leasesMu.Unlock()
+		l.cancel(nil)
+		return old, false
+	}
+	if e.leases == nil {
+		e.leases = make(map[string]*Lease)
+	}
+	e.leases[id] = l
+	e.leasesMu.Unlock()
 	e.busy() // a family keeps the member of a live lease; finish undoes it
 	// The first renewal comes after a third of the TTL, or sooner when the
 	// deadline is nearer than a full TTL (a fair grant not yet claimed
 	// lasts only as long as its session; a retried acquire returns what is
 	// left of its grant). Without auto-renewal the timer waits for the
 	// deadline.
-	l.mu.Lock()
 	l.noRenew = e.cfg.DisableAutoRenew
 	l.renewAt = time.Now().Add(min(e.cfg.LeaseTTL/3, max(time.Until(deadline)/2, 0)))
 	l.timer = time.AfterFunc(time.Hour, l.fire)
 	l.arm()
-	l.mu.Unlock()
-	return l
+	return l, true
 }
 
 // ID is unique per acquisition (a UUID), never reused.
@@ -214,11 +241,13 @@ func (l *Lease) beginOp(ctx context.Context, kind opKind) (context.Context, erro
 	}
 }
 
-// Renew extends the lease by the lease TTL from now. It returns nil only
+// Renew extends the lease to at least now + the lease TTL (never earlier
+// than another handle of it set it). It returns nil only
 // when Redis renewed the lease, and Deadline then reports the new deadline;
 // ErrLeaseLost if the lease is gone (and then the lease is lost for good),
 // ErrReleased after a successful Release (or when a Release called
-// meanwhile ended the renewal), or the Redis error if Redis could not be
+// meanwhile ended the renewal, or a Release through another handle of the
+// lease, Resume's, ended the lease), or the Redis error if Redis could not be
 // asked; it never re-creates a lost lease. A renewal in flight holds back
 // the lease's own expiry at its deadline until its reply is in.
 func (l *Lease) Renew(ctx context.Context) error {
@@ -227,7 +256,7 @@ func (l *Lease) Renew(ctx context.Context) error {
 		return err
 	}
 	l.mu.Unlock()
-	r, err := l.e.renew(octx, l.e.cfg.Client, l.id)
+	r, err := l.e.renew(octx, l.e.cfg.Client, l.id, false)
 	return l.endRenew(octx, r, err, false)
 }
 
@@ -238,17 +267,26 @@ func (l *Lease) endRenew(octx context.Context, r renewReply, err error, auto boo
 	var ev func()
 	switch {
 	case err == nil && r.ok:
-		l.deadline = r.deadline
+		l.deadline, l.until, l.unsure = r.deadline, r.until, false
 		l.renewAt = time.Now().Add(l.e.cfg.LeaseTTL / 3)
+	case err == nil && r.released:
+		// A holder released it: another handle of the lease (Resume), in
+		// this process or another. It ends quietly, as released.
+		l.released = true
+		ev = l.finishLocked(released, time.Now())
+		err = fmt.Errorf("%w (by another holder of the lease)", redsem.ErrReleased)
 	case err == nil:
 		ev = l.finishLocked(lost, time.Now())
 		err = redsem.ErrLeaseLost
 	case context.Cause(octx) == errReleasing:
 		err = fmt.Errorf("%w (Release was called while the renewal ran)", redsem.ErrReleased)
-	case auto:
-		// Redis unreachable: try again soon, until the deadline passes.
-		retry := max(min(l.e.cfg.LeaseTTL/10, time.Second), time.Millisecond)
-		l.renewAt = time.Now().Add(retry)
+	default:
+		l.unsure = true // it may have run in Redis
+		if auto {
+			// Redis unreachable: try again soon, until the deadline passes.
+			retry := max(min(l.e.cfg.LeaseTTL/10, time.Second), time.Millisecond)
+			l.renewAt = time.Now().Add(retry)
+		}
 	}
 	l.endOp()
 	l.mu.Unlock()
@@ -285,27 +323,41 @@ func (l *Lease) fire() {
 	ctx, cancel := context.WithDeadline(context.Background(), l.deadline)
 	octx := l.startOp(ctx, opRenew)
 	l.mu.Unlock()
-	r, err := l.e.renew(octx, l.e.cfg.Client, l.id)
+	r, err := l.e.renew(octx, l.e.cfg.Client, l.id, false)
 	_ = l.endRenew(octx, r, err, true)
 	cancel()
 }
 
 // expire gives up a lease whose deadline passed unrenewed (the op is
-// opExpire). First it ends the lease's Context (cause ErrLeaseLost), so
-// that work done under it stops at the deadline, before the slots can be
-// handed on; then it releases the slots in Redis at once (best effort, at
-// most releaseBound: the entry may still be listed for a moment past the
-// local deadline, which is early by design), so that waiters are woken and
-// the slots can be taken again, and then marks the lease lost. When Done
-// closes the slots are free, or Redis could not be reached in time (then
-// they expire there on their own).
+// opExpire). First it ends the lease's Context (cause ErrLeaseLost: this
+// handle's hold is over), so that work done under it stops at the deadline,
+// before the slots can be handed on; then it releases the slots in Redis at
+// once (best effort, at most releaseBound: the entry may still be listed for
+// a moment past the local deadline, which is early by design), so that
+// waiters are woken and the slots can be taken again, and then marks the
+// lease lost. When Done closes the slots are free, or Redis could not be
+// reached in time (then they expire there on their own). The release leaves
+// alone a lease whose deadline in Redis is later than the last one this
+// handle knew of: a process that resumed it renews it (or a renewal of this
+// handle whose reply was lost did: then the slots expire at that deadline,
+// as a crashed holder's). This handle then ends as released when a holder
+// released the lease already, or when another renewed it and this handle's
+// own renewals were all answered (else it cannot tell that one of them did
+// not move the deadline); as lost otherwise.
 func (l *Lease) expire(octx context.Context) {
-	l.cancel(redsem.ErrLeaseLost) // the holder stops first: the release below frees its slots
-	ctx, cancel := context.WithTimeout(octx, l.e.releaseBound())
-	_, _ = l.e.release(ctx, l.id, "force")
-	cancel()
+	l.cancel(redsem.ErrLeaseLost) // the holder stops first: the release below may free its slots
 	l.mu.Lock()
-	ev := l.finishLocked(lost, time.Now())
+	until, unsure := l.until, l.unsure
+	l.mu.Unlock()
+	ctx, cancel := context.WithTimeout(octx, l.e.releaseBound())
+	r, err := l.e.releaseExpired(ctx, l.id, until)
+	cancel()
+	st := lost
+	if err == nil && (r.kind == releasedElsewhere || r.kind == heldElsewhere && !unsure) {
+		st = released
+	}
+	l.mu.Lock()
+	ev := l.finishLocked(st, time.Now())
 	l.endOp()
 	l.mu.Unlock()
 	if ev != nil {
@@ -427,6 +479,15 @@ func (l *Lease) releaseLater() {
 	})
 }
 
+// renewedTo records that a renewal outside the lease's own operations (the
+// replica check's, replicas.go) set its deadline in Redis to until (server
+// ms), so that expire does not take it for another holder's renewal.
+func (l *Lease) renewedTo(until int64) {
+	l.mu.Lock()
+	l.until = max(l.until, until)
+	l.mu.Unlock()
+}
+
 func (l *Lease) markLost() {
 	l.mu.Lock()
 	ev := l.finishLocked(lost, time.Now())
@@ -445,6 +506,7 @@ func (l *Lease) finishLocked(st leaseState, at time.Time) func() {
 	}
 	l.state = st
 	close(l.done)
+	l.e.forget(l)
 	l.e.idle()
 	if st == lost {
 		l.cancel(redsem.ErrLeaseLost)

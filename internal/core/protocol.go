@@ -29,8 +29,9 @@ import (
 //
 //	script          call          reply (after decoding)
 //	acquire.lua     e.acquire     acquireReply: granted (slots, token, deadline) or not (hint, place, rate wait, floor); codes below
-//	renew.lua       e.renew       renewReply: renewed with a new deadline, or gone
+//	renew.lua       e.renew       renewReply: renewed with a new deadline (and, for Resume, the lease's token and slots), gone, or released by a holder
 //	release.lua     e.release     releaseReply: what was released, how many waiters it admitted
+//	                e.releaseExpired   the same, for a lease given up at its deadline
 //	heartbeat.lua   e.heartbeat   heartbeatReply: session alive, expiry hint
 //	status.lua      e.status      redsem.Status
 //	setlimit.lua    e.setLimit    (grants it made)
@@ -272,6 +273,7 @@ type acquireReply struct {
 	token    int64
 	slots    []int
 	deadline time.Time // granted: local estimate, never late
+	until    int64     // granted: the deadline in Redis, server ms
 	hint     int64     // not granted: ms until a holder may expire (or the rate lets a request in), -1 none
 	position int64     // not granted: place in the queue, -1 not queued
 	rateMs   int64     // not granted: a slot was free but the rate's window was full: ms until it has room; -1 not so
@@ -389,7 +391,7 @@ func (e *Engine) refuseAfter(ctx context.Context) (int64, error) {
 
 // grant is the grant of a granted reply.
 func (a acquireReply) grant() grant {
-	return grant{token: a.token, slots: a.slots, deadline: a.deadline}
+	return grant{token: a.token, slots: a.slots, deadline: a.deadline, until: a.until}
 }
 
 // decodeAttempt checks and decodes an acquire.lua reply; sent is when the
@@ -400,14 +402,14 @@ func decodeAttempt(v []any, sent time.Time) (acquireReply, error) {
 	switch a.code {
 	case codeGranted:
 		a.token = r.int()
-		dl := r.int()
+		a.until = r.int()
 		for r.more() {
 			a.slots = append(a.slots, int(r.int()))
 		}
 		if len(a.slots) == 0 {
 			r.fail("no slots")
 		}
-		a.deadline = expiresBy(sent, dl-a.now)
+		a.deadline = expiresBy(sent, a.until-a.now)
 	case codeQueued:
 		a.hint, a.position, a.rateMs = r.int(), r.int(), -1
 		if r.more() {
@@ -440,32 +442,56 @@ func decodeAttempt(v []any, sent time.Time) (acquireReply, error) {
 
 // ---- renew.lua ----
 
-// renewReply is renew.lua's reply: 1 (renewed) with the new deadline, or 0
-// (the lease is gone).
+// renewReply is renew.lua's reply: 1 (renewed) with the lease's deadline,
+// 0 (the lease is gone) or 2 (gone: a holder released it, in this process
+// or in one that resumed it); with resume, also the lease's token and
+// slots.
 type renewReply struct {
 	ok       bool
+	released bool      // gone, released by a holder
 	deadline time.Time // ok: local estimate, never late
+	until    int64     // ok: the deadline in Redis, server ms
+	token    int64     // resume
+	slots    []int     // resume
 }
 
 // renew runs renew.lua for id (ARGV[4]) with the lease TTL (ARGV[5]) on c:
 // the client, or one connection (replicas.go waits on the same connection
-// for replica acknowledgement). It never re-creates a lost lease.
-func (e *Engine) renew(ctx context.Context, c redis.Scripter, id string) (renewReply, error) {
-	v, sent, err := e.run(ctx, c, lua.Renew, e.cfg.Limit, id, ms(e.cfg.LeaseTTL))
+// for replica acknowledgement). It never re-creates a lost lease. With
+// resume (ARGV[6] "resume", for Resume) the reply carries the lease's
+// token and slots too.
+func (e *Engine) renew(ctx context.Context, c redis.Scripter, id string, resume bool) (renewReply, error) {
+	args := []any{id, ms(e.cfg.LeaseTTL)}
+	if resume {
+		args = append(args, "resume")
+	}
+	v, sent, err := e.run(ctx, c, lua.Renew, e.cfg.Limit, args...)
 	if err != nil {
 		return renewReply{}, e.callErr(ctx, err)
 	}
 	r := reader{script: "renew", v: v}
 	code, now := r.int(), r.int()
-	var dl int64
-	if code == 1 {
-		dl = r.int()
+	var out renewReply
+	switch code {
+	case 1:
+		out.ok, out.until = true, r.int()
+		if resume {
+			out.token, out.slots = r.int(), r.slots()
+		}
+	case 0:
+	case 2:
+		out.released = true
+	default:
+		r.fail("unknown code")
 	}
 	if r.err != nil {
 		return renewReply{}, e.wrap(r.err)
 	}
 	e.clock.observe(sent, now)
-	return renewReply{ok: code == 1, deadline: expiresBy(sent, dl-now)}, nil
+	if out.ok {
+		out.deadline = expiresBy(sent, out.until-now)
+	}
+	return out, nil
 }
 
 // ---- release.lua ----
@@ -475,6 +501,11 @@ const (
 	ReleasedNothing = 0 // nothing live had the id (a lease: it was lost)
 	ReleasedLease   = 1
 	ReleasedWaiter  = 2
+	// Mode "expire" only: another holder has the lease (renewed after
+	// the bound: heldElsewhere), or a holder released it
+	// (releasedElsewhere); nothing changed.
+	heldElsewhere     = 3
+	releasedElsewhere = 4
 )
 
 // releaseReply is release.lua's reply: what it released, and how many
@@ -491,7 +522,20 @@ type releaseReply struct {
 // caps it at 15 s): a request delayed or retried longer than that would
 // find a lease that expired anyway.
 func (e *Engine) release(ctx context.Context, id, mode string) (releaseReply, error) {
-	v, sent, err := e.run(ctx, e.cfg.Client, lua.Release, e.cfg.Limit, id, mode, ms(e.cfg.LeaseTTL))
+	return e.runRelease(ctx, id, mode, ms(e.cfg.LeaseTTL))
+}
+
+// releaseExpired runs release.lua in mode "expire" for a lease whose
+// process gives it up at its local deadline: it releases the lease only if
+// its deadline in Redis is at most until (ARGV[6], server ms), the one this
+// process last set or was granted; heldElsewhere if another process
+// renewed it since, releasedElsewhere if a holder released it.
+func (e *Engine) releaseExpired(ctx context.Context, id string, until int64) (releaseReply, error) {
+	return e.runRelease(ctx, id, "expire", until)
+}
+
+func (e *Engine) runRelease(ctx context.Context, id, mode string, arg int64) (releaseReply, error) {
+	v, sent, err := e.run(ctx, e.cfg.Client, lua.Release, e.cfg.Limit, id, mode, arg)
 	if err != nil {
 		return releaseReply{}, e.callErr(ctx, err)
 	}
@@ -635,6 +679,7 @@ type grant struct {
 	token    int64
 	slots    []int
 	deadline time.Time
+	until    int64 // the deadline in Redis, server ms
 	// sid is the session on whose channel a grant message came ("" for a
 	// grant in a script reply): the session its waiter was queued under.
 	sid string
@@ -648,9 +693,9 @@ func decodeGrants(script string, v []any, from int, now int64, sent time.Time) (
 	var out []grant
 	for r.more() {
 		g := grant{id: r.str(), token: r.int()}
-		dl := r.int()
+		g.until = r.int()
 		g.slots = r.slots()
-		g.deadline = expiresBy(sent, dl-now)
+		g.deadline = expiresBy(sent, g.until-now)
 		if r.err != nil {
 			return nil, r.err
 		}

@@ -49,7 +49,7 @@ func (e *Engine) waitReplicas(ctx context.Context, l *Lease) error {
 	}
 	conn := node.Conn()
 	defer conn.Close()
-	r, err := e.renew(ctx, conn, l.id)
+	r, err := e.renew(ctx, conn, l.id, false)
 	if err != nil {
 		return err
 	}
@@ -57,6 +57,7 @@ func (e *Engine) waitReplicas(ctx context.Context, l *Lease) error {
 		l.markLost()
 		return redsem.ErrLeaseLost
 	}
+	l.renewedTo(r.until)
 	n, err := conn.Wait(ctx, e.cfg.MinReplicas, e.cfg.ReplicaTimeout).Result()
 	if err != nil {
 		return e.wrap(err)

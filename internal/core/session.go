@@ -183,12 +183,12 @@ func parseMessage(payload string) (message, bool) {
 	case len(f) == 5 && f[0] == "g":
 		r := reader{script: "grant message", v: []any{f[1], f[2], f[3], f[4]}}
 		g := grant{id: r.str(), token: r.int()}
-		dl := r.int()
+		g.until = r.int()
 		g.slots = r.slots()
 		if r.err != nil {
 			return message{}, false
 		}
-		return message{id: g.id, ev: event{kind: evGrant, grant: g}, deadline: dl}, true
+		return message{id: g.id, ev: event{kind: evGrant, grant: g}, deadline: g.until}, true
 	case len(f) == 3 && f[0] == "x":
 		return message{id: f[1], ev: event{kind: evWeight, limit: int(toInt(f[2]))}}, true
 	case len(f) == 4 && f[0] == "x" && f[3] == "rate":

@@ -1,0 +1,108 @@
+package core
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"github.com/redsem/redsem"
+)
+
+// Leases by id. A lease lives in Redis as a holder entry and a record
+// (token, slots, owner) under its id, and belongs to no process and no
+// session once granted (a fair grant's deadline is bounded by its
+// grantee's session only until its first renewal). So any process can take
+// a handle of it: Resume renews the lease with renew.lua in its "resume"
+// mode, which also answers the lease's token and slots, and makes a Lease
+// of this engine from them, renewed by this process's watchdog like any
+// other. Every handle renews, releases and fences the same lease:
+//
+//   - a renewal never moves the deadline in Redis earlier (renew.lua), so
+//     no handle's Deadline is later than Redis's whatever the handles'
+//     lease TTLs;
+//   - a handle whose renewal finds the lease released by a holder (its "R"
+//     tombstone) ends as released, quietly (renewReply.released);
+//   - a handle that gives the lease up at its local deadline (no renewal:
+//     DisableAutoRenew, MaxHold) releases it in Redis only if no other
+//     handle renewed it since (release.lua's "expire" mode, Lease.expire).
+//
+// An engine keeps one Lease per id (leases): Resume of an id it holds
+// already returns that Lease, renewed.
+
+// Resume returns the live lease id, granted by any process, as a lease of
+// this engine (see redsem.Semaphore.Resume).
+func (e *Engine) Resume(ctx context.Context, id string) (redsem.Lease, error) {
+	if err := checkLeaseID(id); err != nil {
+		return nil, err
+	}
+	if e.isClosed() {
+		return nil, redsem.ErrClosed
+	}
+	e.busy() // a family keeps the member while the call runs
+	defer e.idle()
+	if l := e.liveLease(id); l != nil {
+		switch err := l.Renew(ctx); {
+		case err == nil:
+			return l, nil
+		case errors.Is(err, redsem.ErrLeaseLost), errors.Is(err, redsem.ErrReleased):
+			return nil, e.noLease(id)
+		default:
+			return nil, err
+		}
+	}
+	r, err := e.renew(ctx, e.cfg.Client, id, true)
+	if err != nil {
+		return nil, err
+	}
+	if !r.ok {
+		return nil, e.noLease(id)
+	}
+	l, fresh := e.newLease(id, r.slots, r.token, r.deadline, r.until)
+	if fresh {
+		e.emit(redsem.Event{Kind: redsem.EventResumed, LeaseID: id, Slot: l.slots[0], Token: l.token})
+	}
+	return l, nil
+}
+
+// noLease is Resume's error for an id that has no live lease.
+func (e *Engine) noLease(id string) error {
+	return fmt.Errorf("redsem: %q: no live lease %s: %w", e.cfg.Name, id, redsem.ErrLeaseLost)
+}
+
+// liveLease returns the engine's live lease of id, or nil.
+func (e *Engine) liveLease(id string) *Lease {
+	e.leasesMu.Lock()
+	defer e.leasesMu.Unlock()
+	return e.leases[id]
+}
+
+// forget drops an ended lease from the engine's leases.
+func (e *Engine) forget(l *Lease) {
+	e.leasesMu.Lock()
+	if e.leases[l.id] == l {
+		delete(e.leases, l.id)
+	}
+	e.leasesMu.Unlock()
+}
+
+// maxIDLen is the longest id the scripts accept (id_arg in lib_args.lua).
+const maxIDLen = 128
+
+// checkLeaseID returns a *redsem.ConfigError (field "id") unless id is
+// what the scripts accept as a lease id: 1 to 128 ASCII letters, digits
+// and '-' (every ID a lease reports is a UUID).
+func checkLeaseID(id string) error {
+	if id == "" {
+		return cfgErr("id", "empty lease id")
+	}
+	if len(id) > maxIDLen {
+		return cfgErr("id", "lease id of %d bytes, at most %d", len(id), maxIDLen)
+	}
+	for i := 0; i < len(id); i++ {
+		c := id[i]
+		if !('a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9' || c == '-') {
+			return cfgErr("id", "%q is not a lease id: only ASCII letters, digits and '-' (a lease's ID() is a UUID)", id)
+		}
+	}
+	return nil
+}
