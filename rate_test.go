@@ -144,6 +144,62 @@ func TestRateTryAcquire(t *testing.T) {
 	}
 }
 
+// An Acquire whose context ends while the rate's window holds it back (a
+// slot is free) returns an error that matches the context's and
+// ErrRateLimited, and is a *RateLimitedError that says when the window has
+// room; on the fair variant also for a waiter queued behind the head that
+// the rate holds back. One that the slots hold back does not match
+// ErrRateLimited. (Issue 33: redsemhttp answered such a request with
+// Retry-After 1 where the window needed longer.)
+func TestRateAcquireGivesUp(t *testing.T) {
+	for _, variant := range rateVariants {
+		t.Run(variant, func(t *testing.T) {
+			ctx := redistest.Ctx(t, 20*time.Second)
+			rate := redsem.Rate{Limit: 2, Per: 10 * time.Second}
+			s := mustRated(t, variant, redistest.Client(t), redistest.Name(t), 3, rate)
+			start := time.Now()
+			for range rate.Limit {
+				if _, err := s.TryAcquire(ctx); err != nil {
+					t.Fatal(err)
+				}
+			}
+			errs := make(chan error, 2)
+			for range cap(errs) {
+				go func() {
+					actx, cancel := context.WithTimeout(ctx, 150*time.Millisecond)
+					defer cancel()
+					_, err := s.Acquire(actx)
+					errs <- err
+				}()
+			}
+			for range cap(errs) {
+				err := <-errs
+				var rl *redsem.RateLimitedError
+				if !errors.Is(err, context.DeadlineExceeded) || !errors.Is(err, redsem.ErrRateLimited) || !errors.As(err, &rl) {
+					t.Fatalf("Acquire held back by the rate: %v, want the deadline and a *RateLimitedError", err)
+				}
+				// The window has room once the first grant (after start)
+				// is Per old.
+				if least := rate.Per - time.Since(start); rl.RetryAfter < least || rl.RetryAfter > rate.Per || rl.Rate != rate {
+					t.Fatalf("RetryAfter %v, rate %v: want in [%v, %v], %v", rl.RetryAfter, rl.Rate, least, rate.Per, rate)
+				}
+			}
+			// The third slot taken: the slots hold it back, not the rate.
+			if err := s.SetRate(ctx, redsem.Rate{}); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := s.Acquire(ctx); err != nil { // after the undos of the two above
+				t.Fatal(err)
+			}
+			actx, cancel := context.WithTimeout(ctx, 150*time.Millisecond)
+			defer cancel()
+			if _, err := s.Acquire(actx); !errors.Is(err, context.DeadlineExceeded) || errors.Is(err, redsem.ErrRateLimited) {
+				t.Fatalf("Acquire held back by the slots: %v, want the deadline alone", err)
+			}
+		})
+	}
+}
+
 // A request for more slots than the rate's limit fails at once with
 // ErrWeight, writing nothing.
 func TestRateWeight(t *testing.T) {

@@ -66,8 +66,10 @@ type Options struct {
 	// window is what holds a waiter back, it is woken when the
 	// window has room, not by polling. TryAcquire refused by the rate
 	// while a slot was free returns a *redsem.RateLimitedError (matching
-	// redsem.ErrRateLimited and redsem.ErrNoSlot) that says when to retry;
-	// AcquireN with n above Rate.Limit returns redsem.ErrWeight at once.
+	// redsem.ErrRateLimited and redsem.ErrNoSlot) that says when to retry,
+	// and so does the error of an AcquireN whose context ends while the
+	// rate holds it back (beside the context's error); AcquireN with n
+	// above Rate.Limit returns redsem.ErrWeight at once.
 	// Like the limit, the rate is stored in Redis: a client built with
 	// another rate than live clients established gets an error matching
 	// redsem.ErrLimitMismatch (a *redsem.RateMismatchError) until SetRate

@@ -118,6 +118,11 @@ type call struct {
 	// failed (go-redis retries a failed dial on its own, so a refused dial
 	// may never come back to the call as an error before its context ends).
 	dialErr error
+	// rateRoom: the latest reply said that the rate's window held the call
+	// back while a slot was free (acquireReply.rateMs): when the window
+	// has room, by the local clock, and the rate in force; zero otherwise.
+	rateRoom time.Time
+	rate     redsem.Rate
 
 	backoff time.Duration
 	timer   *time.Timer // the call's one timer (retry pauses, unfair waits)
@@ -215,7 +220,9 @@ func (c *call) exit(l *Lease, err error) (redsem.Lease, error) {
 // classify turns the raw error a step returned into the call's error:
 //   - the caller's context ended: an error matching ctx.Err() and its
 //     cause, and ErrUnavailable if Redis could not be reached meanwhile
-//     (Unreachable: never for a reply that was merely slow);
+//     (Unreachable: never for a reply that was merely slow), or a
+//     *redsem.RateLimitedError if Redis said last that the rate's window
+//     held the call back;
 //   - Close ended it: redsem.ErrClosed;
 //   - else the error itself, with the semaphore's name.
 func (c *call) classify(err error) error {
@@ -244,6 +251,10 @@ func (c *call) classify(err error) error {
 			} else {
 				out = joinLine(out, c.lastErr)
 			}
+		} else if !c.rateRoom.IsZero() {
+			// Redis answered last that the rate held the call back: say
+			// when its window has room (redsemhttp answers 429 with it).
+			out = joinLine(out, &redsem.RateLimitedError{Name: e.cfg.Name, Rate: c.rate, RetryAfter: max(time.Until(c.rateRoom), 0)})
 		}
 		return out
 	}

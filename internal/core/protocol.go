@@ -325,6 +325,12 @@ func (c *call) attempt(mode, sid string) (acquireReply, error) {
 	}
 	c.sent = true
 	a, err := c.e.acquire(c.ctx, acquireArgs{id: c.id, n: c.n, mode: mode, sid: sid, refuseAfter: refuseAfter})
+	if err == nil {
+		c.rateRoom, c.rate = time.Time{}, redsem.Rate{}
+		if a.code == codeQueued && a.rateMs >= 0 {
+			c.rateRoom, c.rate = time.Now().Add(time.Duration(a.rateMs)*time.Millisecond), a.rateInForce
+		}
+	}
 	if err == nil || !Transient(err) {
 		if err == nil || !errors.Is(err, c.ctx.Err()) {
 			c.replied, c.lastErr, c.backoff = true, nil, 0
