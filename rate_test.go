@@ -3,7 +3,9 @@ package redsem_test
 import (
 	"context"
 	"errors"
+	"regexp"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -197,6 +199,35 @@ func TestRateAcquireGivesUp(t *testing.T) {
 				t.Fatalf("Acquire held back by the slots: %v, want the deadline alone", err)
 			}
 		})
+	}
+}
+
+// ParseRate reads LIMIT/PER with PER a Go duration or a bare unit, and its
+// errors quote only what the caller wrote. (Issue 33: "5/-1s" was
+// reported as unknown unit "-" in duration "1-1s".)
+func TestParseRate(t *testing.T) {
+	for in, want := range map[string]redsem.Rate{
+		"60/1m": {Limit: 60, Per: time.Minute}, "10/s": {Limit: 10, Per: time.Second}, " 5 / 250ms ": {Limit: 5, Per: 250 * time.Millisecond},
+		"3/µs": {Limit: 3, Per: time.Microsecond}, "none": {}, "0": {}, "": {},
+		// Bounds are New's and SetRate's to check (ConfigError).
+		"5/-1s": {Limit: 5, Per: -time.Second}, "-1/1s": {Limit: -1, Per: time.Second}, "5/+2s": {Limit: 5, Per: 2 * time.Second},
+	} {
+		if got, err := redsem.ParseRate(in); err != nil || got != want {
+			t.Errorf("ParseRate(%q) = %v, %v; want %v", in, got, err, want)
+		}
+	}
+	quoted := regexp.MustCompile(`"([^"]*)"`)
+	for _, in := range []string{"5/x", "5/-s", "5/1x", "5/", "x/1s", "5", "5/1s/2", "5/1ss"} {
+		_, err := redsem.ParseRate(in)
+		if err == nil || !strings.HasPrefix(err.Error(), "redsem: rate "+strconv.Quote(in)+": ") {
+			t.Errorf("ParseRate(%q): %v; want an error that names the rate", in, err)
+			continue
+		}
+		for _, q := range quoted.FindAllStringSubmatch(err.Error(), -1) {
+			if !strings.Contains(in, q[1]) {
+				t.Errorf("ParseRate(%q): %v: quotes %q, which the caller did not write", in, err, q[1])
+			}
+		}
 	}
 }
 
