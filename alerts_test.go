@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"log/slog"
+	"os"
 	"strings"
 	"sync"
 	"testing"
@@ -117,6 +118,30 @@ func TestUnreachableSeenWithZeroConfig(t *testing.T) {
 	defer mu.Unlock()
 	if len(kinds) == 0 || kinds[len(kinds)-1] != redsem.EventUnavailable {
 		t.Fatalf("events %v: want the Acquire to end with EventUnavailable, not a timeout", kinds)
+	}
+}
+
+// The docs of Options.Logger (both variants) and docs/operations.md's
+// section on logs say what TestUnreachableSeenWithZeroConfig shows: a nil
+// Logger is not silent, the conditions go to slog.Default() at Warn. (Issue
+// 33: both said "nil is silent".)
+func TestLoggerDocsSayNilIsNotSilent(t *testing.T) {
+	ops, err := os.ReadFile("docs/operations.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	logs, _, _ := strings.Cut(string(ops[strings.Index(string(ops), "## 2. Metrics and logs"):]), "\n## 3.")
+	docs := map[string]string{
+		"fair.Options.Logger":   fieldDocs(t, "fair/fair.go", "Options")["Logger"],
+		"unfair.Options.Logger": fieldDocs(t, "unfair/unfair.go", "Options")["Logger"],
+		"docs/operations.md, 2": logs,
+	}
+	for where, doc := range docs {
+		flat := strings.ReplaceAll(strings.Join(strings.Fields(doc), " "), "`", "")
+		if strings.Contains(strings.ToLower(flat), "nil: silent") || strings.Contains(flat, "nil is silent") ||
+			!strings.Contains(flat, "slog.Default() at Warn") {
+			t.Errorf("%s does not say that a nil Logger logs the conditions through slog.Default() at Warn:\n%.300s", where, doc)
+		}
 	}
 }
 

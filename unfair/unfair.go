@@ -32,7 +32,13 @@ type Options struct {
 	// lost, ...) synchronously; see redsem.Event. Nil costs nothing.
 	Observer redsem.Observer
 	// Logger, if set, logs events with log/slog: lost leases, evictions and
-	// warnings at Warn, the rest at Debug. Nil: silent.
+	// warnings at Warn, the rest at Debug. Whether set or not, the
+	// conditions a user must see (Redis unreachable; a maxmemory-policy
+	// that may evict the keys, or that cannot be read) are logged at Warn,
+	// once when they start, at most once a minute while they last and once
+	// when they clear, with the library's few notes about itself (Info,
+	// Debug). Nil: events are not logged, and those records go to
+	// slog.Default() at Warn (the notes at their own levels).
 	Logger *slog.Logger
 	// MinReplicas, if positive, makes Acquire and TryAcquire wait until
 	// this many replicas of the Redis primary acknowledged the grant (Redis
