@@ -244,7 +244,8 @@ func EvictingPolicy(policy string) bool {
 // request instead of before or after it. A policy that can evict the
 // semaphore's keys, and a server that refuses to tell (CONFIG GET not
 // allowed), are reported (EventEvictionPolicy, and a Warn record). A
-// check that could not reach Redis runs again at the next acquire.
+// check that could not reach Redis, or that Redis did not let in (no or
+// wrong credentials), runs again at the next acquire.
 func (e *Engine) checkEvictionPolicy() {
 	root := e
 	if e.fam != nil {
@@ -264,9 +265,11 @@ func (e *Engine) checkEvictionPolicy() {
 		defer cancel()
 		v, err := root.cfg.Client.ConfigGet(ctx, "maxmemory-policy").Result()
 		switch {
-		case err != nil && (Unreachable(err) || ctx.Err() != nil):
+		case err != nil && (Unreachable(err) || authError(err) || ctx.Err() != nil):
+			// Not reached, or not let in (the acquire reports either):
+			// nothing is known of the policy. Ask again next time.
 			root.policyMu.Lock()
-			root.policyDone = nil // not reached: the acquire reports that; ask again next time
+			root.policyDone = nil
 			root.policyMu.Unlock()
 			return
 		case err != nil:

@@ -949,7 +949,7 @@ func (e *Engine) ctxErr(ctx context.Context, err error) error {
 // wrap names the semaphore in err (once: an error of the library's own
 // names it already); an error that says Redis could not be reached matches
 // redsem.ErrUnavailable too, and one that says the connection lacks
-// authentication says so.
+// authentication, or that its credentials are wrong, says which.
 func (e *Engine) wrap(err error) error {
 	if own(err) {
 		return err
@@ -958,6 +958,8 @@ func (e *Engine) wrap(err error) error {
 	case Unreachable(err):
 		e.unreachable(err)
 		return &namedError{fmt.Errorf("redsem: %q: %w: %w", e.cfg.Name, redsem.ErrUnavailable, err)}
+	case strings.Contains(err.Error(), "WRONGPASS"):
+		return &namedError{fmt.Errorf("redsem: %q: Redis refused the client's credentials: wrong password, or wrong or disabled user (check them in the client's options): %w", e.cfg.Name, err)}
 	case authError(err):
 		return &namedError{fmt.Errorf("redsem: %q: Redis refused the request without authentication (set the password, and the user, in the client's options): %w", e.cfg.Name, err)}
 	}
@@ -1025,9 +1027,10 @@ func own(err error) bool {
 	return false
 }
 
-// authError reports whether err is Redis refusing an unauthenticated
-// connection: NOAUTH, WRONGPASS, or the "unauthenticated multibulk length"
-// with which it closes one that sent a long request first.
+// authError reports whether err is Redis refusing a connection that is not
+// authenticated: NOAUTH, WRONGPASS (the client's credentials are wrong),
+// or the "unauthenticated multibulk length" with which it closes one that
+// sent a long request first.
 func authError(err error) bool {
 	msg := err.Error()
 	return strings.Contains(msg, "NOAUTH") || strings.Contains(msg, "WRONGPASS") ||
