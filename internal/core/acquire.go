@@ -244,9 +244,9 @@ func (c *call) classify(err error) error {
 		}
 		if c.lastErr != nil && (err == nil || !errors.Is(err, c.lastErr)) {
 			// Redis failed transiently and did not answer since: say how,
-			// and (only if it could not be reached) that it was unavailable.
+			// and (only if it could not be reached) that it was unavailable
+			// (retry raised the alert when it saw the error).
 			if Unreachable(c.lastErr) {
-				e.unreachable(c.lastErr)
 				out = joinLine(out, fmt.Errorf("%w: %w", redsem.ErrUnavailable, c.lastErr))
 			} else {
 				out = joinLine(out, c.lastErr)

@@ -2,6 +2,7 @@ package core
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"net"
@@ -60,7 +61,21 @@ func (e *Engine) log(ev redsem.Event) {
 // A condition is a failure that a user must see without configuring
 // anything: each is logged at Warn through Options.Logger, or
 // slog.Default() when none is set, once when it starts, at most once a
-// minute while it lasts, and once when it clears.
+// minute while it lasts, and once when it clears (if its start was
+// logged).
+//
+// Whether a condition holds changes in one place, alerts (raise and
+// clear), by the order of the evidence, not of its arrival: a failure
+// seen before the latest sign that the condition does not hold is stale
+// and changes nothing. After a restart of Redis, calls that were in
+// flight across it, and go-redis handing back the dial error it kept from
+// before it (it stops dialing for each command after repeated failures,
+// until its background probe succeeds), fail after other calls have
+// succeeded; without this the state flapped between "unreachable" and
+// "reachable again" several times in the second after a restart. And a
+// condition that starts again less than a minute after its last Warn is
+// logged once that minute has passed, if it still holds, so that even a
+// condition that truly comes and goes logs at most two records a minute.
 type condition int
 
 const (
@@ -80,8 +95,11 @@ type alerts struct {
 	any    atomic.Bool // some condition is on: the fast path of clear
 	mu     sync.Mutex
 	on     [nConditions]bool
-	logged [nConditions]time.Time
-	dials  *dialWatch // the client's (one hook per client)
+	told   [nConditions]bool      // on, and its start was logged
+	logged [nConditions]time.Time // the latest Warn that it holds
+	seen   [nConditions]time.Time // the latest evidence that it holds
+	gone   [nConditions]time.Time // the latest evidence that it does not
+	dials  *dialWatch             // the client's (one hook per client)
 }
 
 // dialWatch is a go-redis hook, added once to each client an engine uses,
@@ -126,6 +144,14 @@ func (d *dialWatch) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.Pr
 // last dial error) and dials again in the background, about once a second,
 // so a short call may see no dial of its own.
 const dialStale = 2 * time.Second
+
+// lastFailure returns when the client's latest dial failed, and whether a
+// dial succeeded after it.
+func (d *dialWatch) lastFailure() (at time.Time, okSince bool) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.at, d.ok.After(d.at)
+}
 
 // failedSince returns the client's latest dial error if it came after t,
 // or shortly before t with no successful dial since (dialStale).
@@ -173,16 +199,28 @@ func (e *Engine) logger() *slog.Logger {
 	return slog.Default()
 }
 
-// raise records that cond holds, and logs msg at Warn if it just started
-// or was last logged alertEvery ago.
-func (e *Engine) raise(cond condition, msg string, attrs ...slog.Attr) {
+// raise records evidence, from time at (zero: now), that cond holds: it
+// changes nothing if at is not after the latest evidence that it does not
+// (clear). It logs msg at Warn if cond was last logged alertEvery ago (or
+// never): when it starts, and at most once a minute while it lasts.
+func (e *Engine) raise(cond condition, at time.Time, msg string, attrs ...slog.Attr) {
 	a := e.alerts
 	now := time.Now()
+	if at.IsZero() {
+		at = now
+	}
 	a.mu.Lock()
-	log := !a.on[cond] || now.Sub(a.logged[cond]) >= alertEvery
-	a.on[cond] = true
+	if !at.After(a.gone[cond]) {
+		a.mu.Unlock()
+		return // stale: it held before what said it no longer does
+	}
+	a.seen[cond] = later(a.seen[cond], at)
+	if !a.on[cond] {
+		a.on[cond], a.told[cond] = true, false
+	}
+	log := now.Sub(a.logged[cond]) >= alertEvery
 	if log {
-		a.logged[cond] = now
+		a.logged[cond], a.told[cond] = now, true
 	}
 	a.any.Store(true)
 	a.mu.Unlock()
@@ -192,28 +230,46 @@ func (e *Engine) raise(cond condition, msg string, attrs ...slog.Attr) {
 	}
 }
 
-// clear records that cond no longer holds, and logs msg at Warn if it held
-// (Warn, so that whoever saw it start sees it end).
-func (e *Engine) clear(cond condition, msg string) {
+// clear records evidence, from time at, that cond does not hold: cond
+// ends if it held and at is after the latest evidence that it did, and
+// msg is logged at Warn if its start was (Warn, so that whoever saw it
+// start sees it end). While no condition holds, it costs an atomic load.
+func (e *Engine) clear(cond condition, at time.Time, msg string) {
 	a := e.alerts
 	if !a.any.Load() {
 		return
 	}
 	a.mu.Lock()
-	was := a.on[cond]
-	a.on[cond] = false
+	a.gone[cond] = later(a.gone[cond], at)
+	if !a.on[cond] || !at.After(a.seen[cond]) {
+		a.mu.Unlock()
+		return
+	}
+	told := a.told[cond]
+	a.on[cond], a.told[cond] = false, false
 	any := false
 	for _, on := range a.on {
 		any = any || on
 	}
 	a.any.Store(any)
 	a.mu.Unlock()
-	if was {
+	if told {
 		e.logger().LogAttrs(context.Background(), slog.LevelWarn, msg, slog.String("semaphore", e.cfg.Name))
 	}
 }
 
-// unreachable records that a call could not reach Redis.
+// later returns the later of a and b.
+func later(a, b time.Time) time.Time {
+	if b.After(a) {
+		return b
+	}
+	return a
+}
+
+// unreachable records that a call could not reach Redis: now, or for a
+// failed dial when the client's latest dial failed (go-redis hands back
+// the error of its latest failed dial, without dialing, once dials keep
+// failing), which is stale once a dial succeeded since.
 //
 // On a cluster client it also asks go-redis to reload the cluster's
 // topology: go-redis learns of a new master only from a MOVED reply or its
@@ -224,12 +280,20 @@ func (e *Engine) unreachable(err error) {
 	if cc, ok := e.cfg.Client.(*redis.ClusterClient); ok {
 		cc.ReloadState(context.Background())
 	}
-	e.raise(condUnreachable, "redsem: Redis unreachable", slog.String("error", err.Error()))
+	var at time.Time
+	var op *net.OpError
+	if errors.As(err, &op) && op.Op == "dial" {
+		var okSince bool
+		if at, okSince = e.alerts.dials.lastFailure(); okSince && !at.IsZero() {
+			return
+		}
+	}
+	e.raise(condUnreachable, at, "redsem: Redis unreachable", slog.String("error", err.Error()))
 }
 
-// reached records that a call got an answer from Redis.
-func (e *Engine) reached() {
-	e.clear(condUnreachable, "redsem: Redis reachable again")
+// reached records that a request sent at sent got an answer from Redis.
+func (e *Engine) reached(sent time.Time) {
+	e.clear(condUnreachable, sent, "redsem: Redis reachable again")
 }
 
 // EvictingPolicy reports whether a maxmemory-policy may evict keys that have
@@ -273,7 +337,7 @@ func (e *Engine) checkEvictionPolicy() {
 			root.policyMu.Unlock()
 			return
 		case err != nil:
-			e.raise(condPolicyUnknown, "redsem: cannot read maxmemory-policy; make sure it is noeviction, or the semaphore's keys may be evicted",
+			e.raise(condPolicyUnknown, time.Time{}, "redsem: cannot read maxmemory-policy; make sure it is noeviction, or the semaphore's keys may be evicted",
 				slog.String("error", err.Error()))
 			e.emit(redsem.Event{Kind: redsem.EventEvictionPolicy, Err: err})
 			return
@@ -283,7 +347,7 @@ func (e *Engine) checkEvictionPolicy() {
 		root.policy = policy
 		root.policyMu.Unlock()
 		if EvictingPolicy(policy) {
-			e.raise(condEvicting, "redsem: Redis maxmemory-policy may evict the semaphore's keys; use noeviction",
+			e.raise(condEvicting, time.Time{}, "redsem: Redis maxmemory-policy may evict the semaphore's keys; use noeviction",
 				slog.String("maxmemory_policy", policy))
 			e.emit(redsem.Event{Kind: redsem.EventEvictionPolicy, Policy: policy})
 		}

@@ -116,7 +116,7 @@ func (e *Engine) run(ctx context.Context, c redis.Scripter, s lua.Script, limit 
 	}
 	v, err := bounded(ctx, call)
 	if err == nil {
-		e.reached()
+		e.reached(sent)
 		e.loadLibrary()
 	}
 	return v, sent, err
