@@ -238,9 +238,23 @@ func TestUnreachableOncePerRestart(t *testing.T) {
 	_ = c.Close()
 	// go-redis probes a server whose dials kept failing once a second, on
 	// a goroutine that ends at the first probe after the client closed.
-	redistest.WaitFor(t, 5*time.Second, "go-redis's dial probe to end", func() (bool, error) {
+	waitGone(t, "(*ConnPool).tryDial")
+}
+
+// waitGone waits (at most 5 s) until no goroutine runs any of funcs:
+// go-redis goes on with dials that their callers abandoned, on goroutines
+// of its own, after its client closed, for a second or so.
+func waitGone(t *testing.T, funcs ...string) {
+	t.Helper()
+	redistest.WaitFor(t, 5*time.Second, "go-redis's goroutines to end", func() (bool, error) {
 		buf := make([]byte, 1<<20)
-		return !strings.Contains(string(buf[:runtime.Stack(buf, true)]), "(*ConnPool).tryDial"), nil
+		stacks := string(buf[:runtime.Stack(buf, true)])
+		for _, f := range funcs {
+			if strings.Contains(stacks, f) {
+				return false, nil
+			}
+		}
+		return true, nil
 	})
 }
 

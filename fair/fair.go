@@ -141,7 +141,8 @@ func (s *Semaphore) e() *core.Engine { return (*core.Engine)(s.handle) }
 // heartbeats for QueueTTL) it queues again at the back.
 func (s *Semaphore) Acquire(ctx context.Context) (redsem.Lease, error) { return s.e().Acquire(ctx) }
 
-// TryAcquire makes one attempt and never waits. It never jumps the queue:
+// TryAcquire makes one attempt and never waits (with Redis down it returns
+// once a dial fails: see redsem.Semaphore). It never jumps the queue:
 // with live waiters queued it returns redsem.ErrNoSlot even if a slot is
 // free (that slot is being handed to the head waiter).
 func (s *Semaphore) TryAcquire(ctx context.Context) (redsem.Lease, error) {

@@ -122,7 +122,8 @@ func (s *Semaphore) e() *core.Engine { return (*core.Engine)(s.handle) }
 // holds nothing. A limit mismatch or a Redis error is returned at once.
 func (s *Semaphore) Acquire(ctx context.Context) (redsem.Lease, error) { return s.e().Acquire(ctx) }
 
-// TryAcquire makes one attempt and never waits: it returns redsem.ErrNoSlot
+// TryAcquire makes one attempt and never waits (with Redis down it returns
+// once a dial fails: see redsem.Semaphore): it returns redsem.ErrNoSlot
 // when all slots are held (or when fair waiters of the same name are
 // queued: it never jumps a queue).
 func (s *Semaphore) TryAcquire(ctx context.Context) (redsem.Lease, error) {

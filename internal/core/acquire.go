@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+	"github.com/redis/go-redis/v9"
 	"github.com/redsem/redsem"
 )
 
@@ -74,14 +75,27 @@ func (e *Engine) TryAcquire(ctx context.Context) (redsem.Lease, error) {
 	return e.TryAcquireN(ctx, 1)
 }
 
-// TryAcquireN makes one attempt to take n slots and never waits.
+// TryAcquireN makes one attempt to take n slots and never waits: also not
+// for go-redis to dial again, or to retry its command, once a dial of the
+// client failed while the attempt ran (a refused dial fails at once; one
+// to a host that does not answer, after the client's DialTimeout): the
+// call then returns that dial's error (matching ErrUnavailable). On a
+// cluster client, where one node may be down while the others answer,
+// the client's DialTimeout and MaxRetries bound it.
 func (e *Engine) TryAcquireN(ctx context.Context, n int) (redsem.Lease, error) {
 	c, err := e.begin(ctx, n)
 	if err != nil {
 		return nil, err
 	}
 	c.try = true
+	if _, cluster := e.cfg.Client.(*redis.ClusterClient); !cluster {
+		stop := e.alerts.dials.onFailure(func(err error) { c.cancel(err) })
+		defer stop()
+	}
 	a, err := c.attempt("try", "")
+	if cause := context.Cause(c.ctx); err != nil && c.parent.Err() == nil && cause != nil && cause != redsem.ErrClosed {
+		err = cause // a dial failed: the error says why, not that the call was cancelled
+	}
 	var l *Lease
 	switch {
 	case err != nil:

@@ -3,14 +3,14 @@ package core
 import (
 	"context"
 	"errors"
-	"fmt"
 	"log/slog"
 	"net"
-	"strconv"
+	"runtime"
 	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
+	"weak"
 
 	"github.com/redis/go-redis/v9"
 	"github.com/redsem/redsem"
@@ -106,29 +106,65 @@ type alerts struct {
 // that keeps the client's latest failed dial and its latest successful
 // one: go-redis retries a failed dial on its own, so a call abandoned at
 // its context's end may never see the error itself, and its
-// classification (ErrUnavailable or a timeout) asks here. It does nothing
-// to commands.
+// classification (ErrUnavailable or a timeout) asks here. It also tells
+// the calls that give up at the first failed dial (onFailure). It does
+// nothing to commands.
 type dialWatch struct {
 	mu  sync.Mutex
 	err error
 	at  time.Time // of err
 	ok  time.Time // the latest dial that succeeded
+	// giveUp holds what to call at the next dial that fails (refused, or
+	// timed out: not one abandoned by its caller), by onFailure's id.
+	giveUp map[uint64]func(error)
+	nextID uint64
 }
 
 func (d *dialWatch) DialHook(next redis.DialHook) redis.DialHook {
 	return func(ctx context.Context, network, addr string) (net.Conn, error) {
 		c, err := next(ctx, network, addr)
-		switch {
-		case err == nil:
+		if err == nil {
 			d.mu.Lock()
 			d.ok = time.Now()
 			d.mu.Unlock()
-		case ctx.Err() == nil:
-			d.mu.Lock()
+			return c, err
+		}
+		// go-redis dials on a context of its own, which ends early only
+		// by DialTimeout (a deadline) or when nobody waits any more.
+		failed := ctx.Err() == nil || errors.Is(ctx.Err(), context.DeadlineExceeded)
+		d.mu.Lock()
+		if ctx.Err() == nil {
 			d.err, d.at = err, time.Now()
-			d.mu.Unlock()
+		}
+		var giveUp map[uint64]func(error)
+		if failed && len(d.giveUp) > 0 {
+			giveUp, d.giveUp = d.giveUp, nil
+		}
+		d.mu.Unlock()
+		for _, f := range giveUp {
+			f(err) // before go-redis sees the error, so that it retries nothing for them
 		}
 		return c, err
+	}
+}
+
+// onFailure calls f (at once: it must not block) with the error of the
+// first dial of the client that fails after onFailure was called, unless
+// stop was called first. go-redis dials on contexts of its own, so the
+// dial that fails may have been made for another call of the client.
+func (d *dialWatch) onFailure(f func(error)) (stop func()) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.giveUp == nil {
+		d.giveUp = map[uint64]func(error){}
+	}
+	d.nextID++
+	id := d.nextID
+	d.giveUp[id] = f
+	return func() {
+		d.mu.Lock()
+		delete(d.giveUp, id)
+		d.mu.Unlock()
 	}
 }
 
@@ -164,31 +200,73 @@ func (d *dialWatch) failedSince(t time.Time) error {
 	return nil
 }
 
-// alertsByClient maps a client's address ("%p", so that no client is kept
-// alive by the map), and on a cluster client the slot of the semaphore's
-// keys, to its alerts: a cluster's masters fail one by one, so whether
-// Redis answers is a matter of the slot (a per-client state would flap
-// between "unreachable" and "reachable again" while one master is down).
-// dialsByClient maps a client's address to its dial hook.
+// alertsByClient maps a client, and on a cluster client the slot of the
+// semaphore's keys, to its alerts (alertsKey): a cluster's masters fail one
+// by one, so whether Redis answers is a matter of the slot (a per-client
+// state would flap between "unreachable" and "reachable again" while one
+// master is down). dialsByClient maps a client to its dial hook. A client
+// of go-redis's types is known by a weak pointer, as libsByClient knows
+// it: the maps keep no client alive, their entries go with it, and a new
+// client that the allocator puts where a collected one was is a new key
+// (they were keyed by its address, "%p", before: such a client got no
+// hook, so its failed dials went unseen).
 var alertsByClient, dialsByClient sync.Map
 
+// alertsKey is the key of alertsByClient: the client's key (clientKey),
+// and the slot of the semaphore's keys on a cluster client (-1 on others).
+type alertsKey struct {
+	client any
+	slot   int
+}
+
 func alertsFor(c redis.UniversalClient, keys Keys) *alerts {
-	key := fmt.Sprintf("%p", c)
+	switch c := c.(type) {
+	case *redis.Client:
+		return alertsOf(c, c, -1)
+	case *redis.ClusterClient:
+		return alertsOf(c, c, Slot(keys.List[0]))
+	}
+	a, _ := alertsByKey(c, c, -1) // another type: the maps keep it alive
+	return a
+}
+
+// alertsOf is alertsFor for a client p of a type of go-redis, known by a
+// weak pointer; its entries are deleted once it is collected.
+func alertsOf[T any](p *T, c redis.UniversalClient, slot int) *alerts {
+	key := weak.Make(p)
+	a, added := alertsByKey(key, c, slot)
+	if added {
+		runtime.AddCleanup(p, func(k weak.Pointer[T]) {
+			dialsByClient.Delete(k)
+			alertsByClient.Range(func(ak, _ any) bool {
+				if ak.(alertsKey).client == k {
+					alertsByClient.Delete(ak)
+				}
+				return true
+			})
+		}, key)
+	}
+	return a
+}
+
+// alertsByKey returns the alerts of client c (known as key) for slot, made
+// (with the client's dial hook, added once) if it had none; added reports
+// that the hook was added now.
+func alertsByKey(key any, c redis.UniversalClient, slot int) (a *alerts, added bool) {
 	d, ok := dialsByClient.Load(key)
 	if !ok {
 		var loaded bool
 		if d, loaded = dialsByClient.LoadOrStore(key, &dialWatch{}); !loaded {
 			c.AddHook(d.(*dialWatch))
+			added = true
 		}
 	}
-	if _, ok := c.(*redis.ClusterClient); ok {
-		key += "/" + strconv.Itoa(Slot(keys.List[0]))
+	ak := alertsKey{client: key, slot: slot}
+	if v, ok := alertsByClient.Load(ak); ok {
+		return v.(*alerts), added
 	}
-	if a, ok := alertsByClient.Load(key); ok {
-		return a.(*alerts)
-	}
-	a, _ := alertsByClient.LoadOrStore(key, &alerts{dials: d.(*dialWatch)})
-	return a.(*alerts)
+	v, _ := alertsByClient.LoadOrStore(ak, &alerts{dials: d.(*dialWatch)})
+	return v.(*alerts), added
 }
 
 // logger is where conditions are logged.
@@ -281,8 +359,7 @@ func (e *Engine) unreachable(err error) {
 		cc.ReloadState(context.Background())
 	}
 	var at time.Time
-	var op *net.OpError
-	if errors.As(err, &op) && op.Op == "dial" {
+	if dialFailed(err) {
 		var okSince bool
 		if at, okSince = e.alerts.dials.lastFailure(); okSince && !at.IsZero() {
 			return

@@ -100,13 +100,15 @@ func (e *Engine) run(ctx context.Context, c redis.Scripter, s lua.Script, limit 
 			cmd = script.Eval(ctx, c, e.keys.List, argv...)
 			if err := cmd.Err(); err == nil {
 				loaded.Store(true)
-			} else if Unreachable(err) && ctx.Err() == nil {
+			} else if Unreachable(err) && !dialFailed(err) && ctx.Err() == nil {
 				// A server can close the connection while the whole script
 				// is still being written (one that requires a password
 				// closes an unauthenticated connection that sends more
 				// than 16 KiB), and the client sees only a reset: the
 				// SHA1, a small command, gets the server's reply (the
-				// authentication error; or NOSCRIPT, then EVAL).
+				// authentication error; or NOSCRIPT, then EVAL). Not after
+				// a failed dial: nothing was written, and go-redis's
+				// retries would only run again.
 				cmd = script.Run(ctx, c, e.keys.List, argv...)
 			}
 		} else {
@@ -1085,6 +1087,12 @@ func Transient(err error) bool {
 	return false
 }
 
+// dialFailed reports whether err is a failed dial (nothing was sent).
+func dialFailed(err error) bool {
+	var op *net.OpError
+	return errors.As(err, &op) && op.Op == "dial"
+}
+
 // Unreachable reports whether err says that Redis could not be reached or
 // will not serve now, as opposed to a slow reply, an ended context or an
 // error of the request: a failed dial, a connection refused, reset or
@@ -1102,8 +1110,7 @@ func Unreachable(err error) bool {
 		errors.Is(err, syscall.EHOSTUNREACH) || errors.Is(err, syscall.ENETUNREACH) {
 		return true
 	}
-	var op *net.OpError
-	if errors.As(err, &op) && op.Op == "dial" {
+	if dialFailed(err) {
 		return true
 	}
 	var re redis.Error
