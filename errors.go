@@ -59,11 +59,15 @@ var (
 // ErrRateLimited is matched by the error of a TryAcquire refused because
 // the rate's window (Options.Rate) was full although a slot was free. An
 // error matching it also matches ErrNoSlot, and errors.As to a
-// *RateLimitedError gives RetryAfter.
+// *RateLimitedError gives RetryAfter. The error of an Acquire whose context
+// ended while the window held it back (Redis said so last: a slot was free
+// for it, or for the fair queue's head) matches it too, beside the
+// context's error.
 var ErrRateLimited = errors.New("redsem: rate limit reached")
 
-// RateLimitedError is the error of a TryAcquire that the rate refused. It
-// matches ErrRateLimited and ErrNoSlot.
+// RateLimitedError is the error of a TryAcquire that the rate refused, and
+// part of the error of an Acquire that gave up while the rate held it back.
+// It matches ErrRateLimited and ErrNoSlot.
 type RateLimitedError struct {
 	Name string // the semaphore's name
 	Rate Rate   // the rate in force

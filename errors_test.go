@@ -3,13 +3,16 @@ package redsem_test
 import (
 	"context"
 	"errors"
+	"log/slog"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/redis/go-redis/v9"
 	"github.com/redsem/redsem"
+	"github.com/redsem/redsem/internal/core"
 	"github.com/redsem/redsem/internal/testkit/redistest"
+	"github.com/redsem/redsem/unfair"
 )
 
 // Errors say what happened, with one prefix: a missing password says that
@@ -51,6 +54,39 @@ func TestErrorsSayWhatHappened(t *testing.T) {
 			t.Errorf("out of memory: %v, want the OOM error with one prefix", err)
 		}
 	})
+}
+
+// A wrong password is reported as such (WRONGPASS), not as a missing one,
+// and no maxmemory-policy warning follows it: the policy check could not
+// ask, which says nothing of the policy. (Issue 33.)
+func TestWrongPassword(t *testing.T) {
+	ctx := redistest.Ctx(t, 20*time.Second)
+	srv := redistest.Start(t)
+	if err := srv.Client(t).ConfigSet(ctx, "requirepass", "secret").Err(); err != nil {
+		t.Fatal(err)
+	}
+	c := redis.NewClient(&redis.Options{Addr: srv.Addr, Password: "wrong", MaxRetries: -1})
+	t.Cleanup(func() { _ = c.Close() })
+	rec := &recorder{}
+	s, err := unfair.New(c, redistest.Name(t), 1, unfair.Options{Logger: slog.New(rec)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = s.Close() })
+	_, err = s.TryAcquire(ctx)
+	actx, cancel := context.WithTimeout(ctx, time.Second)
+	_, aerr := s.Acquire(actx)
+	cancel()
+	for call, err := range map[string]error{"TryAcquire": err, "Acquire": aerr} {
+		if err == nil || !strings.Contains(err.Error(), "WRONGPASS") || !strings.Contains(err.Error(), "wrong password") ||
+			strings.Contains(err.Error(), "without authentication") || errors.Is(err, redsem.ErrUnavailable) {
+			t.Errorf("%s with a wrong password: %v, want an error that says the password is wrong", call, err)
+		}
+	}
+	_ = core.EngineOf(s).MaxMemoryPolicy() // waits for the first-use check
+	if strings.Contains(rec.all(), "maxmemory-policy") {
+		t.Errorf("a wrong password was followed by a policy warning: %s", rec.all())
+	}
 }
 
 // Do reports a lease lost while fn ran once, not once from fn's context and

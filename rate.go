@@ -5,6 +5,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+	"unicode"
+	"unicode/utf8"
 )
 
 // Rate bounds how many slots may be granted in any window of length Per, by the
@@ -36,7 +38,8 @@ func (r Rate) String() string {
 // ParseRate reads a rate written "LIMIT/PER", where PER is a Go duration
 // ("60/1m", "100/1s", "5/250ms") or a bare unit standing for one of it
 // ("60/m", "10/s", "1000/h"); "none", "0" and "" are the zero Rate. It
-// does not validate the bounds (New and SetRate do).
+// does not validate the bounds (New and SetRate do): "5/-1s" is a Rate with
+// a negative Per, which they refuse. Its errors quote s.
 func ParseRate(s string) (Rate, error) {
 	s = strings.TrimSpace(s)
 	switch s {
@@ -52,8 +55,14 @@ func ParseRate(s string) (Rate, error) {
 		return Rate{}, fmt.Errorf("redsem: rate %q: limit %q is not an integer", s, l)
 	}
 	p = strings.TrimSpace(p)
-	if p != "" && (p[0] < '0' || p[0] > '9') {
-		p = "1" + p // "m" is one minute
+	if r, _ := utf8.DecodeRuneInString(p); unicode.IsLetter(r) {
+		// A bare unit: "m" is one minute. time's error would quote "1"+p,
+		// which the caller never wrote.
+		d, err := time.ParseDuration("1" + p)
+		if err != nil {
+			return Rate{}, fmt.Errorf("redsem: rate %q: period %q is not a unit (ns, us, µs, ms, s, m, h) or a duration (1m, 250ms)", s, p)
+		}
+		return Rate{Limit: n, Per: d}, nil
 	}
 	d, err := time.ParseDuration(p)
 	if err != nil {

@@ -3,7 +3,9 @@ package redsem_test
 import (
 	"context"
 	"errors"
+	"regexp"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -141,6 +143,91 @@ func TestRateTryAcquire(t *testing.T) {
 			}
 			_ = big.Release(ctx)
 		})
+	}
+}
+
+// An Acquire whose context ends while the rate's window holds it back (a
+// slot is free) returns an error that matches the context's and
+// ErrRateLimited, and is a *RateLimitedError that says when the window has
+// room; on the fair variant also for a waiter queued behind the head that
+// the rate holds back. One that the slots hold back does not match
+// ErrRateLimited. (Issue 33: redsemhttp answered such a request with
+// Retry-After 1 where the window needed longer.)
+func TestRateAcquireGivesUp(t *testing.T) {
+	for _, variant := range rateVariants {
+		t.Run(variant, func(t *testing.T) {
+			ctx := redistest.Ctx(t, 20*time.Second)
+			rate := redsem.Rate{Limit: 2, Per: 10 * time.Second}
+			s := mustRated(t, variant, redistest.Client(t), redistest.Name(t), 3, rate)
+			start := time.Now()
+			for range rate.Limit {
+				if _, err := s.TryAcquire(ctx); err != nil {
+					t.Fatal(err)
+				}
+			}
+			errs := make(chan error, 2)
+			for range cap(errs) {
+				go func() {
+					actx, cancel := context.WithTimeout(ctx, 150*time.Millisecond)
+					defer cancel()
+					_, err := s.Acquire(actx)
+					errs <- err
+				}()
+			}
+			for range cap(errs) {
+				err := <-errs
+				var rl *redsem.RateLimitedError
+				if !errors.Is(err, context.DeadlineExceeded) || !errors.Is(err, redsem.ErrRateLimited) || !errors.As(err, &rl) {
+					t.Fatalf("Acquire held back by the rate: %v, want the deadline and a *RateLimitedError", err)
+				}
+				// The window has room once the first grant (after start)
+				// is Per old.
+				if least := rate.Per - time.Since(start); rl.RetryAfter < least || rl.RetryAfter > rate.Per || rl.Rate != rate {
+					t.Fatalf("RetryAfter %v, rate %v: want in [%v, %v], %v", rl.RetryAfter, rl.Rate, least, rate.Per, rate)
+				}
+			}
+			// The third slot taken: the slots hold it back, not the rate.
+			if err := s.SetRate(ctx, redsem.Rate{}); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := s.Acquire(ctx); err != nil { // after the undos of the two above
+				t.Fatal(err)
+			}
+			actx, cancel := context.WithTimeout(ctx, 150*time.Millisecond)
+			defer cancel()
+			if _, err := s.Acquire(actx); !errors.Is(err, context.DeadlineExceeded) || errors.Is(err, redsem.ErrRateLimited) {
+				t.Fatalf("Acquire held back by the slots: %v, want the deadline alone", err)
+			}
+		})
+	}
+}
+
+// ParseRate reads LIMIT/PER with PER a Go duration or a bare unit, and its
+// errors quote only what the caller wrote. (Issue 33: "5/-1s" was
+// reported as unknown unit "-" in duration "1-1s".)
+func TestParseRate(t *testing.T) {
+	for in, want := range map[string]redsem.Rate{
+		"60/1m": {Limit: 60, Per: time.Minute}, "10/s": {Limit: 10, Per: time.Second}, " 5 / 250ms ": {Limit: 5, Per: 250 * time.Millisecond},
+		"3/µs": {Limit: 3, Per: time.Microsecond}, "none": {}, "0": {}, "": {},
+		// Bounds are New's and SetRate's to check (ConfigError).
+		"5/-1s": {Limit: 5, Per: -time.Second}, "-1/1s": {Limit: -1, Per: time.Second}, "5/+2s": {Limit: 5, Per: 2 * time.Second},
+	} {
+		if got, err := redsem.ParseRate(in); err != nil || got != want {
+			t.Errorf("ParseRate(%q) = %v, %v; want %v", in, got, err, want)
+		}
+	}
+	quoted := regexp.MustCompile(`"([^"]*)"`)
+	for _, in := range []string{"5/x", "5/-s", "5/1x", "5/", "x/1s", "5", "5/1s/2", "5/1ss"} {
+		_, err := redsem.ParseRate(in)
+		if err == nil || !strings.HasPrefix(err.Error(), "redsem: rate "+strconv.Quote(in)+": ") {
+			t.Errorf("ParseRate(%q): %v; want an error that names the rate", in, err)
+			continue
+		}
+		for _, q := range quoted.FindAllStringSubmatch(err.Error(), -1) {
+			if !strings.Contains(in, q[1]) {
+				t.Errorf("ParseRate(%q): %v: quotes %q, which the caller did not write", in, err, q[1])
+			}
+		}
 	}
 }
 

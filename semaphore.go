@@ -15,6 +15,11 @@ type Semaphore interface {
 	// TryAcquire makes one attempt and never waits. When no slot can be
 	// granted now it returns ErrNoSlot. For the fair variant a TryAcquire
 	// never jumps the queue: with live waiters queued it returns ErrNoSlot.
+	// With Redis down it returns once a dial of its client fails (an error
+	// matching ErrUnavailable), without waiting for go-redis to dial again
+	// or retry; a host that does not answer fails a dial after the
+	// client's DialTimeout, and on a cluster client go-redis's retries
+	// (MaxRetries) run: bound those with the client's options or ctx.
 	TryAcquire(ctx context.Context) (Lease, error)
 	// Status reads the live state (expired holders and waiters not counted).
 	Status(ctx context.Context) (Status, error)

@@ -37,7 +37,13 @@
 --                                                the same in queue mode,
 --                                                always this long (rate_limit
 --                                                and per_ms 0 unless
---                                                rate_ms >= 0); floor is
+--                                                rate_ms >= 0), where rate_ms
+--                                                is also >= 0 when the queue
+--                                                is not empty but the rate
+--                                                holds back its head waiter
+--                                                while slots are free for it
+--                                                (ms until the window has
+--                                                room for the head); floor is
 --                                                max(_token, now_us - 1):
 --                                                every grant made before
 --                                                this call has a token at
@@ -214,6 +220,9 @@ end
 
 local function refused(pos)
   if mode == 'queue' then
+    if wait_ms < 0 and call.rate_room_at_us then
+      wait_ms = rate_ms(now_us) -- admit stopped at a head that the rate holds back
+    end
     local rl, per = 0, 0
     if wait_ms >= 0 then
       rl, per = call.rate_limit, call.rate_per_us / 1000

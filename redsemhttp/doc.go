@@ -6,7 +6,10 @@
 // Options.Semaphore picks for it (one per route, per tenant, per API key),
 // and the lease is released when the handler returns, also when it panics.
 // A request that gets no lease within Options.MaxWait is answered 503
-// Service Unavailable with a Retry-After header, and its handler never runs.
+// Service Unavailable with a Retry-After header, and its handler never runs;
+// one that the semaphore's rate held back (a slot was free, the rate's
+// window was full) is answered 429 Too Many Requests with a Retry-After that
+// says when the window has room.
 //
 // Transport limits the requests a client has in flight at once (an outbound
 // API that allows 5 concurrent calls, whichever instance makes them): each

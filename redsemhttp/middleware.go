@@ -33,10 +33,9 @@ type Options struct {
 	// answered 503 with Retry-After, and leaves nothing behind in Redis.
 	MaxWait time.Duration
 	// RetryAfter is the value of the Retry-After header of a 503 answer,
-	// rounded up to whole seconds; zero: 1s. An answer to a request refused
-	// by a rate (an error that is a *redsem.RateLimitedError, from a
-	// Semaphore whose Acquire does not wait for the rate's window) says
-	// when the window has room instead.
+	// rounded up to whole seconds; zero: 1s. A request that the
+	// semaphore's rate refused is answered 429 instead, with a Retry-After
+	// that says when the rate's window has room (see Middleware).
 	RetryAfter time.Duration
 	// FailOpen decides what happens when Acquire fails because Redis cannot
 	// be reached (its error matches redsem.ErrUnavailable: a failed dial, a
@@ -75,8 +74,9 @@ func LeaseFromContext(ctx context.Context) (redsem.Lease, bool) {
 // Middleware admits a request only while it holds a lease of the semaphore
 // that opts.Semaphore returns for it; the lease is released when the handler
 // returns. A request that cannot get one within opts.MaxWait (or whose
-// queue is full) is answered 503 with a Retry-After header, without calling
-// the handler.
+// queue is full) is answered 503 with a Retry-After header, or 429 when the
+// semaphore's rate (Options.Rate of package fair or unfair) is what held it
+// back, without calling the handler.
 //
 // In detail, for each request:
 //   - Semaphore returns an error: ErrorHandler answers (default 500); the
@@ -84,6 +84,13 @@ func LeaseFromContext(ctx context.Context) (redsem.Lease, bool) {
 //   - Acquire returns a lease: the handler runs with the lease in its
 //     request's context (LeaseFromContext), and the lease is released when
 //     the handler returns or panics (the panic goes on after the release).
+//   - Acquire gives up with a *redsem.RateLimitedError: the semaphore's
+//     rate held the request back while a slot was free (its Acquire gave
+//     up at MaxWait while the rate's window was full, or returned the
+//     error at once): 429 Too Many Requests, with Retry-After set from the
+//     error's RetryAfter, when the window has room (whole seconds, rounded
+//     up, at least 1), so that a client that obeys it is not refused again
+//     by the same window.
 //   - Acquire gives up because MaxWait passed or the request's context ended
 //     (the client went away), or fails with an error matching
 //     redsem.ErrQueueFull: 503 Service Unavailable with Retry-After.
@@ -91,9 +98,6 @@ func LeaseFromContext(ctx context.Context) (redsem.Lease, bool) {
 //     could not be reached: Acquire rides that out until MaxWait): 503 with
 //     Retry-After (fail closed), or with Options.FailOpen the handler runs
 //     without a lease.
-//   - Acquire fails with a *redsem.RateLimitedError (the semaphore's rate
-//     refused it): 503 with Retry-After set from its RetryAfter (whole
-//     seconds, rounded up, at least 1).
 //   - Acquire fails otherwise (closed, limit mismatch, a Redis error): 503
 //     with Retry-After.
 //
@@ -125,7 +129,7 @@ func Middleware(opts Options) func(http.Handler) http.Handler {
 	}
 	rateLimited := func(w http.ResponseWriter, rl *redsem.RateLimitedError) {
 		w.Header().Set("Retry-After", strconv.FormatInt(max(int64(math.Ceil(rl.RetryAfter.Seconds())), 1), 10))
-		http.Error(w, "redsemhttp: rate limit reached, try again later", http.StatusServiceUnavailable)
+		http.Error(w, "redsemhttp: rate limit reached, try again later", http.StatusTooManyRequests)
 	}
 	return func(next http.Handler) http.Handler {
 		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {

@@ -230,16 +230,73 @@ func (rateLimited) Acquire(context.Context) (redsem.Lease, error) {
 	return nil, &redsem.RateLimitedError{Name: "x", Rate: redsem.Rate{Limit: 5, Per: time.Minute}, RetryAfter: 2200 * time.Millisecond}
 }
 
-// A request refused by a rate is answered 503 with the Retry-After the rate
+// A request refused by a rate is answered 429 with the Retry-After the rate
 // gives (rounded up to whole seconds), not Options.RetryAfter.
 func TestMiddlewareRateLimited(t *testing.T) {
 	sem := newFair(t, redistest.Client(t), redistest.Name(t), 1, fair.Options{})
 	var called atomic.Bool
 	h := redsemhttp.Middleware(redsemhttp.Options{Semaphore: fixed(rateLimited{sem}), FailOpen: true, RetryAfter: 7 * time.Second})(
 		http.HandlerFunc(func(http.ResponseWriter, *http.Request) { called.Store(true) }))
-	want503(t, serve(h, context.Background()), "3")
+	rec := serve(h, context.Background())
+	if rec.Code != http.StatusTooManyRequests || rec.Header().Get("Retry-After") != "3" {
+		t.Fatalf("status %d, Retry-After %q: want 429 and 3", rec.Code, rec.Header().Get("Retry-After"))
+	}
 	if called.Load() {
 		t.Fatal("handler called")
+	}
+}
+
+// TestMiddlewareRateWindow: a request that a real semaphore's rate (5 per
+// 10 s) holds back past MaxWait while a slot is free is answered 429 Too
+// Many Requests, with a Retry-After that tells when the window has room
+// (not Options.RetryAfter): a client that obeys it is not refused again by
+// the same window (a request that the slots hold back stays 503:
+// TestMiddlewareReleases).
+func TestMiddlewareRateWindow(t *testing.T) {
+	const per = 10 * time.Second
+	rate := redsem.Rate{Limit: 5, Per: per}
+	for _, variant := range []string{"fair", "unfair"} {
+		t.Run(variant, func(t *testing.T) {
+			ctx := redistest.Ctx(t, 30*time.Second)
+			var sem redsem.Semaphore
+			if variant == "fair" {
+				sem = newFair(t, redistest.Client(t), redistest.Name(t), 10, fair.Options{Rate: rate})
+			} else {
+				s, err := unfair.New(redistest.Client(t), redistest.Name(t), 10, unfair.Options{Rate: rate})
+				if err != nil {
+					t.Fatal(err)
+				}
+				t.Cleanup(func() { _ = s.Close() })
+				sem = s
+			}
+			h := redsemhttp.Middleware(redsemhttp.Options{Semaphore: fixed(sem), MaxWait: 100 * time.Millisecond})(
+				http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { _, _ = io.WriteString(w, "ok") }))
+			start := time.Now()
+			for i := range rate.Limit {
+				if rec := serve(h, ctx); rec.Code != http.StatusOK {
+					t.Fatalf("request %d: %d %q", i, rec.Code, rec.Body)
+				}
+			}
+			// Three at once: on the fair variant the first queues at the
+			// head and the others behind it, all held by the window.
+			recs := make(chan *httptest.ResponseRecorder, 3)
+			for range cap(recs) {
+				go func() { recs <- serve(h, ctx) }()
+			}
+			for range cap(recs) {
+				rec := <-recs
+				// The window has room once the first grant, made after
+				// start, is per old: not before start+per.
+				least := max(int64((per-time.Since(start))/time.Second), 2)
+				if rec.Code != http.StatusTooManyRequests {
+					t.Fatalf("status %d (%s, Retry-After %q), want 429", rec.Code, rec.Body, rec.Header().Get("Retry-After"))
+				}
+				got, err := strconv.ParseInt(rec.Header().Get("Retry-After"), 10, 64)
+				if err != nil || got < least || got > int64(per/time.Second) {
+					t.Fatalf("Retry-After %q, want the window's time, in [%d, %d] s", rec.Header().Get("Retry-After"), least, per/time.Second)
+				}
+			}
+		})
 	}
 }
 

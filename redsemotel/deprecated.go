@@ -61,12 +61,12 @@ func Outcome(err error) string {
 		return OutcomeGranted
 	case errors.Is(err, redsem.ErrClosed):
 		return OutcomeClosed
-	case errors.Is(err, redsem.ErrNoSlot):
-		return OutcomeNoSlot
 	case errors.Is(err, context.DeadlineExceeded):
 		return OutcomeTimeout
 	case errors.Is(err, context.Canceled):
 		return OutcomeCanceled
+	case errors.Is(err, redsem.ErrNoSlot):
+		return OutcomeNoSlot
 	}
 	return OutcomeError
 }

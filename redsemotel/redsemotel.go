@@ -97,16 +97,18 @@ func ErrorType(err error) string {
 		return ErrorTypeClosed
 	case errors.Is(err, redsem.ErrUnavailable):
 		return ErrorTypeUnavailable
+	case errors.Is(err, context.DeadlineExceeded):
+		// Before the rate: an Acquire that gave up while the rate held it
+		// back matches ErrRateLimited too, and it is a timeout.
+		return ErrorTypeTimeout
+	case errors.Is(err, context.Canceled):
+		return ErrorTypeCanceled
 	case errors.Is(err, redsem.ErrRateLimited):
 		return ErrorTypeRateLimited
 	case errors.Is(err, redsem.ErrNoSlot):
 		return ErrorTypeNoSlot
 	case errors.Is(err, redsem.ErrQueueFull):
 		return ErrorTypeQueueFull
-	case errors.Is(err, context.DeadlineExceeded):
-		return ErrorTypeTimeout
-	case errors.Is(err, context.Canceled):
-		return ErrorTypeCanceled
 	}
 	return ErrorTypeOther
 }

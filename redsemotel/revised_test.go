@@ -104,6 +104,7 @@ func TestErrorType(t *testing.T) {
 		{context.Canceled, "canceled"},
 		{redsem.ErrClosed, "closed"},
 		{errors.Join(redsem.ErrUnavailable, context.DeadlineExceeded), "unavailable"},
+		{errors.Join(context.DeadlineExceeded, &redsem.RateLimitedError{RetryAfter: time.Second}), "timeout"},
 		{redsem.ErrWeight, "_OTHER"},
 		{&redsem.LimitMismatchError{Client: 1, Established: 2}, "_OTHER"},
 		{errors.New("boom"), "_OTHER"},

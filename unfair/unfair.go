@@ -32,7 +32,13 @@ type Options struct {
 	// lost, ...) synchronously; see redsem.Event. Nil costs nothing.
 	Observer redsem.Observer
 	// Logger, if set, logs events with log/slog: lost leases, evictions and
-	// warnings at Warn, the rest at Debug. Nil: silent.
+	// warnings at Warn, the rest at Debug. Whether set or not, the
+	// conditions a user must see (Redis unreachable; a maxmemory-policy
+	// that may evict the keys, or that cannot be read) are logged at Warn,
+	// once when they start, at most once a minute while they last and once
+	// when they clear, with the library's few notes about itself (Info,
+	// Debug). Nil: events are not logged, and those records go to
+	// slog.Default() at Warn (the notes at their own levels).
 	Logger *slog.Logger
 	// MinReplicas, if positive, makes Acquire and TryAcquire wait until
 	// this many replicas of the Redis primary acknowledged the grant (Redis
@@ -66,8 +72,10 @@ type Options struct {
 	// window is what holds a waiter back, it is woken when the
 	// window has room, not by polling. TryAcquire refused by the rate
 	// while a slot was free returns a *redsem.RateLimitedError (matching
-	// redsem.ErrRateLimited and redsem.ErrNoSlot) that says when to retry;
-	// AcquireN with n above Rate.Limit returns redsem.ErrWeight at once.
+	// redsem.ErrRateLimited and redsem.ErrNoSlot) that says when to retry,
+	// and so does the error of an AcquireN whose context ends while the
+	// rate holds it back (beside the context's error); AcquireN with n
+	// above Rate.Limit returns redsem.ErrWeight at once.
 	// Like the limit, the rate is stored in Redis: a client built with
 	// another rate than live clients established gets an error matching
 	// redsem.ErrLimitMismatch (a *redsem.RateMismatchError) until SetRate
@@ -114,7 +122,8 @@ func (s *Semaphore) e() *core.Engine { return (*core.Engine)(s.handle) }
 // holds nothing. A limit mismatch or a Redis error is returned at once.
 func (s *Semaphore) Acquire(ctx context.Context) (redsem.Lease, error) { return s.e().Acquire(ctx) }
 
-// TryAcquire makes one attempt and never waits: it returns redsem.ErrNoSlot
+// TryAcquire makes one attempt and never waits (with Redis down it returns
+// once a dial fails: see redsem.Semaphore): it returns redsem.ErrNoSlot
 // when all slots are held (or when fair waiters of the same name are
 // queued: it never jumps a queue).
 func (s *Semaphore) TryAcquire(ctx context.Context) (redsem.Lease, error) {

@@ -342,6 +342,52 @@ func TestSetRate(t *testing.T) {
 	}
 }
 
+// status on a fair queue that the rate holds back (slots free, the window
+// full) says that the rate holds it, not that admission is pending and
+// dead waiters get evicted; and it shows the rate the clients were built
+// with when set-limit --rate overrides it with another. (Issue 33.)
+func TestStatusRateHoldsQueue(t *testing.T) {
+	ctx := redistest.Ctx(t, 30*time.Second)
+	name := redistest.Name(t)
+	sem, err := fair.New(redistest.Client(t), name, 5, fair.Options{Rate: redsem.Rate{Limit: 2, Per: time.Minute}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sem.Close()
+	l, err := sem.AcquireN(ctx, 2) // fills the window
+	if err != nil {
+		t.Fatal(err)
+	}
+	_ = l.Release(ctx)
+	if code, out, errs := runCmd(t, "set-limit", name, "--rate", "2/2m"); code != exitOK {
+		t.Fatalf("set-limit --rate: exit %d, stdout %q, stderr %q", code, out, errs)
+	}
+	wctx, cancel := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() {
+		_, err := sem.Acquire(wctx)
+		done <- err
+	}()
+	defer func() { cancel(); <-done }()
+	waitFor(t, 10*time.Second, "the waiter to queue", func() bool {
+		st, err := sem.Status(ctx)
+		return err == nil && len(st.Waiters) == 1
+	})
+	code, out, errs := runCmd(t, "status", name)
+	if code != exitOK || errs != "" {
+		t.Fatalf("exit %d, stderr %q", code, errs)
+	}
+	t.Logf("status:\n%s", out)
+	if strings.Contains(out, "evicted") || strings.Contains(out, "admission is pending") {
+		t.Errorf("status blames dead waiters for a queue that the rate holds:\n%s", out)
+	}
+	for _, want := range []string{"the rate holds", "2 granted in the window of 2/2m0s", "clients were built with rate 2/1m0s; set-limit --rate's 2/2m0s overrides it"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("status lacks %q", want)
+		}
+	}
+}
+
 func TestReleaseForce(t *testing.T) {
 	ctx := redistest.Ctx(t, 30*time.Second)
 	name := redistest.Name(t)

@@ -39,6 +39,12 @@ type snapshot struct {
 	// slots granted in its window ending now.
 	Rate        string `json:"rate,omitempty"`
 	RateGranted int    `json:"rate_granted,omitempty"`
+	// EstablishedRate is the rate live clients were built with ("none":
+	// without one; empty: unknown), SetRate the one set-limit --rate set
+	// for all (empty: none set).
+	EstablishedRate string      `json:"established_rate,omitempty"`
+	SetRate         string      `json:"set_rate,omitempty"`
+	rate            redsem.Rate // the rate in force
 
 	Holders []holderInfo `json:"holders"`
 	Waiters []waiterInfo `json:"waiters"`
@@ -270,6 +276,8 @@ func (ss *session) read(ctx context.Context, leaseTTL time.Duration) (*snapshot,
 	}
 	override := pipe.Get(ctx, keys.List[core.KeyOverride])
 	established := pipe.HGet(ctx, keys.List[core.KeyMeta], "_limit")
+	rateOverride := pipe.Get(ctx, keys.List[core.KeyRate])
+	rateEstablished := pipe.HGet(ctx, keys.List[core.KeyMeta], "_rate")
 	if _, err := pipe.Exec(ctx); err != nil && !errors.Is(err, redis.Nil) {
 		return nil, err
 	}
@@ -295,7 +303,15 @@ func (ss *session) read(ctx context.Context, leaseTTL time.Duration) (*snapshot,
 		s.LimitSource = "unknown"
 	}
 	if !st.Rate.IsZero() {
-		s.Rate, s.RateGranted = st.Rate.String(), st.RateGranted
+		s.Rate, s.RateGranted, s.rate = st.Rate.String(), st.RateGranted, st.Rate
+	}
+	if r, ok := storedRate(rateOverride.Val()); ok {
+		s.SetRate = r.String()
+	}
+	if r, ok := storedRate(rateEstablished.Val()); ok {
+		s.EstablishedRate = r.String()
+	} else if s.Established != nil {
+		s.EstablishedRate = redsem.Rate{}.String() // a limit established without a rate
 	}
 	nowMs := now.UnixMilli()
 	for _, h := range st.Holders {
@@ -353,6 +369,9 @@ func (s *snapshot) check(leaseTTL time.Duration) {
 		case held == limit:
 			s.warn("full: all %d slots held, %d waiting in the fair queue (one reading; watch shows how long it stays full)",
 				limit, len(s.Waiters))
+		case len(s.Waiters) > 0 && s.Waiters[0].Weight <= limit-held && !s.rate.IsZero() && s.RateGranted+s.Waiters[0].Weight > s.rate.Limit:
+			s.note("%d waiting while %d slots are free: the rate holds them (%d granted in the window of %s, the rate in force; the head wants %d): "+
+				"the head is admitted once enough grants leave the window", len(s.Waiters), limit-held, s.RateGranted, s.Rate, s.Waiters[0].Weight)
 		case len(s.Waiters) > 0 && s.Waiters[0].Weight <= limit-held:
 			s.warn("%d waiting while %d slots are free: admission is pending (normal for a moment; waiters whose process died are evicted when their deadline passes)",
 				len(s.Waiters), limit-held)
@@ -361,6 +380,9 @@ func (s *snapshot) check(leaseTTL time.Duration) {
 		}
 		if s.Override != nil && s.Established != nil && *s.Override != *s.Established {
 			s.note("clients were built with limit %d; set-limit's %d overrides it", *s.Established, *s.Override)
+		}
+		if s.SetRate != "" && s.EstablishedRate != "" && s.SetRate != s.EstablishedRate {
+			s.note("clients were built with rate %s; set-limit --rate's %s overrides it", s.EstablishedRate, s.SetRate)
 		}
 		for _, h := range s.Holders {
 			if len(h.Slots) > 0 && h.Slots[len(h.Slots)-1] >= limit {
@@ -394,6 +416,18 @@ func (s *snapshot) check(leaseTTL time.Duration) {
 	if core.EvictingPolicy(s.MaxMemoryPolicy) {
 		s.warn("Redis maxmemory-policy is %s: it may evict the semaphore's keys (all but the set-limit override have a TTL); use noeviction", s.MaxMemoryPolicy)
 	}
+}
+
+// storedRate reads a rate as the scripts store it, "limit/per_ms" ("0/0":
+// none); ok is false for anything else (absent, or not a rate).
+func storedRate(v string) (r redsem.Rate, ok bool) {
+	l, p, found := strings.Cut(v, "/")
+	n, err1 := strconv.Atoi(l)
+	ms, err2 := strconv.ParseInt(p, 10, 64)
+	if !found || err1 != nil || err2 != nil || n < 0 || ms < 0 {
+		return redsem.Rate{}, false
+	}
+	return redsem.Rate{Limit: n, Per: time.Duration(ms) * time.Millisecond}, true
 }
 
 // fmtMs formats milliseconds as a short duration.

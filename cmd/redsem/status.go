@@ -87,7 +87,10 @@ func render(w io.Writer, s *snapshot) {
 	default:
 		fmt.Fprintf(w, "limit:   %d (established by live clients)\n", *s.Limit)
 	}
-	if s.Rate != "" {
+	switch {
+	case s.Rate != "" && s.SetRate != "":
+		fmt.Fprintf(w, "rate:    %s (set with set-limit --rate; never expires; %d granted in the window ending now)\n", s.Rate, s.RateGranted)
+	case s.Rate != "":
 		fmt.Fprintf(w, "rate:    %s (%d granted in the window ending now)\n", s.Rate, s.RateGranted)
 	}
 	if !s.Live && s.Limit != nil {

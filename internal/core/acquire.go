@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+	"github.com/redis/go-redis/v9"
 	"github.com/redsem/redsem"
 )
 
@@ -74,14 +75,27 @@ func (e *Engine) TryAcquire(ctx context.Context) (redsem.Lease, error) {
 	return e.TryAcquireN(ctx, 1)
 }
 
-// TryAcquireN makes one attempt to take n slots and never waits.
+// TryAcquireN makes one attempt to take n slots and never waits: also not
+// for go-redis to dial again, or to retry its command, once a dial of the
+// client failed while the attempt ran (a refused dial fails at once; one
+// to a host that does not answer, after the client's DialTimeout): the
+// call then returns that dial's error (matching ErrUnavailable). On a
+// cluster client, where one node may be down while the others answer,
+// the client's DialTimeout and MaxRetries bound it.
 func (e *Engine) TryAcquireN(ctx context.Context, n int) (redsem.Lease, error) {
 	c, err := e.begin(ctx, n)
 	if err != nil {
 		return nil, err
 	}
 	c.try = true
+	if _, cluster := e.cfg.Client.(*redis.ClusterClient); !cluster {
+		stop := e.alerts.dials.onFailure(func(err error) { c.cancel(err) })
+		defer stop()
+	}
 	a, err := c.attempt("try", "")
+	if cause := context.Cause(c.ctx); err != nil && c.parent.Err() == nil && cause != nil && cause != redsem.ErrClosed {
+		err = cause // a dial failed: the error says why, not that the call was cancelled
+	}
 	var l *Lease
 	switch {
 	case err != nil:
@@ -118,6 +132,11 @@ type call struct {
 	// failed (go-redis retries a failed dial on its own, so a refused dial
 	// may never come back to the call as an error before its context ends).
 	dialErr error
+	// rateRoom: the latest reply said that the rate's window held the call
+	// back while a slot was free (acquireReply.rateMs): when the window
+	// has room, by the local clock, and the rate in force; zero otherwise.
+	rateRoom time.Time
+	rate     redsem.Rate
 
 	backoff time.Duration
 	timer   *time.Timer // the call's one timer (retry pauses, unfair waits)
@@ -216,7 +235,9 @@ func (c *call) exit(l *Lease, err error) (redsem.Lease, error) {
 // classify turns the raw error a step returned into the call's error:
 //   - the caller's context ended: an error matching ctx.Err() and its
 //     cause, and ErrUnavailable if Redis could not be reached meanwhile
-//     (Unreachable: never for a reply that was merely slow);
+//     (Unreachable: never for a reply that was merely slow), or a
+//     *redsem.RateLimitedError if Redis said last that the rate's window
+//     held the call back;
 //   - Close ended it: redsem.ErrClosed;
 //   - else the error itself, with the semaphore's name.
 func (c *call) classify(err error) error {
@@ -238,13 +259,17 @@ func (c *call) classify(err error) error {
 		}
 		if c.lastErr != nil && (err == nil || !errors.Is(err, c.lastErr)) {
 			// Redis failed transiently and did not answer since: say how,
-			// and (only if it could not be reached) that it was unavailable.
+			// and (only if it could not be reached) that it was unavailable
+			// (retry raised the alert when it saw the error).
 			if Unreachable(c.lastErr) {
-				e.unreachable(c.lastErr)
 				out = joinLine(out, fmt.Errorf("%w: %w", redsem.ErrUnavailable, c.lastErr))
 			} else {
 				out = joinLine(out, c.lastErr)
 			}
+		} else if !c.rateRoom.IsZero() {
+			// Redis answered last that the rate held the call back: say
+			// when its window has room (redsemhttp answers 429 with it).
+			out = joinLine(out, &redsem.RateLimitedError{Name: e.cfg.Name, Rate: c.rate, RetryAfter: max(time.Until(c.rateRoom), 0)})
 		}
 		return out
 	}

@@ -2,14 +2,15 @@ package core
 
 import (
 	"context"
-	"fmt"
+	"errors"
 	"log/slog"
 	"net"
-	"strconv"
+	"runtime"
 	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
+	"weak"
 
 	"github.com/redis/go-redis/v9"
 	"github.com/redsem/redsem"
@@ -60,7 +61,21 @@ func (e *Engine) log(ev redsem.Event) {
 // A condition is a failure that a user must see without configuring
 // anything: each is logged at Warn through Options.Logger, or
 // slog.Default() when none is set, once when it starts, at most once a
-// minute while it lasts, and once when it clears.
+// minute while it lasts, and once when it clears (if its start was
+// logged).
+//
+// Whether a condition holds changes in one place, alerts (raise and
+// clear), by the order of the evidence, not of its arrival: a failure
+// seen before the latest sign that the condition does not hold is stale
+// and changes nothing. After a restart of Redis, calls that were in
+// flight across it, and go-redis handing back the dial error it kept from
+// before it (it stops dialing for each command after repeated failures,
+// until its background probe succeeds), fail after other calls have
+// succeeded; without this the state flapped between "unreachable" and
+// "reachable again" several times in the second after a restart. And a
+// condition that starts again less than a minute after its last Warn is
+// logged once that minute has passed, if it still holds, so that even a
+// condition that truly comes and goes logs at most two records a minute.
 type condition int
 
 const (
@@ -80,37 +95,76 @@ type alerts struct {
 	any    atomic.Bool // some condition is on: the fast path of clear
 	mu     sync.Mutex
 	on     [nConditions]bool
-	logged [nConditions]time.Time
-	dials  *dialWatch // the client's (one hook per client)
+	told   [nConditions]bool      // on, and its start was logged
+	logged [nConditions]time.Time // the latest Warn that it holds
+	seen   [nConditions]time.Time // the latest evidence that it holds
+	gone   [nConditions]time.Time // the latest evidence that it does not
+	dials  *dialWatch             // the client's (one hook per client)
 }
 
 // dialWatch is a go-redis hook, added once to each client an engine uses,
 // that keeps the client's latest failed dial and its latest successful
 // one: go-redis retries a failed dial on its own, so a call abandoned at
 // its context's end may never see the error itself, and its
-// classification (ErrUnavailable or a timeout) asks here. It does nothing
-// to commands.
+// classification (ErrUnavailable or a timeout) asks here. It also tells
+// the calls that give up at the first failed dial (onFailure). It does
+// nothing to commands.
 type dialWatch struct {
 	mu  sync.Mutex
 	err error
 	at  time.Time // of err
 	ok  time.Time // the latest dial that succeeded
+	// giveUp holds what to call at the next dial that fails (refused, or
+	// timed out: not one abandoned by its caller), by onFailure's id.
+	giveUp map[uint64]func(error)
+	nextID uint64
 }
 
 func (d *dialWatch) DialHook(next redis.DialHook) redis.DialHook {
 	return func(ctx context.Context, network, addr string) (net.Conn, error) {
 		c, err := next(ctx, network, addr)
-		switch {
-		case err == nil:
+		if err == nil {
 			d.mu.Lock()
 			d.ok = time.Now()
 			d.mu.Unlock()
-		case ctx.Err() == nil:
-			d.mu.Lock()
+			return c, err
+		}
+		// go-redis dials on a context of its own, which ends early only
+		// by DialTimeout (a deadline) or when nobody waits any more.
+		failed := ctx.Err() == nil || errors.Is(ctx.Err(), context.DeadlineExceeded)
+		d.mu.Lock()
+		if ctx.Err() == nil {
 			d.err, d.at = err, time.Now()
-			d.mu.Unlock()
+		}
+		var giveUp map[uint64]func(error)
+		if failed && len(d.giveUp) > 0 {
+			giveUp, d.giveUp = d.giveUp, nil
+		}
+		d.mu.Unlock()
+		for _, f := range giveUp {
+			f(err) // before go-redis sees the error, so that it retries nothing for them
 		}
 		return c, err
+	}
+}
+
+// onFailure calls f (at once: it must not block) with the error of the
+// first dial of the client that fails after onFailure was called, unless
+// stop was called first. go-redis dials on contexts of its own, so the
+// dial that fails may have been made for another call of the client.
+func (d *dialWatch) onFailure(f func(error)) (stop func()) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.giveUp == nil {
+		d.giveUp = map[uint64]func(error){}
+	}
+	d.nextID++
+	id := d.nextID
+	d.giveUp[id] = f
+	return func() {
+		d.mu.Lock()
+		delete(d.giveUp, id)
+		d.mu.Unlock()
 	}
 }
 
@@ -127,6 +181,14 @@ func (d *dialWatch) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.Pr
 // so a short call may see no dial of its own.
 const dialStale = 2 * time.Second
 
+// lastFailure returns when the client's latest dial failed, and whether a
+// dial succeeded after it.
+func (d *dialWatch) lastFailure() (at time.Time, okSince bool) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.at, d.ok.After(d.at)
+}
+
 // failedSince returns the client's latest dial error if it came after t,
 // or shortly before t with no successful dial since (dialStale).
 func (d *dialWatch) failedSince(t time.Time) error {
@@ -138,31 +200,73 @@ func (d *dialWatch) failedSince(t time.Time) error {
 	return nil
 }
 
-// alertsByClient maps a client's address ("%p", so that no client is kept
-// alive by the map), and on a cluster client the slot of the semaphore's
-// keys, to its alerts: a cluster's masters fail one by one, so whether
-// Redis answers is a matter of the slot (a per-client state would flap
-// between "unreachable" and "reachable again" while one master is down).
-// dialsByClient maps a client's address to its dial hook.
+// alertsByClient maps a client, and on a cluster client the slot of the
+// semaphore's keys, to its alerts (alertsKey): a cluster's masters fail one
+// by one, so whether Redis answers is a matter of the slot (a per-client
+// state would flap between "unreachable" and "reachable again" while one
+// master is down). dialsByClient maps a client to its dial hook. A client
+// of go-redis's types is known by a weak pointer, as libsByClient knows
+// it: the maps keep no client alive, their entries go with it, and a new
+// client that the allocator puts where a collected one was is a new key
+// (they were keyed by its address, "%p", before: such a client got no
+// hook, so its failed dials went unseen).
 var alertsByClient, dialsByClient sync.Map
 
+// alertsKey is the key of alertsByClient: the client's key (clientKey),
+// and the slot of the semaphore's keys on a cluster client (-1 on others).
+type alertsKey struct {
+	client any
+	slot   int
+}
+
 func alertsFor(c redis.UniversalClient, keys Keys) *alerts {
-	key := fmt.Sprintf("%p", c)
+	switch c := c.(type) {
+	case *redis.Client:
+		return alertsOf(c, c, -1)
+	case *redis.ClusterClient:
+		return alertsOf(c, c, Slot(keys.List[0]))
+	}
+	a, _ := alertsByKey(c, c, -1) // another type: the maps keep it alive
+	return a
+}
+
+// alertsOf is alertsFor for a client p of a type of go-redis, known by a
+// weak pointer; its entries are deleted once it is collected.
+func alertsOf[T any](p *T, c redis.UniversalClient, slot int) *alerts {
+	key := weak.Make(p)
+	a, added := alertsByKey(key, c, slot)
+	if added {
+		runtime.AddCleanup(p, func(k weak.Pointer[T]) {
+			dialsByClient.Delete(k)
+			alertsByClient.Range(func(ak, _ any) bool {
+				if ak.(alertsKey).client == k {
+					alertsByClient.Delete(ak)
+				}
+				return true
+			})
+		}, key)
+	}
+	return a
+}
+
+// alertsByKey returns the alerts of client c (known as key) for slot, made
+// (with the client's dial hook, added once) if it had none; added reports
+// that the hook was added now.
+func alertsByKey(key any, c redis.UniversalClient, slot int) (a *alerts, added bool) {
 	d, ok := dialsByClient.Load(key)
 	if !ok {
 		var loaded bool
 		if d, loaded = dialsByClient.LoadOrStore(key, &dialWatch{}); !loaded {
 			c.AddHook(d.(*dialWatch))
+			added = true
 		}
 	}
-	if _, ok := c.(*redis.ClusterClient); ok {
-		key += "/" + strconv.Itoa(Slot(keys.List[0]))
+	ak := alertsKey{client: key, slot: slot}
+	if v, ok := alertsByClient.Load(ak); ok {
+		return v.(*alerts), added
 	}
-	if a, ok := alertsByClient.Load(key); ok {
-		return a.(*alerts)
-	}
-	a, _ := alertsByClient.LoadOrStore(key, &alerts{dials: d.(*dialWatch)})
-	return a.(*alerts)
+	v, _ := alertsByClient.LoadOrStore(ak, &alerts{dials: d.(*dialWatch)})
+	return v.(*alerts), added
 }
 
 // logger is where conditions are logged.
@@ -173,16 +277,28 @@ func (e *Engine) logger() *slog.Logger {
 	return slog.Default()
 }
 
-// raise records that cond holds, and logs msg at Warn if it just started
-// or was last logged alertEvery ago.
-func (e *Engine) raise(cond condition, msg string, attrs ...slog.Attr) {
+// raise records evidence, from time at (zero: now), that cond holds: it
+// changes nothing if at is not after the latest evidence that it does not
+// (clear). It logs msg at Warn if cond was last logged alertEvery ago (or
+// never): when it starts, and at most once a minute while it lasts.
+func (e *Engine) raise(cond condition, at time.Time, msg string, attrs ...slog.Attr) {
 	a := e.alerts
 	now := time.Now()
+	if at.IsZero() {
+		at = now
+	}
 	a.mu.Lock()
-	log := !a.on[cond] || now.Sub(a.logged[cond]) >= alertEvery
-	a.on[cond] = true
+	if !at.After(a.gone[cond]) {
+		a.mu.Unlock()
+		return // stale: it held before what said it no longer does
+	}
+	a.seen[cond] = later(a.seen[cond], at)
+	if !a.on[cond] {
+		a.on[cond], a.told[cond] = true, false
+	}
+	log := now.Sub(a.logged[cond]) >= alertEvery
 	if log {
-		a.logged[cond] = now
+		a.logged[cond], a.told[cond] = now, true
 	}
 	a.any.Store(true)
 	a.mu.Unlock()
@@ -192,28 +308,46 @@ func (e *Engine) raise(cond condition, msg string, attrs ...slog.Attr) {
 	}
 }
 
-// clear records that cond no longer holds, and logs msg at Warn if it held
-// (Warn, so that whoever saw it start sees it end).
-func (e *Engine) clear(cond condition, msg string) {
+// clear records evidence, from time at, that cond does not hold: cond
+// ends if it held and at is after the latest evidence that it did, and
+// msg is logged at Warn if its start was (Warn, so that whoever saw it
+// start sees it end). While no condition holds, it costs an atomic load.
+func (e *Engine) clear(cond condition, at time.Time, msg string) {
 	a := e.alerts
 	if !a.any.Load() {
 		return
 	}
 	a.mu.Lock()
-	was := a.on[cond]
-	a.on[cond] = false
+	a.gone[cond] = later(a.gone[cond], at)
+	if !a.on[cond] || !at.After(a.seen[cond]) {
+		a.mu.Unlock()
+		return
+	}
+	told := a.told[cond]
+	a.on[cond], a.told[cond] = false, false
 	any := false
 	for _, on := range a.on {
 		any = any || on
 	}
 	a.any.Store(any)
 	a.mu.Unlock()
-	if was {
+	if told {
 		e.logger().LogAttrs(context.Background(), slog.LevelWarn, msg, slog.String("semaphore", e.cfg.Name))
 	}
 }
 
-// unreachable records that a call could not reach Redis.
+// later returns the later of a and b.
+func later(a, b time.Time) time.Time {
+	if b.After(a) {
+		return b
+	}
+	return a
+}
+
+// unreachable records that a call could not reach Redis: now, or for a
+// failed dial when the client's latest dial failed (go-redis hands back
+// the error of its latest failed dial, without dialing, once dials keep
+// failing), which is stale once a dial succeeded since.
 //
 // On a cluster client it also asks go-redis to reload the cluster's
 // topology: go-redis learns of a new master only from a MOVED reply or its
@@ -224,12 +358,19 @@ func (e *Engine) unreachable(err error) {
 	if cc, ok := e.cfg.Client.(*redis.ClusterClient); ok {
 		cc.ReloadState(context.Background())
 	}
-	e.raise(condUnreachable, "redsem: Redis unreachable", slog.String("error", err.Error()))
+	var at time.Time
+	if dialFailed(err) {
+		var okSince bool
+		if at, okSince = e.alerts.dials.lastFailure(); okSince && !at.IsZero() {
+			return
+		}
+	}
+	e.raise(condUnreachable, at, "redsem: Redis unreachable", slog.String("error", err.Error()))
 }
 
-// reached records that a call got an answer from Redis.
-func (e *Engine) reached() {
-	e.clear(condUnreachable, "redsem: Redis reachable again")
+// reached records that a request sent at sent got an answer from Redis.
+func (e *Engine) reached(sent time.Time) {
+	e.clear(condUnreachable, sent, "redsem: Redis reachable again")
 }
 
 // EvictingPolicy reports whether a maxmemory-policy may evict keys that have
@@ -244,7 +385,8 @@ func EvictingPolicy(policy string) bool {
 // request instead of before or after it. A policy that can evict the
 // semaphore's keys, and a server that refuses to tell (CONFIG GET not
 // allowed), are reported (EventEvictionPolicy, and a Warn record). A
-// check that could not reach Redis runs again at the next acquire.
+// check that could not reach Redis, or that Redis did not let in (no or
+// wrong credentials), runs again at the next acquire.
 func (e *Engine) checkEvictionPolicy() {
 	root := e
 	if e.fam != nil {
@@ -264,13 +406,15 @@ func (e *Engine) checkEvictionPolicy() {
 		defer cancel()
 		v, err := root.cfg.Client.ConfigGet(ctx, "maxmemory-policy").Result()
 		switch {
-		case err != nil && (Unreachable(err) || ctx.Err() != nil):
+		case err != nil && (Unreachable(err) || authError(err) || ctx.Err() != nil):
+			// Not reached, or not let in (the acquire reports either):
+			// nothing is known of the policy. Ask again next time.
 			root.policyMu.Lock()
-			root.policyDone = nil // not reached: the acquire reports that; ask again next time
+			root.policyDone = nil
 			root.policyMu.Unlock()
 			return
 		case err != nil:
-			e.raise(condPolicyUnknown, "redsem: cannot read maxmemory-policy; make sure it is noeviction, or the semaphore's keys may be evicted",
+			e.raise(condPolicyUnknown, time.Time{}, "redsem: cannot read maxmemory-policy; make sure it is noeviction, or the semaphore's keys may be evicted",
 				slog.String("error", err.Error()))
 			e.emit(redsem.Event{Kind: redsem.EventEvictionPolicy, Err: err})
 			return
@@ -280,7 +424,7 @@ func (e *Engine) checkEvictionPolicy() {
 		root.policy = policy
 		root.policyMu.Unlock()
 		if EvictingPolicy(policy) {
-			e.raise(condEvicting, "redsem: Redis maxmemory-policy may evict the semaphore's keys; use noeviction",
+			e.raise(condEvicting, time.Time{}, "redsem: Redis maxmemory-policy may evict the semaphore's keys; use noeviction",
 				slog.String("maxmemory_policy", policy))
 			e.emit(redsem.Event{Kind: redsem.EventEvictionPolicy, Policy: policy})
 		}

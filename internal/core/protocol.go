@@ -104,13 +104,15 @@ func (e *Engine) run(ctx context.Context, c redis.Scripter, s lua.Script, limit 
 			cmd = script.Eval(ctx, c, keys, argv...)
 			if err := cmd.Err(); err == nil {
 				loaded.Store(true)
-			} else if Unreachable(err) && ctx.Err() == nil {
+			} else if Unreachable(err) && !dialFailed(err) && ctx.Err() == nil {
 				// A server can close the connection while the whole script
 				// is still being written (one that requires a password
 				// closes an unauthenticated connection that sends more
 				// than 16 KiB), and the client sees only a reset: the
 				// SHA1, a small command, gets the server's reply (the
-				// authentication error; or NOSCRIPT, then EVAL).
+				// authentication error; or NOSCRIPT, then EVAL). Not after
+				// a failed dial: nothing was written, and go-redis's
+				// retries would only run again.
 				cmd = script.Run(ctx, c, keys, argv...)
 			}
 		} else {
@@ -120,7 +122,7 @@ func (e *Engine) run(ctx context.Context, c redis.Scripter, s lua.Script, limit 
 	}
 	v, err := bounded(ctx, call)
 	if err == nil {
-		e.reached()
+		e.reached(sent)
 		e.loadLibrary()
 	}
 	return v, sent, err
@@ -353,6 +355,12 @@ func (c *call) attempt(mode, sid string) (acquireReply, error) {
 	}
 	c.sent = true
 	a, err := c.e.acquire(c.ctx, acquireArgs{id: c.id, n: c.n, mode: mode, sid: sid, refuseAfter: refuseAfter})
+	if err == nil {
+		c.rateRoom, c.rate = time.Time{}, redsem.Rate{}
+		if a.code == codeQueued && a.rateMs >= 0 {
+			c.rateRoom, c.rate = time.Now().Add(time.Duration(a.rateMs)*time.Millisecond), a.rateInForce
+		}
+	}
 	if err == nil || !Transient(err) {
 		if err == nil || !errors.Is(err, c.ctx.Err()) {
 			c.replied, c.lastErr, c.backoff = true, nil, 0
@@ -1017,7 +1025,7 @@ func (e *Engine) ctxErr(ctx context.Context, err error) error {
 // wrap names the semaphore in err (once: an error of the library's own
 // names it already); an error that says Redis could not be reached matches
 // redsem.ErrUnavailable too, and one that says the connection lacks
-// authentication says so.
+// authentication, or that its credentials are wrong, says which.
 func (e *Engine) wrap(err error) error {
 	if own(err) {
 		return err
@@ -1026,6 +1034,8 @@ func (e *Engine) wrap(err error) error {
 	case Unreachable(err):
 		e.unreachable(err)
 		return &namedError{fmt.Errorf("redsem: %q: %w: %w", e.cfg.Name, redsem.ErrUnavailable, err)}
+	case strings.Contains(err.Error(), "WRONGPASS"):
+		return &namedError{fmt.Errorf("redsem: %q: Redis refused the client's credentials: wrong password, or wrong or disabled user (check them in the client's options): %w", e.cfg.Name, err)}
 	case authError(err):
 		return &namedError{fmt.Errorf("redsem: %q: Redis refused the request without authentication (set the password, and the user, in the client's options): %w", e.cfg.Name, err)}
 	}
@@ -1093,9 +1103,10 @@ func own(err error) bool {
 	return false
 }
 
-// authError reports whether err is Redis refusing an unauthenticated
-// connection: NOAUTH, WRONGPASS, or the "unauthenticated multibulk length"
-// with which it closes one that sent a long request first.
+// authError reports whether err is Redis refusing a connection that is not
+// authenticated: NOAUTH, WRONGPASS (the client's credentials are wrong),
+// or the "unauthenticated multibulk length" with which it closes one that
+// sent a long request first.
 func authError(err error) bool {
 	msg := err.Error()
 	return strings.Contains(msg, "NOAUTH") || strings.Contains(msg, "WRONGPASS") ||
@@ -1150,6 +1161,12 @@ func Transient(err error) bool {
 	return false
 }
 
+// dialFailed reports whether err is a failed dial (nothing was sent).
+func dialFailed(err error) bool {
+	var op *net.OpError
+	return errors.As(err, &op) && op.Op == "dial"
+}
+
 // Unreachable reports whether err says that Redis could not be reached or
 // will not serve now, as opposed to a slow reply, an ended context or an
 // error of the request: a failed dial, a connection refused, reset or
@@ -1167,8 +1184,7 @@ func Unreachable(err error) bool {
 		errors.Is(err, syscall.EHOSTUNREACH) || errors.Is(err, syscall.ENETUNREACH) {
 		return true
 	}
-	var op *net.OpError
-	if errors.As(err, &op) && op.Op == "dial" {
+	if dialFailed(err) {
 		return true
 	}
 	var re redis.Error
