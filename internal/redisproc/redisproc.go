@@ -111,9 +111,18 @@ func launch(ctx context.Context, bin, dir string) (*Proc, error) {
 // from dir/redis.log for the error. Stop or Kill it when done; Run does not
 // remove dir.
 func Run(ctx context.Context, argv []string, dir, addr string) (*Proc, error) {
+	return RunEnv(ctx, argv, nil, dir, addr)
+}
+
+// RunEnv is Run with env ("NAME=value") added to this process's environment
+// for the server, e.g. an LD_PRELOAD library that moves its wall clock.
+func RunEnv(ctx context.Context, argv, env []string, dir, addr string) (*Proc, error) {
 	p := &Proc{addr: addr, bin: argv[0]}
 	p.cmd = exec.Command(argv[0], argv[1:]...)
 	p.cmd.Dir = dir
+	if len(env) > 0 {
+		p.cmd.Env = append(os.Environ(), env...)
+	}
 	setDeathSignal(p.cmd)
 	if err := p.cmd.Start(); err != nil {
 		return nil, fmt.Errorf("redisproc: %w", err)

@@ -14,7 +14,9 @@
 // resets connections. NewDelayer gives a client a fault layer that only
 // delays (replies after Redis ran the command, pub/sub messages), and
 // ReadLayout with Layout.Check checks a semaphore's keys against
-// lua/lib_*.lua's invariants.
+// lua/lib_*.lua's invariants. StartWallClock starts a server whose wall
+// clock the test steps forward and back (WallClock.Step), as NTP or a
+// resumed virtual machine does.
 package redistest
 
 import (
@@ -48,6 +50,7 @@ type Server struct {
 	port int
 	dir  string
 	args []string
+	env  []string        // added to the server's environment (StartWallClock)
 	proc *redisproc.Proc // nil when not running
 	// external is set when the server is not ours (REDIS_URL or a
 	// container): it cannot be restarted or killed.
@@ -254,6 +257,11 @@ func (s *Server) killLocked() {
 // startLocal starts redis-server from PATH (or the binary
 // REDSEM_REDIS_SERVER names) on a free loopback port.
 func startLocal(extraArgs ...string) (*Server, error) {
+	return startLocalEnv(nil, extraArgs...)
+}
+
+// startLocalEnv is startLocal with env added to the server's environment.
+func startLocalEnv(env []string, extraArgs ...string) (*Server, error) {
 	bin, err := redisproc.Binary()
 	if err != nil {
 		return nil, err
@@ -268,7 +276,7 @@ func startLocal(extraArgs ...string) (*Server, error) {
 		if err != nil {
 			return nil, err
 		}
-		s := &Server{Addr: net.JoinHostPort("127.0.0.1", strconv.Itoa(port)), port: port, dir: dir}
+		s := &Server{Addr: net.JoinHostPort("127.0.0.1", strconv.Itoa(port)), port: port, dir: dir, env: env}
 		s.args = append([]string{bin,
 			"--port", strconv.Itoa(port), "--bind", "127.0.0.1",
 			"--save", "", "--appendonly", "no", "--dir", dir,
@@ -285,7 +293,7 @@ func startLocal(extraArgs ...string) (*Server, error) {
 // launchLocked starts the process and waits until it answers PING; the
 // server dies with the test binary even if no cleanup runs.
 func (s *Server) launchLocked() error {
-	p, err := redisproc.Run(context.Background(), s.args, s.dir, s.Addr)
+	p, err := redisproc.RunEnv(context.Background(), s.args, s.env, s.dir, s.Addr)
 	if err != nil {
 		return err
 	}
