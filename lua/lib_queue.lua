@@ -3,7 +3,7 @@
 -- the fair queue's parts: session_deadline (sessions), drop_waiter and
 -- evict_heavier (waiters that can never be admitted).
 -- Uses from lib_args.lua: holders_key, queue_key, sessions_key, channel,
--- publish_cmd, call (session_deadlines), fmt; from lib_records.lua:
+-- publish_cmd, call (session_deadlines), MARGIN_MS, fmt; from lib_records.lua:
 -- get, num, next_expiry, set, put, del, records, extend; from
 -- lib_slots.lua: parse_waiter; from lib_limit.lua: take_slots; from
 -- lib_rate.lua: rate_record; from lib_family.lua: fam_add.
@@ -17,6 +17,12 @@ local function grant(id, n, now, now_us, deadline, owner)
   local token = num('_token') + 1
   if token < now_us then
     token = now_us
+  elseif token > (num('_hz') - MARGIN_MS) * 1000 then
+    -- The clock is behind the counter (stepped back, with grants enough
+    -- since to pass the horizon): the keys, and _token with them, live
+    -- until the clock has passed the token, so that once they expire the
+    -- clock's floor alone is above every token granted.
+    extend(now, math.ceil(token / 1000))
   end
   local t = fmt(token)
   set('_token', token, t)

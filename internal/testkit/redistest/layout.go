@@ -220,8 +220,11 @@ func (p LayoutProblems) String() string {
 //     high-water mark _hw, the free set holds the others below _hw (each
 //     slot below _hw is held or free, exactly once), and _used is the
 //     number of slots held; _q is the number of queue entries;
-//   - lease tokens are distinct and at most _token; arrival numbers are
-//     distinct and at most _seq;
+//   - lease tokens are distinct and at most _token, and the keys (_token
+//     with them) expire no sooner than the server clock passes _token (in
+//     µs: _hz*1000 at least), so that a token granted after they expired,
+//     the clock's, is above it; arrival numbers are distinct and at most
+//     _seq;
 //   - _next is at most every holder deadline (expiry work is skipped until
 //     then) unless that work is due already; every holder deadline, session deadline and tombstone time
 //     lies at least the Lua library's MARGIN_MS before the horizon _hz; every
@@ -264,6 +267,10 @@ func (l *Layout) Check(limit int) LayoutProblems {
 	token, _ := num("_token")
 	seq, _ := num("_seq")
 	hz, _ := num("_hz")
+
+	if token > hz*1000 {
+		p.add("keys expire before the clock passes _token", "_token is %d µs, the horizon _hz %d ms", token, hz)
+	}
 
 	// Holders and their records.
 	inH := map[string]bool{}

@@ -103,6 +103,9 @@ func TestLayoutCheck(t *testing.T) {
 			c.Meta[bID] = strings.Join(f, "|")
 		}},
 		{"token above _token", 3, func(c *redistest.Layout) { c.Meta["_token"] = "1" }},
+		{"keys expire before the clock passes _token", 3, func(c *redistest.Layout) {
+			c.Meta["_token"] = strconv.FormatInt(c.NowUs+time.Hour.Microseconds(), 10)
+		}},
 		{"arrival above _seq", 3, func(c *redistest.Layout) { c.Meta["_seq"] = "0" }},
 		{"tombstone without an ended entry", 3, func(c *redistest.Layout) { c.Ended = nil }},
 		{"_next above a holder deadline", 3, func(c *redistest.Layout) { c.Meta["_next"] = "inf" }},
