@@ -48,11 +48,15 @@ end
 
 -- prune drops tombstones past their time, and dead sessions with their
 -- waiters wherever they stand in the queue (admit also evicts dead waiters
--- it meets at the head). It runs at most every 100 ms (sooner while a
+-- it meets at the head). It runs at most every PRUNE_MS (sooner while a
 -- batch was full), so its cost is spread thin, and its scan of the queue
--- when a session died is rare.
+-- when a session died is rare. A next time further ahead than that means
+-- that the server's clock stepped back: it runs then, rather than not
+-- until the clock is back where it was.
+local PRUNE_MS = 100
 local function prune(now)
-  if now < num('_prune') then
+  local at = num('_prune')
+  if now < at and at <= now + PRUNE_MS then
     return
   end
   keep_hashed()
@@ -98,7 +102,7 @@ local function prune(now)
   if #due == BATCH or #dead == BATCH then
     set('_prune', now)
   else
-    set('_prune', now + 100)
+    set('_prune', now + PRUNE_MS)
   end
 end
 
