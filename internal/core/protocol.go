@@ -355,6 +355,18 @@ func (c *call) attempt(mode, sid string) (acquireReply, error) {
 	}
 	c.sent = true
 	a, err := c.e.acquire(c.ctx, acquireArgs{id: c.id, n: c.n, mode: mode, sid: sid, refuseAfter: refuseAfter})
+	if errors.Is(err, errCancelled) && refuseAfter > 0 && a.now > refuseAfter && c.ctx.Err() == nil {
+		// Refused by refuse_after while the caller still waits: the bound
+		// came from an older reply, and the server's clock has since
+		// stepped forward past it (an NTP correction, a resumed VM), not
+		// the request been held up (the caller would have given up). The
+		// script wrote nothing, and this reply's time is now the engine's:
+		// the request goes again once, bounded anew.
+		if refuseAfter, err = c.e.refuseAfter(c.ctx); err != nil {
+			return acquireReply{}, err
+		}
+		a, err = c.e.acquire(c.ctx, acquireArgs{id: c.id, n: c.n, mode: mode, sid: sid, refuseAfter: refuseAfter})
+	}
 	if err == nil {
 		c.rateRoom, c.rate = time.Time{}, redsem.Rate{}
 		if a.code == codeQueued && a.rateMs >= 0 {

@@ -140,7 +140,7 @@ func (s *session) handle(m *redis.Message) {
 		if we == nil {
 			return
 		}
-		msg.ev.grant.deadline = we.clock.localAtLeast(msg.deadline).Add(-time.Millisecond)
+		msg.ev.grant.deadline = grantDeadline(we.clock.localAtLeast(msg.deadline), time.Now(), msg.deadline, msg.ev.grant.token)
 		// The channel names the session the waiter was queued under when
 		// Redis granted it: the waiter refuses a grant of another session.
 		msg.ev.grant.sid = strings.TrimPrefix(m.Channel, h.e.keys.Chan+":s:")
@@ -162,6 +162,28 @@ func (s *session) handle(m *redis.Message) {
 		msg.ev.evicted = true
 		h.deliver(msg.id, msg.ev)
 	}
+}
+
+// grantDeadline is the local deadline of a grant message received at
+// local time got, whose server deadline is deadlineMs and token token: the
+// earlier of two estimates, less a millisecond (expiresBy). mapped is the
+// deadline through the engine's server clock (localAtLeast), never late
+// while the server's clock runs evenly, but as late as a step forward
+// taken since the engine's latest reply. The other is the grant's lifetime
+// counted from when the message came: the grant was made before, at a
+// server time at most its token (tokens are never below the server clock
+// in µs), so the lifetime is at least deadlineMs - token/1000; this one is
+// late only by the message's time in flight.
+func grantDeadline(mapped, got time.Time, deadlineMs, token int64) time.Time {
+	life := time.Duration(deadlineMs)*time.Millisecond - time.Duration(token)*time.Microsecond
+	return minTime(mapped, got.Add(life)).Add(-time.Millisecond)
+}
+
+func minTime(a, b time.Time) time.Time {
+	if b.Before(a) {
+		return b
+	}
+	return a
 }
 
 // message is a decoded message of a fair session's channel.
