@@ -165,25 +165,23 @@ func (s *session) handle(m *redis.Message) {
 }
 
 // grantDeadline is the local deadline of a grant message received at
-// local time got, whose server deadline is deadlineMs and token token: the
-// earlier of two estimates, less a millisecond (expiresBy). mapped is the
-// deadline through the engine's server clock (localAtLeast), never late
-// while the server's clock runs evenly, but as late as a step forward
-// taken since the engine's latest reply. The other is the grant's lifetime
-// counted from when the message came: the grant was made before, at a
-// server time at most its token (tokens are never below the server clock
-// in µs), so the lifetime is at least deadlineMs - token/1000; this one is
-// late only by the message's time in flight.
+// local time got, whose server deadline is deadlineMs and token token:
+// mapped, the deadline through the engine's server clock (localAtLeast),
+// less a millisecond (expiresBy), which is never late while the server's
+// clock runs evenly. A step forward of the server's clock since the
+// engine's latest reply makes it late by the step; it is then after the
+// grant's whole lifetime counted from when the message came (the grant was
+// made before, at a server time at most its token: tokens are never below
+// the server clock in µs), and grantDeadline returns the zero time instead:
+// the waiter asks Redis again, and the reply gives the deadline counted
+// from the server's own clock.
 func grantDeadline(mapped, got time.Time, deadlineMs, token int64) time.Time {
+	d := mapped.Add(-time.Millisecond)
 	life := time.Duration(deadlineMs)*time.Millisecond - time.Duration(token)*time.Microsecond
-	return minTime(mapped, got.Add(life)).Add(-time.Millisecond)
-}
-
-func minTime(a, b time.Time) time.Time {
-	if b.Before(a) {
-		return b
+	if d.After(got.Add(life)) {
+		return time.Time{}
 	}
-	return a
+	return d
 }
 
 // message is a decoded message of a fair session's channel.
@@ -413,7 +411,9 @@ func (c *call) awaitGrant(w *waiter, sid string, floor int64) (g grant, ok bool,
 					return grant{}, false, nil
 				}
 				if !time.Now().Before(g.deadline) {
-					return grant{}, false, nil // granted, but this process learned too late: ask again
+					// Granted, but this process learned too late, or cannot
+					// tell when the grant ends (grantDeadline): ask again.
+					return grant{}, false, nil
 				}
 				return g, true, nil
 			case evWeight:
