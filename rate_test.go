@@ -500,16 +500,31 @@ func TestRateFairArrivalOrder(t *testing.T) {
 	}
 	wg.Wait()
 	_ = l.Release(ctx)
+	// A waiter is woken when the window has room (the script's hint), and
+	// at the latest by its fallback check (FallbackInterval, default 1 s,
+	// +20 %): that is the promise for each gap. On a loaded machine a
+	// wake-up can come late now and then, so promptness is asked of most
+	// gaps, not all; a hint that never works makes every gap a fallback.
 	prev := l.Token()
+	prompt := 0
+	var gaps []time.Duration
 	for k, r := range order {
 		if r.i != k {
 			t.Fatalf("admitted in order %v, want arrival order", order)
 		}
 		gap := time.Duration(r.token-prev) * time.Microsecond
-		if gap < rate.Per || gap > rate.Per+50*time.Millisecond {
-			t.Errorf("grant %d came %v after the previous one, want %v and a few ms", k, gap, rate.Per)
+		gaps = append(gaps, gap)
+		if gap < rate.Per || gap > rate.Per+1200*time.Millisecond {
+			t.Errorf("grant %d came %v after the previous one, want %v and at most the fallback (1.2 s) more", k, gap, rate.Per)
+		}
+		if gap <= rate.Per+50*time.Millisecond {
+			prompt++
 		}
 		prev = r.token
+	}
+	t.Logf("gaps between grants: %v", gaps)
+	if prompt < n/2 {
+		t.Errorf("only %d of %d grants came within 50 ms of the window's room: %v", prompt, n, gaps)
 	}
 }
 
