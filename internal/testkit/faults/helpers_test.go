@@ -202,6 +202,19 @@ func eventually(t *testing.T, within time.Duration, what string, cond func() err
 	}
 }
 
+// poll calls cond every 20ms until it returns nil or within passes, and
+// returns its last error.
+func poll(within time.Duration, cond func() error) error {
+	deadline := time.Now().Add(within)
+	for {
+		err := cond()
+		if err == nil || time.Now().After(deadline) {
+			return err
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
 // waiters returns how many live waiters (fair) the semaphore reports.
 func waitersOf(ctx context.Context, s redsem.Semaphore) (int, error) {
 	st, err := s.Status(ctx)

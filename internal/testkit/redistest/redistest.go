@@ -227,6 +227,26 @@ func (s *Server) signal(t testing.TB, sig syscall.Signal) {
 	}
 }
 
+// LogTail returns the last n lines of the server's log file, or a note
+// saying why there is none (an external server, a stopped one).
+func (s *Server) LogTail(n int) string {
+	s.mu.Lock()
+	dir := s.dir
+	s.mu.Unlock()
+	if dir == "" {
+		return "(no log: the server is external or stopped)"
+	}
+	b, err := os.ReadFile(filepath.Join(dir, "redis.log"))
+	if err != nil {
+		return fmt.Sprintf("(no log: %v)", err)
+	}
+	lines := strings.Split(strings.TrimRight(string(b), "\n"), "\n")
+	if len(lines) > n {
+		lines = lines[len(lines)-n:]
+	}
+	return strings.Join(lines, "\n")
+}
+
 // Stop ends the server and removes its directory. It is safe to call twice.
 func (s *Server) Stop() {
 	if s.stopFn != nil {
