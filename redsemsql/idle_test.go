@@ -14,7 +14,6 @@ import (
 	"github.com/redsem/redsem"
 	"github.com/redsem/redsem/fair"
 	"github.com/redsem/redsem/internal/testkit/redistest"
-	"github.com/redsem/redsem/redsemotel"
 	"github.com/redsem/redsem/redsemsql"
 	"github.com/redsem/redsem/unfair"
 )
@@ -25,6 +24,13 @@ type pool struct {
 	db  *sql.DB
 	sem redsem.Semaphore
 }
+
+// wrapper is a semaphore wrapper with an Unwrap method, as
+// redsemotel.Wrap's (not imported: it would put OpenTelemetry in this
+// module's requirements, for its users too).
+type wrapper struct{ redsem.Semaphore }
+
+func (w wrapper) Unwrap() redsem.Semaphore { return w.Semaphore }
 
 // poolSettings are database/sql's pool settings of one case.
 type poolSettings struct {
@@ -53,7 +59,7 @@ func newPools(t *testing.T, variant string, n, limit int, set poolSettings) ([]p
 		case "wrapped": // seen through Unwrap
 			sem, err = unfair.New(redistest.Client(t), name, limit, unfair.Options{})
 			if err == nil {
-				sem = redsemotel.Wrap(sem)
+				sem = wrapper{sem}
 			}
 		default:
 			t.Fatalf("unknown variant %q", variant)
@@ -186,8 +192,9 @@ func TestIdleOnePool(t *testing.T) {
 // TestIdleTwoPools: two pools (two processes: each its own Redis client
 // and semaphore) of up to 10 connections share 3 slots. Pool 0's idle
 // connections hold every slot when pool 1's queries arrive; then both run
-// at once. Every query runs. "wrapped": semaphores wrapped by
-// redsemotel.Wrap, which the connector sees through (Unwrap).
+// at once. Every query runs. "wrapped": semaphores wrapped by a type with
+// an Unwrap method (as redsemotel.Wrap's), which the connector sees
+// through.
 func TestIdleTwoPools(t *testing.T) {
 	for _, v := range []string{"unfair", "fair", "wrapped"} {
 		t.Run(v, func(t *testing.T) {
