@@ -16,6 +16,10 @@
 // transaction or *sql.Conn that is using the connection when its lease is
 // lost sees driver.ErrBadConn on its next statement.
 //
+// For pgx's own pool (pgxpool), use package redsempgx: the same slots and
+// the same give-back protocol, shared across processes with this package's
+// connectors of the same semaphore.
+//
 // # Giving slots back
 //
 // An idle connection in database/sql's pool holds its slot, so that the
@@ -51,11 +55,12 @@
 // A connection in use (a query, a transaction, an *sql.Conn, a prepared
 // statement running) is never closed under it. One exception: a
 // connection that database/sql's opener goroutine opened counts as idle
-// until its first call, since database/sql may put it straight into its
-// pool; an *sql.Conn (sql.DB.Conn) that waited for a connection and got
-// such a one, then held it 5 ms or more without a call while another
-// Connect waited, sees driver.ErrBadConn on its first statement. Nothing is sent while no
-// Connect waits: the fast path of a query is untouched. database/sql
+// from 100 ms after it opened until its first call, since database/sql may
+// put it straight into its pool; an *sql.Conn (sql.DB.Conn) that waited
+// for a connection and got such a one, then held it that long without a
+// call while another Connect waited, sees driver.ErrBadConn on its first
+// statement. Nothing is sent while no Connect waits: the fast path of a
+// query is untouched. database/sql
 // learns that a given-back idle connection is gone when it next takes it
 // from the pool (ResetSession, or the first statement, answers
 // driver.ErrBadConn, and it retries on another connection), so until then

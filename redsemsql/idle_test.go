@@ -6,13 +6,13 @@ import (
 	"errors"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5/stdlib"
 	"github.com/redsem/redsem"
 	"github.com/redsem/redsem/fair"
+	"github.com/redsem/redsem/internal/testkit/pooltest"
 	"github.com/redsem/redsem/internal/testkit/redistest"
 	"github.com/redsem/redsem/redsemsql"
 	"github.com/redsem/redsem/unfair"
@@ -111,41 +111,12 @@ func burst(t *testing.T, pools []pool, queries int) []error {
 	return errs
 }
 
-// watchBackends samples pg_stat_activity for app every 2 ms (each query
-// holds its connection 20 ms or more) until stop is called, which returns
-// the most backends seen at once. It samples rather than loops: a loop of
-// queries took a core of this 2-core machine from the pools it watched.
+// watchBackends samples pg_stat_activity for app until stop is called,
+// which returns the most backends seen at once (pooltest.Watch).
 func watchBackends(t *testing.T, app string) (stop func() int64) {
 	t.Helper()
 	monitor := pgDB(t)
-	ctx := redistest.Ctx(t, time.Minute)
-	var pgMax atomic.Int64
-	quit, done := make(chan struct{}), make(chan error, 1)
-	go func() {
-		for {
-			n, err := countBackends(ctx, monitor, app)
-			if err != nil {
-				done <- err
-				return
-			}
-			if int64(n) > pgMax.Load() {
-				pgMax.Store(int64(n))
-			}
-			select {
-			case <-quit:
-				done <- nil
-				return
-			case <-time.After(2 * time.Millisecond):
-			}
-		}
-	}()
-	return func() int64 {
-		close(quit)
-		if err := <-done; err != nil {
-			t.Fatal(err)
-		}
-		return pgMax.Load()
-	}
+	return pooltest.Watch(t, func(ctx context.Context) (int, error) { return countBackends(ctx, monitor, app) })
 }
 
 // checkBurst runs a burst and fails the test on any error or on more

@@ -363,15 +363,22 @@ func (s *Slot) Returned(valid bool) bool {
 	return true
 }
 
-// Idle marks a connection in use idle, as Returned does, without paying
-// what the pool owes: for a connection that its pool keeps without having
+// freshGrace is how long a new connection marked idle by Idle is left
+// alone, so that the caller it was opened for takes it first.
+const freshGrace = 100 * time.Millisecond
+
+// Idle marks a new connection idle, as Returned does, without paying what
+// the pool owes: for a connection that its pool may keep without having
 // used it (database/sql's opener goroutine puts the connections it opens
-// straight into the pool, with no call that Returned could hook).
+// straight into its pool, with no call that Returned could hook; pgxpool
+// keeps those it opens for MinConns). It may be given back only once it
+// has been idle freshGrace (plus the usual 5 ms), so that the caller it
+// was opened for, if any, takes it first.
 func (s *Slot) Idle() {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.st == inUse && s.lease.Err() == nil {
-		s.st, s.since = idle, time.Now()
+		s.st, s.since = idle, time.Now().Add(freshGrace)
 	}
 }
 
