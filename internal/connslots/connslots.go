@@ -158,9 +158,13 @@ func (p *Pool) listen() {
 	go p.serve(ctx)
 }
 
-// serve answers the demand notices of other pools, until Close.
+// serve answers the demand notices of other pools, until Close. Each
+// notice is answered in a goroutine of its own (an answer may wait
+// claimDelay, then for Redis), so that notices are read as they come.
 func (p *Pool) serve(ctx context.Context) {
+	var answers sync.WaitGroup
 	defer close(p.stopped)
+	defer answers.Wait() // ctx is done: they return at once
 	ps := p.eng.SubscribeDemand(ctx)
 	defer func() { _ = ps.Close() }()
 	ch := ps.Channel()
@@ -174,7 +178,7 @@ func (p *Pool) serve(ctx context.Context) {
 			}
 			from, notice, ok := strings.Cut(m.Payload, " ")
 			if ok && from != p.id {
-				p.answer(ctx, notice)
+				answers.Go(func() { p.answer(ctx, notice) })
 			}
 		}
 	}
