@@ -3,6 +3,7 @@ package redsempgx_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -224,5 +225,80 @@ func TestMinConnsGiveBack(t *testing.T) {
 	t.Logf("B's query after %v: %v", time.Since(start).Round(time.Millisecond), err)
 	if err != nil {
 		t.Fatalf("B's query while A's unused MinConns connections held every slot: %v", err)
+	}
+}
+
+// TestLostLeases: when every lease is lost, the pool's idle connections
+// are destroyed when next acquired, the pool dials new ones under new
+// leases, and queries keep working.
+func TestLostLeases(t *testing.T) {
+	const limit = 2
+	e := newEnv(t)
+	ctx := redistest.Ctx(t, 30*time.Second)
+	name := redistest.Name(t)
+	// Renewed every 200 ms: a deleted lease is found lost within that.
+	us, err := unfair.New(redistest.Client(t), name, limit, unfair.Options{LeaseTTL: 600 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = us.Close() })
+	sem := &pooltest.Recording{Semaphore: us}
+	p := e.pool(sem, limit, redsempgx.Options{}, nil)
+	var held []*pgxpool.Conn
+	for i := 0; i < limit; i++ {
+		c, err := p.Acquire(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		held = append(held, c)
+	}
+	for _, c := range held {
+		c.Release()
+	}
+	old := sem.Granted()
+	if len(old) != limit {
+		t.Fatalf("%d leases for %d connections", len(old), limit)
+	}
+	pooltest.LoseAll(t, ctx, name, old)
+	for i := 0; i < 5; i++ {
+		var one int
+		if err := p.QueryRow(ctx, "SELECT 1").Scan(&one); err != nil || one != 1 {
+			t.Fatalf("query %d after the loss: %d, %v", i, one, err)
+		}
+	}
+	// The pool releases in a goroutine (AfterRelease): wait for it to
+	// settle, then every open connection holds a fresh, live lease.
+	redistest.WaitFor(t, 10*time.Second, "the pool's connections all idle", func() (bool, error) {
+		s := p.Stat()
+		return s.AcquiredConns() == 0 && s.IdleConns() == s.TotalConns(), nil
+	})
+	pooltest.CheckFresh(t, ctx, sem, len(old), int(p.Stat().TotalConns()), e.sockets.open.Load())
+}
+
+// TestDialFails: a dial that fails releases its slot at once.
+func TestDialFails(t *testing.T) {
+	e := newEnv(t)
+	ctx := redistest.Ctx(t, 20*time.Second)
+	sem := newFair(t, redistest.Name(t), 1)
+	port, err := redistest.FreePort()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg, err := pgxpool.ParseConfig(fmt.Sprintf("postgres://postgres@127.0.0.1:%d/test?sslmode=disable&connect_timeout=2", port)) // nothing listens there
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.ConnConfig.DialFunc = e.sockets.dial
+	p, err := redsempgx.NewPool(ctx, cfg, sem, redsempgx.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(p.Close)
+	if err := p.Ping(ctx); err == nil {
+		t.Fatal("ping through a closed port succeeded")
+	}
+	st, err := sem.Status(ctx)
+	if err != nil || len(st.Holders) != 0 {
+		t.Fatalf("%d holders (%v) after a failed dial, want 0", len(st.Holders), err)
 	}
 }

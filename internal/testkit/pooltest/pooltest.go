@@ -6,12 +6,14 @@ package pooltest
 
 import (
 	"context"
+	"errors"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/redis/go-redis/v9"
+	"github.com/redsem/redsem"
 	"github.com/redsem/redsem/internal/testkit/redistest"
 )
 
@@ -179,5 +181,83 @@ func Watch(t *testing.T, count func(context.Context) (int, error)) (stop func() 
 			t.Fatal(err)
 		}
 		return most
+	}
+}
+
+// Recording is a real semaphore that remembers the leases it granted, so
+// that tests can wait for their loss.
+type Recording struct {
+	redsem.Semaphore
+	mu     sync.Mutex
+	leases []redsem.Lease
+}
+
+// Acquire is the semaphore's, remembering the lease.
+func (r *Recording) Acquire(ctx context.Context) (redsem.Lease, error) {
+	l, err := r.Semaphore.Acquire(ctx)
+	if err == nil {
+		r.mu.Lock()
+		r.leases = append(r.leases, l)
+		r.mu.Unlock()
+	}
+	return l, err
+}
+
+// Granted returns the leases granted so far.
+func (r *Recording) Granted() []redsem.Lease {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return append([]redsem.Lease(nil), r.leases...)
+}
+
+// CheckFresh fails the test unless the semaphore's holders are exactly the
+// open connections (open, by the pool's count, and opened, by the
+// client's), every one a live lease granted after the first lost ones.
+func CheckFresh(t *testing.T, ctx context.Context, sem *Recording, lost int, open int, opened int64) {
+	t.Helper()
+	st, err := sem.Status(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(st.Holders) != open || open < 1 || opened != int64(open) {
+		t.Fatalf("%d holders, %d connections in the pool, %d open by the client; want equal and > 0",
+			len(st.Holders), open, opened)
+	}
+	fresh := sem.Granted()[lost:]
+	for _, h := range st.Holders {
+		found := false
+		for _, l := range fresh {
+			if l.ID() == h.ID && l.Err() == nil {
+				found = true
+			}
+		}
+		if !found {
+			t.Fatalf("holder %s is not a fresh, live lease", h.ID)
+		}
+	}
+}
+
+// LoseAll deletes every Redis key of the semaphore name (default prefix)
+// and waits until each of leases has found itself lost (at its next
+// renewal).
+func LoseAll(t *testing.T, ctx context.Context, name string, leases []redsem.Lease) {
+	t.Helper()
+	client := redistest.Client(t)
+	keys, err := client.Keys(ctx, "redsem:{"+name+"}:*").Result()
+	if err != nil || len(keys) == 0 {
+		t.Fatalf("the semaphore's keys to delete: %v, %v", keys, err)
+	}
+	if err := client.Del(ctx, keys...).Err(); err != nil {
+		t.Fatal(err)
+	}
+	for _, l := range leases {
+		select {
+		case <-l.Done():
+		case <-time.After(5 * time.Second):
+			t.Fatal("lease not found lost within 5s of deleting the keys")
+		}
+		if !errors.Is(l.Err(), redsem.ErrLeaseLost) {
+			t.Fatalf("lease err %v", l.Err())
+		}
 	}
 }
