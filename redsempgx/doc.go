@@ -20,8 +20,8 @@
 //
 // # Giving slots back
 //
-// The give-back protocol is redsemsql's, shared with it: a dial that has
-// waited 10 ms for a slot closes an idle connection of its own pool (idle
+// The give-back protocol is redsemsql's, shared with it: a dial that finds
+// every slot taken (one TryAcquire) and has waited 10 ms for a slot closes an idle connection of its own pool (idle
 // at least 5 ms, the longest idle first) and asks again every 100 ms; when
 // its pool has none, it publishes a demand notice on the semaphore's
 // channel ({name}:want), and the one pool of the semaphore, in any process,

@@ -131,9 +131,15 @@ func TestOneNoticeOneGiveBack(t *testing.T) {
 	for i := 1; i < 3; i++ {
 		// Release hands the connection back through AfterRelease in a
 		// goroutine of pgxpool's: wait until it is idle.
-		redistest.WaitFor(t, 5*time.Second, "an idle connection in each of pools 1 and 2", func() (bool, error) {
-			return pools[i].Stat().IdleConns() == 1 && socks[i].open.Load() == 1, nil
-		})
+		deadline := time.Now().Add(10 * time.Second)
+		for pools[i].Stat().IdleConns() != 1 || socks[i].open.Load() != 1 {
+			if time.Now().After(deadline) {
+				s := pools[i].Stat()
+				t.Fatalf("pool %d: %d idle, %d acquired, %d in all, %d sockets open; the case needs one idle connection each in pools 1 and 2",
+					i, s.IdleConns(), s.AcquiredConns(), s.TotalConns(), socks[i].open.Load())
+			}
+			time.Sleep(5 * time.Millisecond)
+		}
 	}
 	st, err := sems[0].Status(ctx)
 	if err != nil {

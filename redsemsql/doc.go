@@ -29,9 +29,10 @@
 // cannot use it at all; and a busy pool's connections are never idle. So
 // a connection gives its slot back, by closing, when a Connect waits:
 //
-//   - A Connect that has waited 10 ms for a slot closes an idle connection
-//     of its own connector (idle for at least 5 ms, the longest idle first)
-//     and asks again every 100 ms while it waits.
+//   - A Connect that finds every slot taken (one TryAcquire) and has
+//     waited 10 ms for a slot closes an idle connection of its own
+//     connector (idle for at least 5 ms, the longest idle first) and asks
+//     again every 100 ms while it waits.
 //   - When its connector has none, it publishes a demand notice on the
 //     semaphore's channel ({name}:want, in the semaphore's hash tag). One
 //     other connector of the semaphore, in any process, answers each

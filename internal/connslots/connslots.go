@@ -4,8 +4,8 @@
 // that its pool does not use gives its slot back when a caller of any
 // process waits for one.
 //
-// The protocol across processes: a Connect that has waited demandAfter
-// for a slot first closes an idle connection of its own pool; when its
+// The protocol across processes: a Connect that finds every slot taken (a
+// TryAcquire fails) and has waited demandAfter for one first closes an idle connection of its own pool; when its
 // pool has none it publishes a demand notice on the semaphore's channel
 // ({name}:want, in the semaphore's hash tag), and again every demandEvery
 // while it waits. Each other pool of the semaphore that could give a slot
@@ -87,8 +87,9 @@ func New(sem redsem.Semaphore, prefix string, connectTimeout time.Duration) *Poo
 		timeout: connectTimeout, slots: map[*Slot]struct{}{}}
 }
 
-// Acquire waits for a slot within ctx and the connect timeout, asking idle
-// connections (of this pool, else of any) to give one back while it waits.
+// Acquire waits for a slot within ctx and the connect timeout; when every
+// slot is taken (a first TryAcquire fails), it asks idle connections (of
+// this pool, else of any) to give one back while it waits.
 // The slot is in use; the caller attaches its connection with Attach, or
 // calls Closed if connecting failed. On failure it returns an error
 // prefixed with the pool's prefix, wrapping the cause (ctx.Err() when ctx
@@ -101,15 +102,22 @@ func (p *Pool) Acquire(ctx context.Context) (*Slot, error) {
 		wctx, cancel = context.WithTimeoutCause(ctx, p.timeout, ErrConnectTimeout)
 	}
 	defer cancel()
-	dctx, stopDemand := context.WithCancel(wctx)
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		p.ask(dctx)
-	}()
-	lease, err := p.sem.Acquire(wctx)
-	stopDemand()
-	<-done
+	// One attempt first: only a caller that finds every slot taken asks
+	// for one (an Acquire slowed by a loaded machine or a distant Redis
+	// would otherwise ask while a slot is free, and make an idle
+	// connection close for nothing).
+	lease, err := p.sem.TryAcquire(wctx)
+	if err != nil {
+		dctx, stopDemand := context.WithCancel(wctx)
+		done := make(chan struct{})
+		go func() {
+			defer close(done)
+			p.ask(dctx)
+		}()
+		lease, err = p.sem.Acquire(wctx)
+		stopDemand()
+		<-done
+	}
 	if err != nil {
 		open, idle := p.Count()
 		if ctx.Err() == nil && errors.Is(context.Cause(wctx), ErrConnectTimeout) {

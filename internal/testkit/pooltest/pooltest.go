@@ -203,6 +203,17 @@ func (r *Recording) Acquire(ctx context.Context) (redsem.Lease, error) {
 	return l, err
 }
 
+// TryAcquire is the semaphore's, remembering the lease.
+func (r *Recording) TryAcquire(ctx context.Context) (redsem.Lease, error) {
+	l, err := r.Semaphore.TryAcquire(ctx)
+	if err == nil {
+		r.mu.Lock()
+		r.leases = append(r.leases, l)
+		r.mu.Unlock()
+	}
+	return l, err
+}
+
 // Granted returns the leases granted so far.
 func (r *Recording) Granted() []redsem.Lease {
 	r.mu.Lock()
