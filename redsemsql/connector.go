@@ -4,34 +4,29 @@ import (
 	"context"
 	"database/sql/driver"
 	"errors"
-	"fmt"
 	"io"
-	"sync"
+	"runtime"
 	"time"
 
-	"github.com/google/uuid"
 	"github.com/redsem/redsem"
-	"github.com/redsem/redsem/internal/core"
-	"github.com/redsem/redsem/internal/detach"
+	"github.com/redsem/redsem/internal/connslots"
 )
 
-// releaseTimeout bounds the Release made when a connection closes.
-const releaseTimeout = 5 * time.Second
+// ErrConnectTimeout is wrapped by the error of a Connect that got no slot
+// within Options.ConnectTimeout (its context still running).
+var ErrConnectTimeout = connslots.ErrConnectTimeout
 
-// closeWait bounds how long Close waits for the demand subscription to end.
-const closeWait = 100 * time.Millisecond
-
-// Demand: a Connect that has waited demandAfter for a slot asks idle
-// connections to give one back, and asks again every demandEvery while it
-// waits: first its own connector's (at once, in memory), else every
-// connector of the semaphore, in any process (one PUBLISH on the
-// semaphore's demand channel). A connection idle for less than minIdle is
-// passing from one query to the next and is left alone.
-const (
-	demandAfter = 10 * time.Millisecond
-	demandEvery = 100 * time.Millisecond
-	minIdle     = 5 * time.Millisecond
-)
+// Options tune a connector. The zero value is valid.
+type Options struct {
+	// ConnectTimeout bounds a Connect's wait for a slot, whatever its
+	// context: database/sql's opener goroutine connects with a context
+	// that never ends, and a Connect blocked there holds one of
+	// MaxOpenConns until it returns. Then Connect returns an error that
+	// wraps ErrConnectTimeout (database/sql hands it to a query that waits
+	// for a connection). Default 10 s; negative: only the context bounds
+	// the wait.
+	ConnectTimeout time.Duration
+}
 
 // NewConnector wraps a database/sql connector so that each open connection
 // holds a lease of sem: across every process, at most the limit's
@@ -46,30 +41,30 @@ const (
 // *unfair.Semaphore (a family member too), those of every connector of the
 // same semaphore in any process, through a pub/sub channel of the
 // semaphore (the connector subscribes at its first Connect, on sem's Redis
-// client). An idle connection that gives its slot back is closed; the pool
-// opens another when it needs one. Nothing is sent to Redis while no
-// Connect waits.
+// client); one connector answers each demand notice. When the connector
+// that answers has no idle connection, the next of its connections whose
+// query ends goes back instead of serving the next query, so that slots
+// rotate among processes. A connection that gives its slot back is closed;
+// the pool opens another when it needs one. Nothing is sent to Redis while
+// no Connect waits.
 //
 // Use it with sql.OpenDB. The returned connector also implements io.Closer
 // (sql.DB.Close calls it: it ends the subscription and closes base if it is
 // an io.Closer; sem stays open, it is the caller's) and Driver (a
-// driver.Driver whose Open also holds a lease).
+// driver.Driver whose Open also holds a lease). It is
+// NewConnectorOptions with the zero Options.
 func NewConnector(base driver.Connector, sem redsem.Semaphore) driver.Connector {
-	return &connector{base: base, sem: sem, eng: core.EngineOf(sem), id: uuid.NewString(), conns: map[*conn]struct{}{}}
+	return NewConnectorOptions(base, sem, Options{})
+}
+
+// NewConnectorOptions is NewConnector with options.
+func NewConnectorOptions(base driver.Connector, sem redsem.Semaphore, opts Options) driver.Connector {
+	return &connector{base: base, slots: connslots.New(sem, "redsemsql", opts.ConnectTimeout)}
 }
 
 type connector struct {
-	base driver.Connector
-	sem  redsem.Semaphore
-	eng  *core.Engine // nil: sem is not ours; demand stays in this connector
-	id   string       // on demand notices, so that a connector ignores its own
-
-	mu        sync.Mutex
-	conns     map[*conn]struct{} // open, not given back
-	listening bool
-	closed    bool
-	stop      context.CancelFunc // ends the subscription
-	stopped   chan struct{}      // closed when the subscription ended
+	base  driver.Connector
+	slots *connslots.Pool
 }
 
 var (
@@ -77,36 +72,25 @@ var (
 	_ io.Closer        = (*connector)(nil)
 )
 
-// Connect waits for a lease within ctx, then opens a connection with the
-// base connector. If no lease is granted it returns an error prefixed
-// "redsemsql: " that wraps the cause (errors.Is(err, ctx.Err()) when ctx
-// ended) and opens nothing. If the base Connect fails, the lease is
+// Connect waits for a lease within ctx (and Options.ConnectTimeout), then
+// opens a connection with the base connector. If no lease is granted it
+// returns an error prefixed "redsemsql: " that wraps the cause
+// (errors.Is(err, ctx.Err()) when ctx ended, ErrConnectTimeout when the
+// bound passed) and opens nothing. If the base Connect fails, the lease is
 // released and its error returned unchanged.
 func (c *connector) Connect(ctx context.Context) (driver.Conn, error) {
 	return c.open(ctx, func() (driver.Conn, error) { return c.base.Connect(ctx) })
 }
 
 // Driver returns a driver whose Open holds a lease as Connect does
-// (waiting without a deadline), for code that calls sql.DB.Driver().Open.
+// (waiting up to Options.ConnectTimeout).
 func (c *connector) Driver() driver.Driver { return &leasedDriver{base: c.base.Driver(), c: c} }
 
 // Close ends the connector's demand subscription and closes the base
 // connector if it implements io.Closer (sql.DB.Close calls it); it does not
 // close the semaphore.
 func (c *connector) Close() error {
-	c.mu.Lock()
-	c.closed = true
-	stop, stopped := c.stop, c.stopped
-	c.mu.Unlock()
-	if stop != nil {
-		stop()
-		// The subscription ends at once, unless its first dial to an
-		// unreachable Redis is in flight: that ends on its own.
-		select {
-		case <-stopped:
-		case <-time.After(closeWait):
-		}
-	}
+	c.slots.Close()
 	if cl, ok := c.base.(io.Closer); ok {
 		return cl.Close()
 	}
@@ -125,169 +109,53 @@ func (d *leasedDriver) Open(name string) (driver.Conn, error) {
 
 // open acquires a lease, then connects; the lease goes with the connection.
 func (c *connector) open(ctx context.Context, connect func() (driver.Conn, error)) (driver.Conn, error) {
-	c.listen()
-	lease, err := c.acquire(ctx)
+	slot, err := c.slots.Acquire(ctx)
 	if err != nil {
-		open, idle := c.count()
-		return nil, fmt.Errorf("redsemsql: no connection slot (this pool: %d open, %d idle): %w", open, idle, err)
+		return nil, err
 	}
 	base, err := connect()
 	if err != nil {
-		release(ctx, lease)
+		slot.Closed()
 		return nil, err
 	}
-	cn := &conn{base: base, lease: lease, owner: c}
-	c.mu.Lock()
-	c.conns[cn] = struct{}{}
-	c.mu.Unlock()
-	return cn, nil
-}
-
-// acquire is sem.Acquire that asks idle connections for a slot while it
-// waits (see demandAfter).
-func (c *connector) acquire(ctx context.Context) (redsem.Lease, error) {
-	dctx, cancel := context.WithCancel(ctx)
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		t := time.NewTimer(demandAfter)
-		defer t.Stop()
-		for {
-			select {
-			case <-dctx.Done():
-				return
-			case <-t.C:
-			}
-			c.demand(dctx)
-			t.Reset(demandEvery)
-		}
-	}()
-	lease, err := c.sem.Acquire(ctx)
-	cancel()
-	<-done
-	return lease, err
-}
-
-// demand gives back one of this connector's idle slots, or, if it has
-// none, asks every connector of the semaphore to.
-func (c *connector) demand(ctx context.Context) {
-	if c.reclaim() || c.eng == nil {
-		return
+	slot.Attach(base.Close)
+	if fromOpener() {
+		slot.Idle()
 	}
-	_ = c.eng.PublishDemand(ctx, c.id) // Redis down: Acquire reports it
+	return &conn{base: base, slot: slot}, nil
 }
 
-// listen subscribes to the semaphore's demand notices, once.
-func (c *connector) listen() {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if c.eng == nil || c.listening || c.closed {
-		return
-	}
-	c.listening = true
-	ctx, cancel := context.WithCancel(context.Background())
-	c.stop, c.stopped = cancel, make(chan struct{})
-	go c.serve(ctx)
-}
-
-// serve gives back an idle slot for each demand notice of another
-// connector, until Close.
-func (c *connector) serve(ctx context.Context) {
-	defer close(c.stopped)
-	ps := c.eng.SubscribeDemand(ctx)
-	defer func() { _ = ps.Close() }()
-	ch := ps.Channel()
+// fromOpener reports whether database/sql's opener goroutine called
+// Connect. It puts the connection into its pool at once, or hands it to a
+// query that waits (whose first call marks it in use), with no call that
+// would mark it idle: marked idle here, it may give its slot back, where
+// otherwise it would hold it, unused, while this pool's queries wait in
+// Connect. (A query that needs a new connection calls Connect itself and
+// uses the connection at once.)
+func fromOpener() bool {
+	var pcs [16]uintptr
+	frames := runtime.CallersFrames(pcs[:runtime.Callers(3, pcs[:])])
 	for {
-		select {
-		case <-ctx.Done():
-			return
-		case m, ok := <-ch:
-			if !ok {
-				return
-			}
-			if m.Payload != c.id {
-				c.reclaim()
-			}
-		}
-	}
-}
-
-// reclaim closes the connection idle the longest (at least minIdle) and
-// releases its lease; false if there is none.
-func (c *connector) reclaim() bool {
-	now := time.Now()
-	for {
-		var best *conn
-		var since time.Time
-		c.mu.Lock()
-		for cn := range c.conns {
-			if t, ok := cn.idleSince(); ok && now.Sub(t) >= minIdle && (best == nil || t.Before(since)) {
-				best, since = cn, t
-			}
-		}
-		c.mu.Unlock()
-		if best == nil {
-			return false
-		}
-		if best.giveBack() {
+		f, more := frames.Next()
+		if f.Function == "database/sql.(*DB).openNewConnection" {
 			return true
 		}
-		// taken meanwhile: look again
-	}
-}
-
-// count returns how many of the connector's connections are open and idle.
-func (c *connector) count() (open, idle int) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	for cn := range c.conns {
-		open++
-		if _, ok := cn.idleSince(); ok {
-			idle++
+		if !more {
+			return false
 		}
 	}
-	return open, idle
 }
 
-func (c *connector) forget(cn *conn) {
-	c.mu.Lock()
-	delete(c.conns, cn)
-	c.mu.Unlock()
-}
-
-func release(ctx context.Context, l redsem.Lease) {
-	_ = detach.Release(ctx, l, releaseTimeout) // on failure the slot comes back after the lease TTL
-}
-
-// A connection is in use (from its Connect, and from each time database/sql
-// takes it from the pool: ResetSession or any call), idle (from when it was
-// returned to the pool: IsValid), given back (closed and its lease released
-// while idle, for a waiting Connect) or closed.
-type state uint8
-
-const (
-	inUse state = iota
-	idle
-	givenBack
-	closed
-)
-
-// conn is a connection that holds a lease. It implements every optional
+// conn is a connection that holds a slot. It implements every optional
 // interface that database/sql looks for; where the base connection lacks
 // one, it answers as database/sql would without it (driver.ErrSkip for the
-// fast paths, nil from Ping and ResetSession, true from IsValid).
+// fast paths, nil from Ping and ResetSession, true from IsValid). Every use
+// marks it in use (database/sql takes it from the pool: ResetSession, or
+// any call, a prepared statement's included); IsValid, called when it
+// returns to the pool, marks it idle.
 type conn struct {
-	base  driver.Conn
-	lease redsem.Lease
-	owner *connector
-	once  sync.Once // releases the lease
-
-	// mu orders giving back against every use of base: base is closed
-	// under mu, and a use that finds the connection given back answers
-	// driver.ErrBadConn without touching base.
-	mu    sync.Mutex
-	st    state
-	since time.Time // idle since
+	base driver.Conn
+	slot *connslots.Slot
 }
 
 var (
@@ -306,39 +174,10 @@ var (
 // or its lease was lost (then database/sql discards it and, before
 // anything was sent, retries on another).
 func (c *conn) use() error {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if c.st == givenBack || c.st == closed {
-		return driver.ErrBadConn
-	}
-	c.st = inUse
-	if c.lease.Err() != nil {
+	if !c.slot.Use() {
 		return driver.ErrBadConn
 	}
 	return nil
-}
-
-// idleSince reports when the connection went idle, if it is.
-func (c *conn) idleSince() (time.Time, bool) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.since, c.st == idle
-}
-
-// giveBack closes an idle connection and releases its lease; false if it
-// is no longer idle.
-func (c *conn) giveBack() bool {
-	c.mu.Lock()
-	if c.st != idle {
-		c.mu.Unlock()
-		return false
-	}
-	c.st = givenBack
-	_ = c.base.Close()
-	c.mu.Unlock()
-	c.owner.forget(c)
-	c.once.Do(func() { release(context.Background(), c.lease) })
-	return true
 }
 
 func (c *conn) Prepare(query string) (driver.Stmt, error) {
@@ -372,16 +211,14 @@ func (c *conn) stmt(s driver.Stmt, err error) (driver.Stmt, error) {
 // Close fails: database/sql forgets the connection either way). A
 // connection given back was closed and released already.
 func (c *conn) Close() error {
-	c.mu.Lock()
-	st := c.st
-	c.st = closed
 	var err error
-	if st != givenBack && st != closed {
-		err = c.base.Close()
-	}
-	c.mu.Unlock()
-	c.owner.forget(c)
-	c.once.Do(func() { release(context.Background(), c.lease) })
+	_ = c.slot.Locked(func(gone bool) error {
+		if !gone {
+			err = c.base.Close()
+		}
+		return nil
+	})
+	c.slot.Closed()
 	return err
 }
 
@@ -489,20 +326,17 @@ func (c *conn) ResetSession(ctx context.Context) error {
 }
 
 // IsValid is called by database/sql when a connection returns to the pool:
-// false once the lease is lost, so the connection is closed; true marks
-// the connection idle, so that it may give its slot back to a Connect
-// that waits.
+// false once the lease is lost, so the connection is closed, and false too
+// when another process waits for a slot that this connector claimed to
+// give back (the connection goes back instead of serving this pool's next
+// query); true marks the connection idle, so that it may give its slot
+// back to a Connect that waits.
 func (c *conn) IsValid() bool {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if c.st == givenBack || c.st == closed || c.lease.Err() != nil {
-		return false
+	valid := true
+	if v, ok := c.base.(driver.Validator); ok {
+		valid = v.IsValid()
 	}
-	if v, ok := c.base.(driver.Validator); ok && !v.IsValid() {
-		return false
-	}
-	c.st, c.since = idle, time.Now()
-	return true
+	return c.slot.Returned(valid)
 }
 
 func (c *conn) CheckNamedValue(nv *driver.NamedValue) error {
@@ -512,9 +346,12 @@ func (c *conn) CheckNamedValue(nv *driver.NamedValue) error {
 	return driver.ErrSkip // database/sql's default conversion
 }
 
-// stmt is a statement prepared on a conn. database/sql may close it while
-// its connection is idle, so Close is ordered against giving the
-// connection back (whose close ends its statements).
+// stmt is a statement prepared on a conn. Running it marks the connection
+// in use: database/sql may run it on a connection taken from the pool
+// without calling ResetSession (when the connection came back through
+// putConn without needing a reset). database/sql may close it while its
+// connection is idle, so Close is ordered against giving the connection
+// back (whose close ends its statements).
 type stmt struct {
 	base driver.Stmt
 	c    *conn
@@ -528,25 +365,34 @@ var (
 )
 
 func (s *stmt) Close() error {
-	s.c.mu.Lock()
-	defer s.c.mu.Unlock()
-	if s.c.st == givenBack {
-		return nil
-	}
-	return s.base.Close()
+	return s.c.slot.Locked(func(gone bool) error {
+		if gone {
+			return nil
+		}
+		return s.base.Close()
+	})
 }
 
 func (s *stmt) NumInput() int { return s.base.NumInput() }
 
 func (s *stmt) Exec(args []driver.Value) (driver.Result, error) {
+	if err := s.c.use(); err != nil {
+		return nil, err
+	}
 	return s.base.Exec(args) //nolint:staticcheck // the pre-context interface, for drivers without StmtExecContext
 }
 
 func (s *stmt) Query(args []driver.Value) (driver.Rows, error) {
+	if err := s.c.use(); err != nil {
+		return nil, err
+	}
 	return s.base.Query(args) //nolint:staticcheck // as Exec
 }
 
 func (s *stmt) ExecContext(ctx context.Context, args []driver.NamedValue) (driver.Result, error) {
+	if err := s.c.use(); err != nil {
+		return nil, err
+	}
 	if e, ok := s.base.(driver.StmtExecContext); ok {
 		return e.ExecContext(ctx, args)
 	}
@@ -561,6 +407,9 @@ func (s *stmt) ExecContext(ctx context.Context, args []driver.NamedValue) (drive
 }
 
 func (s *stmt) QueryContext(ctx context.Context, args []driver.NamedValue) (driver.Rows, error) {
+	if err := s.c.use(); err != nil {
+		return nil, err
+	}
 	if q, ok := s.base.(driver.StmtQueryContext); ok {
 		return q.QueryContext(ctx, args)
 	}

@@ -14,7 +14,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/stdlib"
 	"github.com/redis/go-redis/v9"
-	"github.com/redsem/redsem"
+	"github.com/redsem/redsem/internal/testkit/pooltest"
 	"github.com/redsem/redsem/internal/testkit/redistest"
 	"github.com/redsem/redsem/redsemsql"
 	"github.com/redsem/redsem/unfair"
@@ -85,23 +85,6 @@ func TestLimitAcrossPools(t *testing.T) {
 	}
 }
 
-// deleteKeys removes every Redis key of the semaphore name (default
-// prefix): each of its leases is lost at its next renewal.
-func deleteKeys(t *testing.T, ctx context.Context, name string) {
-	t.Helper()
-	client := redistest.Client(t)
-	keys, err := client.Keys(ctx, "redsem:{"+name+"}:*").Result()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if len(keys) == 0 {
-		t.Fatal("no keys to delete")
-	}
-	if err := client.Del(ctx, keys...).Err(); err != nil {
-		t.Fatal(err)
-	}
-}
-
 // TestLostLeases: when every lease is lost, idle connections and a pinned
 // connection answer driver.ErrBadConn, database/sql opens new connections
 // under new leases, and queries keep working.
@@ -111,7 +94,7 @@ func TestLostLeases(t *testing.T) {
 	cfg, app := appConfig(t)
 	name := redistest.Name(t)
 	// Renewed every 200ms: a deleted lease is found lost within that.
-	sem := &recording{Semaphore: newUnfair(t, redistest.Client(t), name, 3, unfair.Options{LeaseTTL: 600 * time.Millisecond})}
+	sem := &pooltest.Recording{Semaphore: newUnfair(t, redistest.Client(t), name, 3, unfair.Options{LeaseTTL: 600 * time.Millisecond})}
 	conns := &counting{base: stdlib.GetConnector(*cfg), monitor: monitor}
 	db := sql.OpenDB(redsemsql.NewConnector(conns, sem))
 	db.SetMaxOpenConns(3)
@@ -134,22 +117,12 @@ func TestLostLeases(t *testing.T) {
 		_ = c.Close()
 	}
 	inUse := pinned[2]
-	old := sem.granted()
+	old := sem.Granted()
 	if len(old) != 3 {
 		t.Fatalf("%d leases for 3 connections", len(old))
 	}
 
-	deleteKeys(t, ctx, name)
-	for _, l := range old {
-		select {
-		case <-l.Done():
-		case <-time.After(5 * time.Second):
-			t.Fatal("lease not found lost within 5s of deleting the keys")
-		}
-		if !errors.Is(l.Err(), redsem.ErrLeaseLost) {
-			t.Fatalf("lease err %v", l.Err())
-		}
-	}
+	pooltest.LoseAll(t, ctx, name, old)
 
 	// The connection in use fails without sending anything.
 	if _, err := inUse.ExecContext(ctx, "SELECT 1"); !errors.Is(err, driver.ErrBadConn) {
@@ -164,27 +137,8 @@ func TestLostLeases(t *testing.T) {
 			t.Fatalf("query %d after the loss: %d, %v", i, one, err)
 		}
 	}
-	st, err := sem.Status(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
 	open := db.Stats().OpenConnections
-	if len(st.Holders) != open || open < 1 || conns.open.Load() != int64(open) {
-		t.Fatalf("%d holders, %d connections in the pool, %d open by the driver; want equal and > 0",
-			len(st.Holders), open, conns.open.Load())
-	}
-	fresh := sem.granted()[len(old):]
-	for _, h := range st.Holders {
-		found := false
-		for _, l := range fresh {
-			if l.ID() == h.ID && l.Err() == nil {
-				found = true
-			}
-		}
-		if !found {
-			t.Fatalf("holder %s is not a fresh, live lease", h.ID)
-		}
-	}
+	pooltest.CheckFresh(t, ctx, sem, len(old), open, conns.open.Load())
 	if n, err := countBackends(ctx, monitor, app); err != nil || n != open {
 		t.Fatalf("PostgreSQL sees %d connections (%v), the pool %d", n, err, open)
 	}

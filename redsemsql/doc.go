@@ -16,52 +16,96 @@
 // transaction or *sql.Conn that is using the connection when its lease is
 // lost sees driver.ErrBadConn on its next statement.
 //
-// # Idle connections
+// For pgx's own pool (pgxpool), use package redsempgx: the same slots and
+// the same give-back protocol, shared across processes with this package's
+// connectors of the same semaphore.
+//
+// # Giving slots back
 //
 // An idle connection in database/sql's pool holds its slot, so that the
 // next query of its process runs at once, without a round trip to Redis or
 // a new connection. But database/sql never hands an idle connection to a
 // query that is already waiting in Connect, and another process's pool
-// cannot use it at all. So an idle connection gives its slot back, by
-// closing, when a Connect waits for one:
+// cannot use it at all; and a busy pool's connections are never idle. So
+// a connection gives its slot back, by closing, when a Connect waits:
 //
-//   - A Connect that has waited 10 ms for a slot closes an idle connection
-//     of its own connector (idle for at least 5 ms, the longest idle first)
-//     and asks again every 100 ms while it waits.
-//   - When its connector has none, it publishes one demand notice on the
-//     semaphore's channel ({name}:want, in the semaphore's hash tag); each
-//     other connector of the semaphore, in any process, closes one of its
-//     idle connections for it. This needs sem to be a *fair.Semaphore or
-//     *unfair.Semaphore (a family member too): the connector subscribes on
-//     sem's Redis client at its first Connect, one pub/sub connection per
-//     connector, until sql.DB.Close. A wrapper with a method
-//     Unwrap() redsem.Semaphore (redsemotel.Wrap's) is seen through; with a
-//     semaphore of another type, only the connector's own idle connections
-//     are given back.
+//   - A Connect that finds every slot taken (one TryAcquire) and has
+//     waited 10 ms for a slot closes an idle connection of its own
+//     connector (idle for at least 5 ms, the longest idle first) and asks
+//     again every 100 ms while it waits.
+//   - When its connector has none, it publishes a demand notice on the
+//     semaphore's channel ({name}:want, in the semaphore's hash tag). One
+//     other connector of the semaphore, in any process, answers each
+//     notice: the first to claim it (SET NX on {name}:want:claim:..., in
+//     the same hash tag; a connector with an idle connection claims at
+//     once, one without waits 10 ms first). It closes its idle connection
+//     the longest idle, or, if it has none, the next of its connections to
+//     return to its pool goes back instead of serving the pool's next query
+//     (database/sql calls IsValid on the way back: it answers false). So
+//     with a *fair.Semaphore slots rotate among busy processes in the order
+//     they asked: a process that starts while another runs a long burst
+//     gets its first query within about one query's time, not after the
+//     burst.
+//   - This needs sem to be a *fair.Semaphore or *unfair.Semaphore (a
+//     family member too): the connector subscribes on sem's Redis client
+//     at its first Connect, one pub/sub connection per connector, until
+//     sql.DB.Close. A wrapper with a method Unwrap() redsem.Semaphore
+//     (redsemotel.Wrap's) is seen through; with a semaphore of another
+//     type, only the connector's own idle connections are given back.
 //
-// A connection in use (a query, a transaction, an *sql.Conn) is never given
-// back. Nothing is sent while no Connect waits: the fast path of a query
-// is untouched. database/sql learns that a given-back connection is gone
-// when it next takes it from the pool (ResetSession answers
+// A connection in use (a query, a transaction, an *sql.Conn, a prepared
+// statement running) is never closed under it. One exception: a
+// connection that database/sql's opener goroutine opened counts as idle
+// from 100 ms after it opened until its first call, since database/sql may
+// put it straight into its pool; an *sql.Conn (sql.DB.Conn) that waited
+// for a connection and got such a one, then held it that long without a
+// call while another Connect waited, sees driver.ErrBadConn on its first
+// statement. Nothing is sent while no Connect waits: the fast path of a
+// query is untouched. database/sql
+// learns that a given-back idle connection is gone when it next takes it
+// from the pool (ResetSession, or the first statement, answers
 // driver.ErrBadConn, and it retries on another connection), so until then
-// sql.DB.Stats counts it as idle.
+// sql.DB.Stats counts it as idle. With an *unfair.Semaphore a slot given
+// back goes to whichever process asks first (the giving process's own
+// next Connect included), so rotation is likely but not ordered.
+//
+// Each give-back costs a new connection later (a TCP and TLS handshake and
+// authentication, and a new backend process for PostgreSQL). Where
+// processes contend all the time, a connection proxy (pgbouncer, RDS
+// Proxy, PgCat) that multiplexes many client connections onto a few server
+// connections is the better tool: it shares server connections per
+// transaction without closing them. This package fits a hard limit across
+// processes that do not contend all the time, or a database that no proxy
+// fronts.
+//
+// # Connect's bound
+//
+// database/sql's opener goroutine calls Connect with a context that never
+// ends (sql.DB's own, until Close), and so does Driver().Open. Connect
+// waits for a slot at most Options.ConnectTimeout (default 10 s) whatever
+// its context, then fails with an error that wraps ErrConnectTimeout
+// (database/sql passes it to a query waiting for a connection), so that a
+// blocked opener does not hold one of MaxOpenConns forever.
 //
 // # Pool settings
 //
-//   - SetMaxOpenConns at most the limit in every process. A higher value
-//     does no harm to others: the extra Connect calls wait for a slot,
-//     holding nothing, and take one from idle connections of any process.
-//   - SetMaxIdleConns and SetConnMaxIdleTime as for any pool: idle
-//     connections no longer keep other processes waiting, but each one
-//     given back costs a new connection later. database/sql closes expired
-//     idle connections at most once a second.
+//   - SetMaxOpenConns: at most the limit in every process; to share the
+//     limit evenly under load, about the limit divided by the number of
+//     processes that are busy at once (each keeps that many without
+//     rotating). A higher value does no harm to others: the extra Connect
+//     calls wait for a slot, holding nothing, and take one from connections
+//     of any process.
+//   - SetMaxIdleConns: what a process needs between bursts (its idle
+//     connections give their slots back when anyone waits, so they no
+//     longer keep others waiting); database/sql's default, 2, is a good
+//     start. SetConnMaxIdleTime as for any pool (database/sql closes
+//     expired idle connections at most once a second).
 //
 // The lease is released when the driver's Close returns. The database may
 // count the closed connection for a moment longer (a PostgreSQL backend
 // exits after it reads the terminate message), so keep the limit a little
 // below a hard server-side maximum such as max_connections.
 //
-// Statements prepared on a connection run on it without a lease check
-// until the connection is next returned to the pool; database/sql then
-// discards it if its lease was lost.
+// A statement prepared on a connection checks the connection's lease each
+// time it runs, as the connection's own calls do.
 package redsemsql

@@ -6,15 +6,14 @@ import (
 	"errors"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5/stdlib"
 	"github.com/redsem/redsem"
 	"github.com/redsem/redsem/fair"
+	"github.com/redsem/redsem/internal/testkit/pooltest"
 	"github.com/redsem/redsem/internal/testkit/redistest"
-	"github.com/redsem/redsem/redsemotel"
 	"github.com/redsem/redsem/redsemsql"
 	"github.com/redsem/redsem/unfair"
 )
@@ -25,6 +24,13 @@ type pool struct {
 	db  *sql.DB
 	sem redsem.Semaphore
 }
+
+// wrapper is a semaphore wrapper with an Unwrap method, as
+// redsemotel.Wrap's (not imported: it would put OpenTelemetry in this
+// module's requirements, for its users too).
+type wrapper struct{ redsem.Semaphore }
+
+func (w wrapper) Unwrap() redsem.Semaphore { return w.Semaphore }
 
 // poolSettings are database/sql's pool settings of one case.
 type poolSettings struct {
@@ -53,7 +59,7 @@ func newPools(t *testing.T, variant string, n, limit int, set poolSettings) ([]p
 		case "wrapped": // seen through Unwrap
 			sem, err = unfair.New(redistest.Client(t), name, limit, unfair.Options{})
 			if err == nil {
-				sem = redsemotel.Wrap(sem)
+				sem = wrapper{sem}
 			}
 		default:
 			t.Fatalf("unknown variant %q", variant)
@@ -105,41 +111,12 @@ func burst(t *testing.T, pools []pool, queries int) []error {
 	return errs
 }
 
-// watchBackends samples pg_stat_activity for app every 2 ms (each query
-// holds its connection 20 ms or more) until stop is called, which returns
-// the most backends seen at once. It samples rather than loops: a loop of
-// queries took a core of this 2-core machine from the pools it watched.
+// watchBackends samples pg_stat_activity for app until stop is called,
+// which returns the most backends seen at once (pooltest.Watch).
 func watchBackends(t *testing.T, app string) (stop func() int64) {
 	t.Helper()
 	monitor := pgDB(t)
-	ctx := redistest.Ctx(t, time.Minute)
-	var pgMax atomic.Int64
-	quit, done := make(chan struct{}), make(chan error, 1)
-	go func() {
-		for {
-			n, err := countBackends(ctx, monitor, app)
-			if err != nil {
-				done <- err
-				return
-			}
-			if int64(n) > pgMax.Load() {
-				pgMax.Store(int64(n))
-			}
-			select {
-			case <-quit:
-				done <- nil
-				return
-			case <-time.After(2 * time.Millisecond):
-			}
-		}
-	}()
-	return func() int64 {
-		close(quit)
-		if err := <-done; err != nil {
-			t.Fatal(err)
-		}
-		return pgMax.Load()
-	}
+	return pooltest.Watch(t, func(ctx context.Context) (int, error) { return countBackends(ctx, monitor, app) })
 }
 
 // checkBurst runs a burst and fails the test on any error or on more
@@ -186,8 +163,9 @@ func TestIdleOnePool(t *testing.T) {
 // TestIdleTwoPools: two pools (two processes: each its own Redis client
 // and semaphore) of up to 10 connections share 3 slots. Pool 0's idle
 // connections hold every slot when pool 1's queries arrive; then both run
-// at once. Every query runs. "wrapped": semaphores wrapped by
-// redsemotel.Wrap, which the connector sees through (Unwrap).
+// at once. Every query runs. "wrapped": semaphores wrapped by a type with
+// an Unwrap method (as redsemotel.Wrap's), which the connector sees
+// through.
 func TestIdleTwoPools(t *testing.T) {
 	for _, v := range []string{"unfair", "fair", "wrapped"} {
 		t.Run(v, func(t *testing.T) {

@@ -8,14 +8,12 @@ import (
 	"encoding/hex"
 	"fmt"
 	"os"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/stdlib" // tests only: the PostgreSQL driver under the connector
-	"github.com/redsem/redsem"
 	"github.com/redsem/redsem/internal/testkit/redistest"
 )
 
@@ -121,28 +119,4 @@ func (w *waitClose) Close() error {
 	}
 	w.c.open.Add(-1)
 	return err
-}
-
-// recording is a real semaphore that remembers the leases it granted, so
-// that tests can wait for their loss.
-type recording struct {
-	redsem.Semaphore
-	mu     sync.Mutex
-	leases []redsem.Lease
-}
-
-func (r *recording) Acquire(ctx context.Context) (redsem.Lease, error) {
-	l, err := r.Semaphore.Acquire(ctx)
-	if err == nil {
-		r.mu.Lock()
-		r.leases = append(r.leases, l)
-		r.mu.Unlock()
-	}
-	return l, err
-}
-
-func (r *recording) granted() []redsem.Lease {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	return append([]redsem.Lease(nil), r.leases...)
 }

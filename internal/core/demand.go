@@ -2,6 +2,7 @@ package core
 
 import (
 	"context"
+	"time"
 
 	"github.com/redis/go-redis/v9"
 )
@@ -29,4 +30,11 @@ func (e *Engine) SubscribeDemand(ctx context.Context) *redis.PubSub {
 		return e.cfg.Client.SSubscribe(ctx, e.keys.Want)
 	}
 	return e.cfg.Client.Subscribe(ctx, e.keys.Want)
+}
+
+// ClaimDemand claims the demand notice notice for this caller: true for the
+// first caller (SET NX of a key in the semaphore's hash tag, kept ttl), so
+// that one holder answers each notice.
+func (e *Engine) ClaimDemand(ctx context.Context, notice string, ttl time.Duration) (bool, error) {
+	return e.cfg.Client.SetNX(ctx, e.keys.Want+":claim:"+notice, 1, ttl).Result()
 }

@@ -1,0 +1,455 @@
+// Package connslots holds the slots of pooled database connections
+// (redsemsql's database/sql connections, redsempgx's pgxpool ones): each
+// open connection holds one lease of a redsem.Semaphore, and a connection
+// that its pool does not use gives its slot back when a caller of any
+// process waits for one.
+//
+// The protocol across processes: a Connect that finds every slot taken (a
+// TryAcquire fails) and has waited demandAfter for one first closes an idle connection of its own pool; when its
+// pool has none it publishes a demand notice on the semaphore's channel
+// ({name}:want, in the semaphore's hash tag), and again every demandEvery
+// while it waits. Each other pool of the semaphore that could give a slot
+// back claims the notice with SET NX on {name}:want:claim:NOTICE (same hash
+// tag); the one that wins gives one slot back: an idle connection at once,
+// else the next of its connections to return to its pool (it owes the
+// waiter one). The others do nothing: one give-back per notice.
+package connslots
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/redsem/redsem"
+	"github.com/redsem/redsem/internal/core"
+	"github.com/redsem/redsem/internal/detach"
+)
+
+// DefaultConnectTimeout bounds a Connect's wait for a slot when the
+// options give no bound.
+const DefaultConnectTimeout = 10 * time.Second
+
+// ErrConnectTimeout is wrapped by the error of a Connect that got no slot
+// within its bound (Options.ConnectTimeout).
+var ErrConnectTimeout = errors.New("connect timeout")
+
+// releaseTimeout bounds the Release made when a connection closes.
+const releaseTimeout = 5 * time.Second
+
+// closeWait bounds how long Close waits for the demand subscription to end.
+const closeWait = 100 * time.Millisecond
+
+// Demand: a Connect that has waited demandAfter for a slot asks for one,
+// and again every demandEvery while it waits. A connection idle for less
+// than minIdle is passing from one query to the next and is left alone. A
+// pool with no idle connection waits claimDelay before it claims a notice,
+// so that a pool with one (which can give back at once) wins it. A claimed
+// give-back that no returning connection paid within owedFor is dropped:
+// the waiter, if it still waits, has asked again by then.
+const (
+	demandAfter = 10 * time.Millisecond
+	demandEvery = 100 * time.Millisecond
+	minIdle     = 5 * time.Millisecond
+	claimDelay  = 10 * time.Millisecond
+	owedFor     = demandEvery + demandEvery/2
+	claimTTL    = 10 * time.Second
+)
+
+// Pool is the slots of one connection pool (one connector, one pgxpool).
+type Pool struct {
+	sem     redsem.Semaphore
+	eng     *core.Engine // nil: sem is not ours; demand stays in this pool
+	id      string       // on demand notices, so that a pool ignores its own
+	prefix  string       // of errors: "redsemsql", "redsempgx"
+	timeout time.Duration
+
+	mu        sync.Mutex
+	slots     map[*Slot]struct{} // open, not given back
+	owed      []time.Time        // claimed give-backs, each due before its time
+	listening bool
+	closed    bool
+	stop      context.CancelFunc // ends the subscription
+	stopped   chan struct{}      // closed when the subscription ended
+}
+
+// New returns the slots of one pool over sem. Errors are prefixed with
+// prefix; a Connect waits at most connectTimeout for a slot (0: the
+// default, DefaultConnectTimeout; negative: only its context bounds it).
+func New(sem redsem.Semaphore, prefix string, connectTimeout time.Duration) *Pool {
+	if connectTimeout == 0 {
+		connectTimeout = DefaultConnectTimeout
+	}
+	return &Pool{sem: sem, eng: core.EngineOf(sem), id: uuid.NewString(), prefix: prefix,
+		timeout: connectTimeout, slots: map[*Slot]struct{}{}}
+}
+
+// Acquire waits for a slot within ctx and the connect timeout; when every
+// slot is taken (a first TryAcquire fails), it asks idle connections (of
+// this pool, else of any) to give one back while it waits.
+// The slot is in use; the caller attaches its connection with Attach, or
+// calls Closed if connecting failed. On failure it returns an error
+// prefixed with the pool's prefix, wrapping the cause (ctx.Err() when ctx
+// ended, ErrConnectTimeout with the semaphore's error when the bound
+// passed), and holds nothing.
+func (p *Pool) Acquire(ctx context.Context) (*Slot, error) {
+	p.listen()
+	wctx, cancel := ctx, context.CancelFunc(func() {})
+	if p.timeout > 0 {
+		wctx, cancel = context.WithTimeoutCause(ctx, p.timeout, ErrConnectTimeout)
+	}
+	defer cancel()
+	// One attempt first: only a caller that finds every slot taken asks
+	// for one (an Acquire slowed by a loaded machine or a distant Redis
+	// would otherwise ask while a slot is free, and make an idle
+	// connection close for nothing).
+	lease, err := p.sem.TryAcquire(wctx)
+	if err != nil {
+		dctx, stopDemand := context.WithCancel(wctx)
+		done := make(chan struct{})
+		go func() {
+			defer close(done)
+			p.ask(dctx)
+		}()
+		lease, err = p.sem.Acquire(wctx)
+		stopDemand()
+		<-done
+	}
+	if err != nil {
+		open, idle := p.Count()
+		if ctx.Err() == nil && errors.Is(context.Cause(wctx), ErrConnectTimeout) {
+			return nil, fmt.Errorf("%s: no connection slot within %v (%w; this pool: %d open, %d idle): %w",
+				p.prefix, p.timeout, ErrConnectTimeout, open, idle, err)
+		}
+		return nil, fmt.Errorf("%s: no connection slot (this pool: %d open, %d idle): %w", p.prefix, open, idle, err)
+	}
+	s := &Slot{pool: p, lease: lease}
+	p.mu.Lock()
+	p.slots[s] = struct{}{}
+	p.mu.Unlock()
+	return s, nil
+}
+
+// ask asks for a slot after demandAfter, then every demandEvery, until
+// ctx ends: this pool's idle connections first, else every pool's.
+func (p *Pool) ask(ctx context.Context) {
+	waiter := uuid.NewString()
+	t := time.NewTimer(demandAfter)
+	defer t.Stop()
+	for seq := 0; ; seq++ {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		if !p.reclaim() && p.eng != nil {
+			// Redis down: Acquire reports it.
+			_ = p.eng.PublishDemand(ctx, fmt.Sprintf("%s %s-%d", p.id, waiter, seq))
+		}
+		t.Reset(demandEvery)
+	}
+}
+
+// listen subscribes to the semaphore's demand notices, once.
+func (p *Pool) listen() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.eng == nil || p.listening || p.closed {
+		return
+	}
+	p.listening = true
+	ctx, cancel := context.WithCancel(context.Background())
+	p.stop, p.stopped = cancel, make(chan struct{})
+	go p.serve(ctx)
+}
+
+// serve answers the demand notices of other pools, until Close. Each
+// notice is answered in a goroutine of its own (an answer may wait
+// claimDelay, then for Redis), so that notices are read as they come.
+func (p *Pool) serve(ctx context.Context) {
+	var answers sync.WaitGroup
+	defer close(p.stopped)
+	defer answers.Wait() // ctx is done: they return at once
+	ps := p.eng.SubscribeDemand(ctx)
+	defer func() { _ = ps.Close() }()
+	ch := ps.Channel()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case m, ok := <-ch:
+			if !ok {
+				return
+			}
+			from, notice, ok := strings.Cut(m.Payload, " ")
+			if ok && from != p.id {
+				answers.Go(func() { p.answer(ctx, notice) })
+			}
+		}
+	}
+}
+
+// answer gives one slot back for a notice if this pool claims it: an idle
+// connection at once, else the next connection to return to the pool.
+func (p *Pool) answer(ctx context.Context, notice string) {
+	open, idle := p.countIdle(time.Now())
+	if open == 0 {
+		return // nothing to give back
+	}
+	if idle == 0 {
+		// Let a pool that can give back at once claim it first.
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(claimDelay):
+		}
+	}
+	won, err := p.eng.ClaimDemand(ctx, notice, claimTTL)
+	if err != nil || !won {
+		return
+	}
+	if p.reclaim() {
+		return
+	}
+	p.mu.Lock()
+	p.owed = append(p.owed, time.Now().Add(owedFor))
+	p.mu.Unlock()
+}
+
+// payOwed reports whether a returning connection should go back for a
+// give-back this pool claimed, and counts it paid.
+func (p *Pool) payOwed() bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	now := time.Now()
+	for len(p.owed) > 0 && now.After(p.owed[0]) {
+		p.owed = p.owed[1:]
+	}
+	if len(p.owed) == 0 {
+		return false
+	}
+	p.owed = p.owed[1:]
+	return true
+}
+
+// reclaim gives back the slot of the connection idle the longest (at least
+// minIdle); false if there is none.
+func (p *Pool) reclaim() bool {
+	now := time.Now()
+	for {
+		var best *Slot
+		var since time.Time
+		p.mu.Lock()
+		for s := range p.slots {
+			if t, ok := s.idleSince(); ok && now.Sub(t) >= minIdle && (best == nil || t.Before(since)) {
+				best, since = s, t
+			}
+		}
+		p.mu.Unlock()
+		if best == nil {
+			return false
+		}
+		if best.giveBack() {
+			return true
+		}
+		// taken meanwhile: look again
+	}
+}
+
+// Count returns how many of the pool's connections are open and idle.
+func (p *Pool) Count() (open, idle int) {
+	return p.countIdle(time.Time{})
+}
+
+// countIdle counts the open connections, and those idle since at least
+// minIdle before now (all idle ones for a zero now).
+func (p *Pool) countIdle(now time.Time) (open, idle int) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for s := range p.slots {
+		open++
+		if t, ok := s.idleSince(); ok && (now.IsZero() || now.Sub(t) >= minIdle) {
+			idle++
+		}
+	}
+	return open, idle
+}
+
+// Close ends the pool's demand subscription (its connections keep their
+// slots until they close).
+func (p *Pool) Close() {
+	p.mu.Lock()
+	p.closed = true
+	stop, stopped := p.stop, p.stopped
+	p.mu.Unlock()
+	if stop != nil {
+		stop()
+		// The subscription ends at once, unless its first dial to an
+		// unreachable Redis is in flight: that ends on its own.
+		select {
+		case <-stopped:
+		case <-time.After(closeWait):
+		}
+	}
+}
+
+func (p *Pool) forget(s *Slot) {
+	p.mu.Lock()
+	delete(p.slots, s)
+	p.mu.Unlock()
+}
+
+// A slot's connection is in use (from Acquire, and from each Use), idle
+// (from Returned), given back (closed and its lease released while idle,
+// for a waiter) or closed.
+type state uint8
+
+const (
+	inUse state = iota
+	idle
+	givenBack
+	closed
+)
+
+// Slot is the lease of one open connection.
+type Slot struct {
+	pool  *Pool
+	lease redsem.Lease
+	once  sync.Once // releases the lease
+
+	// mu orders giving back against every use of the connection: the
+	// connection is closed under mu, and a use that finds it given back
+	// touches nothing.
+	mu    sync.Mutex
+	close func() error // closes the connection, to give it back
+	st    state
+	since time.Time // idle since
+}
+
+// Lease returns the slot's lease.
+func (s *Slot) Lease() redsem.Lease { return s.lease }
+
+// Attach sets the function that closes the slot's connection when it is
+// given back (called with the slot's lock held).
+func (s *Slot) Attach(close func() error) {
+	s.mu.Lock()
+	s.close = close
+	s.mu.Unlock()
+}
+
+// Use marks the connection in use; false if it was given back or closed,
+// or its lease was lost: then the connection must not be used.
+func (s *Slot) Use() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.st == givenBack || s.st == closed {
+		return false
+	}
+	s.st = inUse
+	return s.lease.Err() == nil
+}
+
+// Returned is called when the connection returns to its pool: true marks
+// it idle (it may give its slot back to a waiter later); false means the
+// pool must close it: it was given back, its lease is lost, or this pool
+// owes a waiter of another pool a slot and this connection pays it. valid
+// reports whether the connection itself is fit for reuse.
+func (s *Slot) Returned(valid bool) bool {
+	s.mu.Lock()
+	bad := s.st == givenBack || s.st == closed || s.lease.Err() != nil || !valid
+	s.mu.Unlock()
+	// The pool's lock is not taken under the slot's (reclaim takes them
+	// the other way round); in use, the slot is not given back meanwhile.
+	if bad || s.pool.payOwed() {
+		return false
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.st == givenBack || s.st == closed {
+		return false
+	}
+	s.st, s.since = idle, time.Now()
+	return true
+}
+
+// freshGrace is how long a new connection marked idle by Idle is left
+// alone, so that the caller it was opened for takes it first.
+const freshGrace = 100 * time.Millisecond
+
+// Idle marks a new connection idle, as Returned does, without paying what
+// the pool owes: for a connection that its pool may keep without having
+// used it (database/sql's opener goroutine puts the connections it opens
+// straight into its pool, with no call that Returned could hook; pgxpool
+// keeps those it opens for MinConns). It may be given back only once it
+// has been idle freshGrace (plus the usual 5 ms), so that the caller it
+// was opened for, if any, takes it first.
+func (s *Slot) Idle() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.st == inUse && s.lease.Err() == nil {
+		s.st, s.since = idle, time.Now().Add(freshGrace)
+	}
+}
+
+// Gone reports whether the connection was given back or closed.
+func (s *Slot) Gone() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.st == givenBack || s.st == closed
+}
+
+// Locked runs f with the slot's lock held (so not during a give-back),
+// telling it whether the connection was given back or closed.
+func (s *Slot) Locked(f func(gone bool) error) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return f(s.st == givenBack || s.st == closed)
+}
+
+// Closed is called when the connection closed (or never opened): it
+// releases the lease, once. It reports whether the connection had been
+// given back already (then it was closed then).
+func (s *Slot) Closed() (wasGivenBack bool) {
+	s.mu.Lock()
+	wasGivenBack = s.st == givenBack
+	s.st = closed
+	s.mu.Unlock()
+	s.pool.forget(s)
+	s.release()
+	return wasGivenBack
+}
+
+func (s *Slot) release() {
+	s.once.Do(func() {
+		// On failure the slot comes back after the lease TTL.
+		_ = detach.Release(context.Background(), s.lease, releaseTimeout)
+	})
+}
+
+// idleSince reports when the connection went idle, if it is.
+func (s *Slot) idleSince() (time.Time, bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.since, s.st == idle
+}
+
+// giveBack closes an idle connection and releases its lease; false if it
+// is no longer idle.
+func (s *Slot) giveBack() bool {
+	s.mu.Lock()
+	if s.st != idle {
+		s.mu.Unlock()
+		return false
+	}
+	s.st = givenBack
+	if s.close != nil {
+		_ = s.close()
+	}
+	s.mu.Unlock()
+	s.pool.forget(s)
+	s.release()
+	return true
+}
