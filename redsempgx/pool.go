@@ -51,7 +51,7 @@ type Pool struct {
 // it returns pgxpool's error and holds nothing. sem stays open: it is the
 // caller's.
 func NewPool(ctx context.Context, cfg *pgxpool.Config, sem redsem.Semaphore, opts Options) (*Pool, error) {
-	p := &Pool{slots: connslots.New(sem, "redsempgx", opts.ConnectTimeout), conns: map[*pgx.Conn]*connslots.Slot{}}
+	p := &Pool{slots: connslots.New(sem, "redsempgx", opts.ConnectTimeout, true), conns: map[*pgx.Conn]*connslots.Slot{}}
 	p.hook(cfg)
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {

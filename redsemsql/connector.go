@@ -18,13 +18,14 @@ var ErrConnectTimeout = connslots.ErrConnectTimeout
 
 // Options tune a connector. The zero value is valid.
 type Options struct {
-	// ConnectTimeout bounds a Connect's wait for a slot, whatever its
-	// context: database/sql's opener goroutine connects with a context
-	// that never ends, and a Connect blocked there holds one of
-	// MaxOpenConns until it returns. Then Connect returns an error that
-	// wraps ErrConnectTimeout (database/sql hands it to a query that waits
-	// for a connection). Default 10 s; negative: only the context bounds
-	// the wait.
+	// ConnectTimeout bounds the wait for a slot of a Connect whose
+	// context has no deadline: database/sql's opener goroutine connects
+	// with a context that never ends, and a Connect blocked there holds
+	// one of MaxOpenConns until it returns. Then Connect returns an error
+	// that wraps ErrConnectTimeout (database/sql hands it to a query that
+	// waits for a connection). A context with a deadline (a query's, when
+	// database/sql connects for it directly) is the bound instead.
+	// Default 10 s; negative: only the context bounds the wait.
 	ConnectTimeout time.Duration
 }
 
@@ -59,7 +60,7 @@ func NewConnector(base driver.Connector, sem redsem.Semaphore) driver.Connector 
 
 // NewConnectorOptions is NewConnector with options.
 func NewConnectorOptions(base driver.Connector, sem redsem.Semaphore, opts Options) driver.Connector {
-	return &connector{base: base, slots: connslots.New(sem, "redsemsql", opts.ConnectTimeout)}
+	return &connector{base: base, slots: connslots.New(sem, "redsemsql", opts.ConnectTimeout, false)}
 }
 
 type connector struct {
@@ -72,7 +73,8 @@ var (
 	_ io.Closer        = (*connector)(nil)
 )
 
-// Connect waits for a lease within ctx (and Options.ConnectTimeout), then
+// Connect waits for a lease within ctx (and Options.ConnectTimeout if ctx
+// has no deadline), then
 // opens a connection with the base connector. If no lease is granted it
 // returns an error prefixed "redsemsql: " that wraps the cause
 // (errors.Is(err, ctx.Err()) when ctx ended, ErrConnectTimeout when the

@@ -81,9 +81,10 @@
 // # Connect's bound
 //
 // database/sql's opener goroutine calls Connect with a context that never
-// ends (sql.DB's own, until Close), and so does Driver().Open. Connect
-// waits for a slot at most Options.ConnectTimeout (default 10 s) whatever
-// its context, then fails with an error that wraps ErrConnectTimeout
+// ends (sql.DB's own, until Close), and so does Driver().Open. A Connect
+// whose context has no deadline waits for a slot at most
+// Options.ConnectTimeout (default 10 s), then fails with an error that
+// wraps ErrConnectTimeout
 // (database/sql passes it to a query waiting for a connection), so that a
 // blocked opener does not hold one of MaxOpenConns forever.
 //

@@ -66,6 +66,7 @@ type Pool struct {
 	id      string       // on demand notices, so that a pool ignores its own
 	prefix  string       // of errors: "redsemsql", "redsempgx"
 	timeout time.Duration
+	always  bool // the timeout bounds every wait, not only those without a deadline
 
 	mu        sync.Mutex
 	slots     map[*Slot]struct{} // open, not given back
@@ -77,17 +78,22 @@ type Pool struct {
 }
 
 // New returns the slots of one pool over sem. Errors are prefixed with
-// prefix; a Connect waits at most connectTimeout for a slot (0: the
-// default, DefaultConnectTimeout; negative: only its context bounds it).
-func New(sem redsem.Semaphore, prefix string, connectTimeout time.Duration) *Pool {
+// prefix; a Connect whose context has no deadline waits at most
+// connectTimeout for a slot (0: the default, DefaultConnectTimeout;
+// negative: only its context bounds it). A context with a deadline is the
+// caller's bound, and is the only one, unless always is set: then the
+// timeout bounds every wait (pgx dials under a deadline of its own, never
+// the caller's).
+func New(sem redsem.Semaphore, prefix string, connectTimeout time.Duration, always bool) *Pool {
 	if connectTimeout == 0 {
 		connectTimeout = DefaultConnectTimeout
 	}
 	return &Pool{sem: sem, eng: core.EngineOf(sem), id: uuid.NewString(), prefix: prefix,
-		timeout: connectTimeout, slots: map[*Slot]struct{}{}}
+		timeout: connectTimeout, always: always, slots: map[*Slot]struct{}{}}
 }
 
-// Acquire waits for a slot within ctx and the connect timeout; when every
+// Acquire waits for a slot within ctx (and the connect timeout, when ctx
+// has no deadline); when every
 // slot is taken (a first TryAcquire fails), it asks idle connections (of
 // this pool, else of any) to give one back while it waits.
 // The slot is in use; the caller attaches its connection with Attach, or
@@ -98,7 +104,7 @@ func New(sem redsem.Semaphore, prefix string, connectTimeout time.Duration) *Poo
 func (p *Pool) Acquire(ctx context.Context) (*Slot, error) {
 	p.listen()
 	wctx, cancel := ctx, context.CancelFunc(func() {})
-	if p.timeout > 0 {
+	if _, bounded := ctx.Deadline(); p.timeout > 0 && (p.always || !bounded) {
 		wctx, cancel = context.WithTimeoutCause(ctx, p.timeout, ErrConnectTimeout)
 	}
 	defer cancel()

@@ -26,7 +26,7 @@ func newPools(t *testing.T, n, limit int) []*Pool {
 			t.Fatal(err)
 		}
 		t.Cleanup(func() { _ = sem.Close() })
-		p := New(sem, "test", 0)
+		p := New(sem, "test", 0, false)
 		t.Cleanup(p.Close)
 		pools = append(pools, p)
 	}
@@ -91,7 +91,8 @@ func TestOwedGiveBack(t *testing.T) {
 }
 
 // TestConnectTimeout: Acquire with a context that never ends gives up
-// after the pool's bound, with an error that says so.
+// after the pool's bound, with an error that says so; a context with a
+// deadline is bound by that deadline only.
 func TestConnectTimeout(t *testing.T) {
 	ctx := redistest.Ctx(t, 20*time.Second)
 	name := redistest.Name(t)
@@ -105,7 +106,7 @@ func TestConnectTimeout(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer func() { _ = l.Release(ctx) }()
-	p := New(sem, "test", 200*time.Millisecond)
+	p := New(sem, "test", 200*time.Millisecond, false)
 	t.Cleanup(p.Close)
 	start := time.Now()
 	_, err = p.Acquire(context.Background())
@@ -116,5 +117,23 @@ func TestConnectTimeout(t *testing.T) {
 	cancel()
 	if _, err := p.Acquire(cctx); !errors.Is(err, context.Canceled) || errors.Is(err, ErrConnectTimeout) {
 		t.Fatalf("Acquire with a cancelled context: %v, want context.Canceled, not ErrConnectTimeout", err)
+	}
+	// A context with a deadline is the caller's bound: the connect
+	// timeout does not cut it short.
+	dctx, dcancel := context.WithTimeout(ctx, 600*time.Millisecond)
+	defer dcancel()
+	start = time.Now()
+	_, err = p.Acquire(dctx)
+	if !errors.Is(err, context.DeadlineExceeded) || errors.Is(err, ErrConnectTimeout) || dctx.Err() == nil {
+		t.Fatalf("Acquire with a 600ms deadline, after %v: %v, want its context's deadline, not ErrConnectTimeout (200ms)", time.Since(start), err)
+	}
+	// Unless the pool bounds every wait (redsempgx: pgx's dial deadline
+	// is its own, not the caller's).
+	always := New(sem, "test", 200*time.Millisecond, true)
+	t.Cleanup(always.Close)
+	dctx, dcancel = context.WithTimeout(ctx, 5*time.Second)
+	defer dcancel()
+	if _, err := always.Acquire(dctx); !errors.Is(err, ErrConnectTimeout) || dctx.Err() != nil {
+		t.Fatalf("Acquire with a 5s deadline from a pool that bounds every wait: %v, want ErrConnectTimeout after 200ms", err)
 	}
 }
