@@ -2,14 +2,15 @@
 -- the last part of the lib: sync_head (a member's entry in f:heads),
 -- admit_total (the fair heads of every member, in the family's arrival
 -- order), fam_want and fam_finish (what a call on a member of such a
--- family does last).
+-- family does last), and wake, the admission every call that frees slots or
+-- raises the limit ends with (family or not).
 -- Uses from lib_args.lua: every per-call local (admit_total moves between
 -- members), the family's keys, fam, fam_client_limit, fam_fair,
 -- fam_finish, SENTINEL, fmt; from lib_records.lua: load, get, num,
 -- records, flush; from lib_family.lua: fam_load, fam_extend, fam_expire,
 -- fam_room, fam_write, fam_put; from lib_slots.lua: parse_waiter; from
 -- lib_prune.lua: expire; from lib_limit.lua: limit_in_force; from
--- lib_queue.lua: publish; from lib_admit.lua: admit, append.
+-- lib_queue.lua: publish; from lib_admit.lua: admit, append, notify_free.
 --
 -- The rule (fair): a member's waiters are admitted in its queue's order,
 -- and across members in the family's arrival order (every member's queue
@@ -169,4 +170,18 @@ fam_finish = function()
     end
   end
   fam_write()
+end
+
+-- wake admits what slots freed or a raised limit let in: every member's
+-- waiters in the family's order in a family with a total (admit_total),
+-- else this queue's earliest that fit in limit, their grants appended to
+-- out; then tells unfair waiters how many slots are free (notify_free).
+-- setlimit.lua, setrate.lua, release.lua and renew.lua end with it.
+local function wake(now, now_us, limit, out)
+  if fam_tot_key then
+    admit_total(now, now_us, out) -- every member's, in the family's order
+  elseif num('_q') > 0 then
+    append(out, admit(now, now_us, limit))
+  end
+  notify_free(now, limit)
 end

@@ -46,13 +46,7 @@ if not held or held <= now then
   -- takes only the earliest BATCH).
   local freed = held and drop_holders({id}) or 0
   if expire(now) + freed > 0 or fam_tot_key then
-    local limit = limit_in_force(client_limit)
-    if fam_tot_key then
-      admit_total(now, now_us, {})
-    elseif num('_q') > 0 then
-      admit(now, now_us, limit)
-    end
-    notify_free(now, limit)
+    wake(now, now_us, limit_in_force(client_limit), {})
   end
   return finish({gone, now})
 end

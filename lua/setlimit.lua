@@ -29,10 +29,5 @@ expire(now)
 -- queue wherever they stand, and their processes are told (an "x" message).
 evict_heavier(limit, '')
 local out = {now}
-if fam_tot_key then
-  admit_total(now, now_us, out) -- every member's, in the family's order
-elseif num('_q') > 0 then
-  append(out, admit(now, now_us, limit))
-end
-notify_free(now, limit)
+wake(now, now_us, limit, out)
 return finish(out)

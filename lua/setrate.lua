@@ -40,10 +40,5 @@ if rl > 0 then
 end
 local limit = limit_in_force(client_limit)
 local out = {now}
-if fam_tot_key then
-  admit_total(now, now_us, out) -- every member's, in the family's order
-elseif num('_q') > 0 then
-  append(out, admit(now, now_us, limit))
-end
-notify_free(now, limit)
+wake(now, now_us, limit, out)
 return finish(out)

@@ -93,14 +93,13 @@ func New(sem redsem.Semaphore, prefix string, connectTimeout time.Duration, alwa
 }
 
 // Acquire waits for a slot within ctx (and the connect timeout, when ctx
-// has no deadline); when every
-// slot is taken (a first TryAcquire fails), it asks idle connections (of
-// this pool, else of any) to give one back while it waits.
-// The slot is in use; the caller attaches its connection with Attach, or
-// calls Closed if connecting failed. On failure it returns an error
-// prefixed with the pool's prefix, wrapping the cause (ctx.Err() when ctx
-// ended, ErrConnectTimeout with the semaphore's error when the bound
-// passed), and holds nothing.
+// has no deadline); when every slot is taken (a first TryAcquire fails),
+// it asks idle connections (of this pool, else of any) to give one back
+// while it waits. The slot is in use; the caller attaches its connection
+// with Attach, or calls Closed if connecting failed. On failure it returns
+// an error prefixed with the pool's prefix, wrapping the cause (ctx.Err()
+// when ctx ended, ErrConnectTimeout with the semaphore's error when the
+// bound passed), and holds nothing.
 func (p *Pool) Acquire(ctx context.Context) (*Slot, error) {
 	p.listen()
 	wctx, cancel := ctx, context.CancelFunc(func() {})
