@@ -95,38 +95,35 @@ again at the back.`
 func runRelease(args []string, stdout, stderr io.Writer) int {
 	c := newCommand("release", "NAME ID [flags]", releaseAbout, stdout, stderr)
 	c.withKey()
-	pos, ss, code, stop := c.parseRead(args, 2, "NAME ID")
-	if stop {
-		return code
-	}
-	defer ss.close()
-	ctx, t, e, s := ss.ctx, ss.t, ss.e, ss.s
-	id, err := resolveID(s, pos[1])
-	if err != nil {
-		return c.Fail(err)
-	}
-	kind, admitted, err := e.ForceRelease(ctx, id)
-	if err != nil {
-		return c.Fail(cli.ReachErr(t, err))
-	}
-	switch kind {
-	case core.ReleasedLease:
-		what := "holder " + id
-		for _, h := range s.Holders {
-			if h.ID == id {
-				what = fmt.Sprintf("holder %s (slot %d, token %d)", id, h.Slot, h.Token)
-			}
+	return c.parseRead(args, 2, "NAME ID", func(pos []string, ss *session) int {
+		ctx, t, e, s := ss.ctx, ss.t, ss.e, ss.s
+		id, err := resolveID(s, pos[1])
+		if err != nil {
+			return c.Fail(err)
 		}
-		fmt.Fprintf(stdout, "released %s of %s; its process sees ErrLeaseLost at its next renewal\n", what, c.what(e))
-	case core.ReleasedWaiter:
-		fmt.Fprintf(stdout, "removed waiter %s from the queue of %s; its process will queue it again, at the back\n", id, c.what(e))
-	default:
-		return c.Fail(fmt.Errorf("%s has no live holder or waiter with id %s (already released or expired?)", c.what(e), id))
-	}
-	if admitted > 0 {
-		fmt.Fprintf(stdout, "admitted %d waiting\n", admitted)
-	}
-	return exitOK
+		kind, admitted, err := e.ForceRelease(ctx, id)
+		if err != nil {
+			return c.Fail(cli.ReachErr(t, err))
+		}
+		switch kind {
+		case core.ReleasedLease:
+			what := "holder " + id
+			for _, h := range s.Holders {
+				if h.ID == id {
+					what = fmt.Sprintf("holder %s (slot %d, token %d)", id, h.Slot, h.Token)
+				}
+			}
+			fmt.Fprintf(stdout, "released %s of %s; its process sees ErrLeaseLost at its next renewal\n", what, c.what(e))
+		case core.ReleasedWaiter:
+			fmt.Fprintf(stdout, "removed waiter %s from the queue of %s; its process will queue it again, at the back\n", id, c.what(e))
+		default:
+			return c.Fail(fmt.Errorf("%s has no live holder or waiter with id %s (already released or expired?)", c.what(e), id))
+		}
+		if admitted > 0 {
+			fmt.Fprintf(stdout, "admitted %d waiting\n", admitted)
+		}
+		return exitOK
+	})
 }
 
 // resolveID returns the live holder or waiter id that arg names exactly or
@@ -165,43 +162,40 @@ func runPurge(args []string, stdout, stderr io.Writer) int {
 	c := newCommand("purge", "NAME [flags]", purgeAbout, stdout, stderr)
 	yes := c.FS.Bool("yes", false, "do not ask for confirmation")
 	c.withKey()
-	_, ss, code, stop := c.parseRead(args, 1, "NAME")
-	if stop {
-		return code
-	}
-	defer ss.close()
-	client, t, e, s := ss.client, ss.t, ss.e, ss.s
-	present := s.present
-	if c.key != "" {
-		// The sessions key is the whole family's: its other members'
-		// waiters live by it.
-		sessions := e.Keys().List[core.KeySessions]
-		present = slices.DeleteFunc(present, func(k string) bool { return k == sessions })
-	}
-	if len(present) == 0 {
-		fmt.Fprintf(stdout, "nothing to purge: %s has no keys under prefix %q\n", c.what(e), c.Prefix)
+	return c.parseRead(args, 1, "NAME", func(_ []string, ss *session) int {
+		client, t, e, s := ss.client, ss.t, ss.e, ss.s
+		present := s.present
+		if c.key != "" {
+			// The sessions key is the whole family's: its other members'
+			// waiters live by it.
+			sessions := e.Keys().List[core.KeySessions]
+			present = slices.DeleteFunc(present, func(k string) bool { return k == sessions })
+		}
+		if len(present) == 0 {
+			fmt.Fprintf(stdout, "nothing to purge: %s has no keys under prefix %q\n", c.what(e), c.Prefix)
+			return exitOK
+		}
+		if !*yes {
+			fmt.Fprintf(stderr, "purge %s: delete %d keys (%s)? %d holders lose their leases, %d waiters queue again. [y/N] ",
+				c.what(e), len(present), strings.Join(present, " "), len(s.Holders), len(s.Waiters))
+			answer, err := bufio.NewReader(stdin).ReadString('\n')
+			if err != nil && !errors.Is(err, io.EOF) {
+				return c.Fail(err)
+			}
+			if a := strings.ToLower(strings.TrimSpace(answer)); a != "y" && a != "yes" {
+				fmt.Fprintln(stderr)
+				return c.Fail(errors.New("not confirmed: nothing deleted (use --yes to skip the question)"))
+			}
+		}
+		// Not ss.ctx: the question may have taken longer than cli.OpTimeout.
+		ctx, cancel := cli.OpContext(context.Background())
+		defer cancel()
+		n, err := client.Del(ctx, present...).Result()
+		if err != nil {
+			return c.Fail(cli.ReachErr(t, err))
+		}
+		fmt.Fprintf(stdout, "purged %s: deleted %d keys; %d holders lost their leases, %d waiters will queue again\n",
+			c.what(e), n, len(s.Holders), len(s.Waiters))
 		return exitOK
-	}
-	if !*yes {
-		fmt.Fprintf(stderr, "purge %s: delete %d keys (%s)? %d holders lose their leases, %d waiters queue again. [y/N] ",
-			c.what(e), len(present), strings.Join(present, " "), len(s.Holders), len(s.Waiters))
-		answer, err := bufio.NewReader(stdin).ReadString('\n')
-		if err != nil && !errors.Is(err, io.EOF) {
-			return c.Fail(err)
-		}
-		if a := strings.ToLower(strings.TrimSpace(answer)); a != "y" && a != "yes" {
-			fmt.Fprintln(stderr)
-			return c.Fail(errors.New("not confirmed: nothing deleted (use --yes to skip the question)"))
-		}
-	}
-	// Not ss.ctx: the question may have taken longer than cli.OpTimeout.
-	ctx, cancel := cli.OpContext(context.Background())
-	defer cancel()
-	n, err := client.Del(ctx, present...).Result()
-	if err != nil {
-		return c.Fail(cli.ReachErr(t, err))
-	}
-	fmt.Fprintf(stdout, "purged %s: deleted %d keys; %d holders lost their leases, %d waiters will queue again\n",
-		c.what(e), n, len(s.Holders), len(s.Waiters))
-	return exitOK
+	})
 }

@@ -137,11 +137,19 @@ func (c *command) openRead(name string, leaseTTL time.Duration) (ss *session, co
 	return ss, 0, false
 }
 
-// parseRead parses args (nargs arguments, NAME first) as Parse does, then
-// opens NAME with its state read once (openRead).
-func (c *command) parseRead(args []string, nargs int, argNames string) (pos []string, ss *session, code int, stop bool) {
-	if pos, code, stop = c.Parse(args, nargs, argNames); !stop {
-		ss, code, stop = c.openRead(pos[0], 0)
+// parseRead parses args (nargs arguments, NAME first) as Parse does, opens
+// NAME with its state read once (openRead), and returns what body returns,
+// closing the session after it; on a failure before body it returns the
+// exit code without running body.
+func (c *command) parseRead(args []string, nargs int, argNames string, body func(pos []string, ss *session) int) int {
+	pos, code, stop := c.Parse(args, nargs, argNames)
+	if stop {
+		return code
 	}
-	return pos, ss, code, stop
+	ss, code, stop := c.openRead(pos[0], 0)
+	if stop {
+		return code
+	}
+	defer ss.close()
+	return body(pos, ss)
 }

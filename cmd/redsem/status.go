@@ -36,7 +36,7 @@ func runStatus(args []string, stdout, stderr io.Writer) int {
 	defer ss.close()
 	s := ss.s
 	if c.key == "" && *top > 0 {
-		members, n, err := familyMembers(ss.ctx, ss.client, c.Prefix, pos[0], *top)
+		members, n, err := core.ReadMembers(ss.ctx, ss.client, c.Prefix, pos[0], *top)
 		if err != nil {
 			return c.Fail(cli.ReachErr(ss.t, err))
 		}
@@ -244,7 +244,7 @@ func renderMembers(w io.Writer, s *snapshot) {
 		return
 	}
 	more := ""
-	if s.MemberCount >= maxMembers {
+	if s.MemberCount >= core.MaxMembers {
 		more = " or more"
 	}
 	fmt.Fprintf(w, "family members: %d%s with keys in Redis; the busiest %d:\n", s.MemberCount, more, len(s.Members))

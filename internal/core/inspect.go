@@ -1,8 +1,13 @@
 package core
 
 import (
+	"cmp"
 	"context"
+	"errors"
+	"slices"
+	"strconv"
 	"strings"
+	"sync"
 
 	"github.com/redis/go-redis/v9"
 )
@@ -52,4 +57,133 @@ func Inspect(ctx context.Context, c redis.Cmdable, k Keys) (Raw, error) {
 		}
 	}
 	return r, nil
+}
+
+// Member is one member of a keyed family, as its counters in Redis show
+// it (ReadMembers; the redsem command's status lists them).
+type Member struct {
+	Key string `json:"key"`
+	// Held is the member's _used counter: the slots of its holder entries,
+	// expired ones included until a script removes them.
+	Held   int  `json:"slots_held"`
+	Limit  *int `json:"limit"` // set-limit's, else the established one; nil if unknown
+	Queued int  `json:"queued"`
+}
+
+// MaxMembers bounds how many member keys ReadMembers reads.
+const MaxMembers = 10000
+
+// globSpecial escapes what SCAN patterns treat as special.
+var globSpecial = strings.NewReplacer(`\`, `\\`, "*", `\*`, "?", `\?`, "[", `\[`, "]", `\]`)
+
+// tagUnescaper undoes EscapeTag.
+var tagUnescaper = strings.NewReplacer("%7B", "{", "%7D", "}", "%25", "%")
+
+// ReadMembers finds the members of the keyed family name (by SCAN of
+// their meta keys, on every master of a cluster: a family of several
+// shards spreads over slots) and returns the top busiest (most slots held,
+// then most queued), and how many there are (up to MaxMembers). For
+// tools: it reads the members' counters, not their entries.
+func ReadMembers(ctx context.Context, client redis.UniversalClient, prefix, name string, top int) ([]Member, int, error) {
+	shards, _, err := ReadShards(ctx, client, prefix, name)
+	if err != nil {
+		return nil, 0, err
+	}
+	// The shards' tags: a meta key counts only under one of them (the
+	// pattern's '*' could match more than a shard's number).
+	tags := map[string]bool{}
+	for i := 0; i < shards; i++ {
+		tags[prefix+":{"+ShardTag(name, i, shards)+"}:m:"] = true
+	}
+	pattern := globSpecial.Replace(prefix+":{"+EscapeTag(name)+"}:m:") + "*:meta"
+	if shards > 1 {
+		pattern = globSpecial.Replace(prefix+":{"+EscapeTag(name)+"%s") + "*}:m:*:meta"
+	}
+	var (
+		mu    sync.Mutex
+		metas []string
+		seen  = map[string]bool{}
+	)
+	scan := func(ctx context.Context, node redis.Cmdable) error {
+		var cursor uint64
+		for {
+			keys, next, err := node.Scan(ctx, cursor, pattern, 1000).Result()
+			if err != nil {
+				return err
+			}
+			mu.Lock()
+			for _, k := range keys {
+				if i := memberAt(prefix, k); i >= 0 && tags[k[:i]] && !seen[k] && len(metas) < MaxMembers {
+					seen[k] = true
+					metas = append(metas, k)
+				}
+			}
+			full := len(metas) >= MaxMembers
+			mu.Unlock()
+			cursor = next
+			if cursor == 0 || full {
+				return nil
+			}
+		}
+	}
+	if cc, ok := client.(*redis.ClusterClient); ok {
+		err = cc.ForEachMaster(ctx, func(ctx context.Context, c *redis.Client) error { return scan(ctx, c) })
+	} else {
+		err = scan(ctx, client)
+	}
+	if err != nil {
+		return nil, 0, err
+	}
+	slices.Sort(metas) // the same members listed whatever the order of the masters
+	if len(metas) == 0 {
+		return nil, 0, nil
+	}
+	pipe := client.Pipeline()
+	cmds := make([]*redis.SliceCmd, len(metas))
+	for i, k := range metas {
+		cmds[i] = pipe.HMGet(ctx, k, "_used", "_q", "_fixed", "_limit")
+	}
+	if _, err := pipe.Exec(ctx); err != nil && !errors.Is(err, redis.Nil) {
+		return nil, 0, err
+	}
+	atoi := func(v any) (int, bool) {
+		str, ok := v.(string)
+		if !ok {
+			return 0, false
+		}
+		n, err := strconv.Atoi(str)
+		return n, err == nil
+	}
+	out := make([]Member, 0, len(metas))
+	for i, k := range metas {
+		m := Member{Key: tagUnescaper.Replace(strings.TrimSuffix(k[memberAt(prefix, k):], ":meta"))}
+		v := cmds[i].Val()
+		if len(v) == 4 {
+			m.Held, _ = atoi(v[0])
+			m.Queued, _ = atoi(v[1])
+			if n, ok := atoi(v[2]); ok {
+				m.Limit = &n
+			} else if n, ok := atoi(v[3]); ok {
+				m.Limit = &n
+			}
+		}
+		out = append(out, m)
+	}
+	slices.SortFunc(out, func(a, b Member) int { // busiest first
+		return cmp.Or(cmp.Compare(b.Held, a.Held), cmp.Compare(b.Queued, a.Queued), strings.Compare(a.Key, b.Key))
+	})
+	return out[:min(top, len(out))], len(out), nil
+}
+
+// memberAt is where the escaped member key starts in k, a key of a family
+// member (after prefix:{tag}:m:), or -1.
+func memberAt(prefix, k string) int {
+	if !strings.HasPrefix(k, prefix+":{") {
+		return -1
+	}
+	i := strings.Index(k[len(prefix):], "}:m:")
+	if i < 0 {
+		return -1
+	}
+	return len(prefix) + i + 4
 }
