@@ -73,12 +73,6 @@ type Member struct {
 // MaxMembers bounds how many member keys ReadMembers reads.
 const MaxMembers = 10000
 
-// globSpecial escapes what SCAN patterns treat as special.
-var globSpecial = strings.NewReplacer(`\`, `\\`, "*", `\*`, "?", `\?`, "[", `\[`, "]", `\]`)
-
-// tagUnescaper undoes EscapeTag.
-var tagUnescaper = strings.NewReplacer("%7B", "{", "%7D", "}", "%25", "%")
-
 // ReadMembers finds the members of the keyed family name (by SCAN of
 // their meta keys, on every master of a cluster: a family of several
 // shards spreads over slots) and returns the top busiest (most slots held,
@@ -93,11 +87,11 @@ func ReadMembers(ctx context.Context, client redis.UniversalClient, prefix, name
 	// pattern's '*' could match more than a shard's number).
 	tags := map[string]bool{}
 	for i := 0; i < shards; i++ {
-		tags[prefix+":{"+ShardTag(name, i, shards)+"}:m:"] = true
+		tags[memberPrefix(prefix, ShardTag(name, i, shards))] = true
 	}
-	pattern := globSpecial.Replace(prefix+":{"+EscapeTag(name)+"}:m:") + "*:meta"
+	pattern := memberMetaPattern(prefix, ShardTag(name, 0, 1))
 	if shards > 1 {
-		pattern = globSpecial.Replace(prefix+":{"+EscapeTag(name)+"%s") + "*}:m:*:meta"
+		pattern = globEscaper.Replace(prefix+":{"+EscapeTag(name)+"%s") + "*}:m:*:meta"
 	}
 	var (
 		mu    sync.Mutex
@@ -156,7 +150,7 @@ func ReadMembers(ctx context.Context, client redis.UniversalClient, prefix, name
 	}
 	out := make([]Member, 0, len(metas))
 	for i, k := range metas {
-		m := Member{Key: tagUnescaper.Replace(strings.TrimSuffix(k[memberAt(prefix, k):], ":meta"))}
+		m := Member{Key: memberKeyOf(prefix, k)}
 		v := cmds[i].Val()
 		if len(v) == 4 {
 			m.Held, _ = atoi(v[0])
@@ -173,17 +167,4 @@ func ReadMembers(ctx context.Context, client redis.UniversalClient, prefix, name
 		return cmp.Or(cmp.Compare(b.Held, a.Held), cmp.Compare(b.Queued, a.Queued), strings.Compare(a.Key, b.Key))
 	})
 	return out[:min(top, len(out))], len(out), nil
-}
-
-// memberAt is where the escaped member key starts in k, a key of a family
-// member (after prefix:{tag}:m:), or -1.
-func memberAt(prefix, k string) int {
-	if !strings.HasPrefix(k, prefix+":{") {
-		return -1
-	}
-	i := strings.Index(k[len(prefix):], "}:m:")
-	if i < 0 {
-		return -1
-	}
-	return len(prefix) + i + 4
 }

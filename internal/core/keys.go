@@ -108,7 +108,7 @@ func MemberKeys(prefix, family string, shards int, key string) Keys {
 
 func memberKeys(prefix, tag, key string) Keys {
 	t := prefix + ":{" + tag + "}:"
-	base := t + "m:" + EscapeTag(key) + ":"
+	base := memberPrefix(prefix, tag) + EscapeTag(key) + ":"
 	k := Keys{List: make([]string, len(keySuffixes)), Chan: t + "f:ch"}
 	for i, s := range keySuffixes {
 		k.List[i] = base + s
@@ -125,3 +125,37 @@ var tagEscaper = strings.NewReplacer("%", "%25", "{", "%7B", "}", "%7D")
 // character) are percent-encoded, so every name maps to a distinct,
 // non-empty tag and all of a semaphore's keys hash to one slot.
 func EscapeTag(name string) string { return tagEscaper.Replace(name) }
+
+// tagUnescaper undoes EscapeTag.
+var tagUnescaper = strings.NewReplacer("%7B", "{", "%7D", "}", "%25", "%")
+
+// memberPrefix is what the keys of every member of the family shard tagged
+// tag start with, before the member's escaped key: prefix:{tag}:m:.
+func memberPrefix(prefix, tag string) string { return prefix + ":{" + tag + "}:m:" }
+
+// memberMetaPattern is the SCAN pattern of the meta keys of the members of
+// the family shard tagged tag.
+func memberMetaPattern(prefix, tag string) string {
+	return globEscaper.Replace(memberPrefix(prefix, tag)) + "*:meta"
+}
+
+// memberAt is where the escaped member key starts in k, a key of a family
+// member (after memberPrefix), or -1.
+func memberAt(prefix, k string) int {
+	if !strings.HasPrefix(k, prefix+":{") {
+		return -1
+	}
+	i := strings.Index(k[len(prefix):], "}:m:")
+	if i < 0 {
+		return -1
+	}
+	return len(prefix) + i + 4
+}
+
+// memberKeyOf is the member key of k, the meta key of a family member.
+func memberKeyOf(prefix, k string) string {
+	return tagUnescaper.Replace(strings.TrimSuffix(k[memberAt(prefix, k):], ":meta"))
+}
+
+// globEscaper escapes the characters that a SCAN pattern gives a meaning.
+var globEscaper = strings.NewReplacer(`\`, `\\`, `*`, `\*`, `?`, `\?`, `[`, `\[`, `]`, `\]`)

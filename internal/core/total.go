@@ -2,7 +2,6 @@ package core
 
 import (
 	"context"
-	"strings"
 
 	"github.com/redis/go-redis/v9"
 	"github.com/redsem/redsem"
@@ -74,7 +73,7 @@ func (f *Family) scanStatus(ctx context.Context) (redsem.FamilyStatus, error) {
 	client := f.root.cfg.Client
 	for i := range f.shards {
 		tag := ShardTag(f.root.cfg.Name, i, len(f.shards))
-		pattern := globEscaper.Replace(f.root.cfg.Prefix+":{"+tag+"}:m:") + "*:meta"
+		pattern := memberMetaPattern(f.root.cfg.Prefix, tag)
 		var metas []string
 		err := forEachNode(ctx, client, func(ctx context.Context, c redis.UniversalClient) error {
 			iter := c.Scan(ctx, 0, pattern, 512).Iterator()
@@ -87,12 +86,7 @@ func (f *Family) scanStatus(ctx context.Context) (redsem.FamilyStatus, error) {
 			return st, f.root.callErr(ctx, err)
 		}
 		for _, meta := range metas {
-			base := strings.TrimSuffix(meta, "meta")
-			keys := Keys{List: make([]string, len(keySuffixes)), Chan: f.root.cfg.Prefix + ":{" + tag + "}:f:ch"}
-			for k, s := range keySuffixes {
-				keys.List[k] = base + s
-			}
-			keys.List[KeySessions] = f.root.cfg.Prefix + ":{" + tag + "}:f:sessions"
+			keys := memberKeys(f.root.cfg.Prefix, tag, memberKeyOf(f.root.cfg.Prefix, meta))
 			e := &Engine{cfg: f.root.cfg, keys: keys, pub: f.root.pub, lib: f.root.lib, alerts: f.root.alerts, stopped: f.root.stopped}
 			ms, err := e.status(ctx)
 			if err != nil {
@@ -109,9 +103,6 @@ func (f *Family) scanStatus(ctx context.Context) (redsem.FamilyStatus, error) {
 	}
 	return st, nil
 }
-
-// globEscaper escapes the characters that a SCAN pattern gives a meaning.
-var globEscaper = strings.NewReplacer(`\`, `\\`, `*`, `\*`, `?`, `\?`, `[`, `\[`, `]`, `\]`)
 
 // forEachNode runs fn on every master of a cluster client, else on the
 // client itself.
