@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"math/rand/v2"
 	"time"
 
@@ -16,10 +17,10 @@ import (
 //
 //	AcquireN / TryAcquireN
 //	  e.begin          a call: the caller's context, ended also by Close (cause ErrClosed)
-//	  e.waiting.next   the variant's round: fairWait (session.go) registers with the hub,
-//	                   queues and waits for a grant; unfairWait (hub.go) tries, subscribes
-//	                   and waits for freed-slot notices. Both send through c.attempt
-//	                   (protocol.go), one run of acquire.lua
+//	  e.waiting.next   the variant's round (below): fairWait registers with the hub,
+//	                   queues under the session and waits for a grant; unfairWait
+//	                   tries, subscribes and waits for freed-slot notices. Both send
+//	                   through c.attempt, one run of acquire.lua (protocol.go)
 //	  c.retry          rides a transient error out with backoff, within c.ctx
 //	  c.exit           undoes what a failed call may have left, classifies the error once
 //
@@ -360,4 +361,229 @@ func (e *Engine) releaseBound() time.Duration {
 // not retry together.
 func jitter(d time.Duration) time.Duration {
 	return time.Duration(float64(d) * (0.5 + rand.Float64()))
+}
+
+// attempt runs acquire.lua once in mode ("try", "wait" or "queue") with
+// session sid (queue mode). A reply with a code that is an error (limit
+// mismatch, weight, queue full, cancelled) comes back as that error.
+func (c *call) attempt(mode, sid string) (acquireReply, error) {
+	if err := c.ctx.Err(); err != nil {
+		return acquireReply{}, err // nothing sent
+	}
+	c.tried = true
+	if f := c.e.fam; f != nil {
+		if err := f.checkShards(c.ctx); err != nil {
+			return acquireReply{}, err // nothing sent that writes a member's keys
+		}
+	}
+	refuseAfter, err := c.e.refuseAfter(c.ctx)
+	if err != nil {
+		return acquireReply{}, err // nothing sent that writes
+	}
+	c.sent = true
+	a, err := c.e.acquire(c.ctx, acquireArgs{id: c.id, n: c.n, mode: mode, sid: sid, refuseAfter: refuseAfter})
+	if errors.Is(err, errCancelled) && refuseAfter > 0 && a.now > refuseAfter && c.ctx.Err() == nil {
+		// Refused by refuse_after while the caller still waits: the bound
+		// came from an older reply, and the server's clock has since
+		// stepped forward past it (an NTP correction, a resumed VM), not
+		// the request been held up (the caller would have given up). The
+		// script wrote nothing, and this reply's time is now the engine's:
+		// the request goes again once, bounded anew.
+		if refuseAfter, err = c.e.refuseAfter(c.ctx); err != nil {
+			return acquireReply{}, err
+		}
+		a, err = c.e.acquire(c.ctx, acquireArgs{id: c.id, n: c.n, mode: mode, sid: sid, refuseAfter: refuseAfter})
+	}
+	if err == nil {
+		c.rateRoom, c.rate = time.Time{}, redsem.Rate{}
+		if a.code == codeQueued && a.rateMs >= 0 {
+			c.rateRoom, c.rate = time.Now().Add(time.Duration(a.rateMs)*time.Millisecond), a.rateInForce
+		}
+	}
+	if err == nil || !Transient(err) {
+		if err == nil || !errors.Is(err, c.ctx.Err()) {
+			c.replied, c.lastErr, c.backoff = true, nil, 0
+		}
+	}
+	return a, err
+}
+
+// fairWait is the fair strategy: the call registers with the hub (whose
+// session keeps its queue entry alive), queues, and waits for its grant,
+// delivered by the hub from a release reply or a session message.
+//
+// The call's goroutine is the one owner of its waiter's state: the hub only
+// hands it events, and it decides what each means against the queue
+// attempt it made last (its session and its floor, see acquireReply.floor). A
+// waiter is, in turn:
+//
+//	asking   acquire.lua runs (queue mode)         granted: done; queued: waiting; session died: renew it, ask again
+//	waiting  a grant for the last attempt          done (unless its deadline passed: ask again)
+//	waiting  a grant from an older attempt         ask again (a delayed message, or from before a data loss)
+//	waiting  "evicted as too heavy"                ask again: the reply says ErrWeight if it still is
+//	waiting  resync, session renewed, removed      ask again
+//
+// So only a reply to the latest attempt, or a grant that Redis made after
+// it (its token above the attempt's floor, on the attempt's session), ends
+// the call with a lease: a message that answers an earlier attempt can
+// never hand out a slot that Redis no longer gives this waiter.
+type fairWait struct{}
+
+func (fairWait) next(c *call) (grant, bool, error) {
+	if c.w == nil {
+		w, err := c.e.register(c.ctx, c.id, c.n)
+		if err != nil {
+			return grant{}, false, err
+		}
+		c.w = w
+	}
+	s := c.w.h.session()
+	sid := s.ID()
+	a, err := c.attempt("queue", sid)
+	switch {
+	case err == nil && a.code == codeGranted:
+		return a.grant(), true, nil
+	case errors.Is(err, errSessionDied):
+		// Its session expired (the process was paused, or cut off): a new
+		// one, and every waiter of the process queues again.
+		return grant{}, false, s.renew(c.ctx, sid)
+	case err != nil:
+		return grant{}, false, err
+	}
+	s.queued(c.e, a.hint)
+	return c.awaitGrant(c.w, sid, a.floor)
+}
+
+func (fairWait) listener(h *hub) listener { return newSession(h) }
+
+func (fairWait) done(c *call) {
+	if c.w != nil {
+		c.w.h.unregister(c.w)
+	}
+}
+
+// awaitGrant waits for w's grant after a queue attempt under session sid
+// whose floor was floor. It returns the grant (ok), or ok false when the
+// waiter must ask Redis again (an event that this attempt cannot settle).
+func (c *call) awaitGrant(w *waiter, sid string, floor int64) (g grant, ok bool, err error) {
+	for {
+		select {
+		case ev := <-w.events:
+			switch ev.kind {
+			case evGrant:
+				g := ev.grant
+				if g.token <= floor || (g.sid != "" && g.sid != sid) {
+					// Made before this attempt ran: a delayed message, or one
+					// from before a data loss. Redis says what holds now.
+					c.e.logger().LogAttrs(context.Background(), slog.LevelDebug, "redsem: a grant older than the queue attempt refused",
+						slog.String("semaphore", c.e.cfg.Name), slog.String("waiter", c.id), slog.Int64("token", g.token))
+					return grant{}, false, nil
+				}
+				if !time.Now().Before(g.deadline) {
+					// Granted, but this process learned too late, or cannot
+					// tell when the grant ends (grantDeadline): ask again.
+					return grant{}, false, nil
+				}
+				return g, true, nil
+			case evWeight:
+				// SetLimit or SetRate made this waiter too heavy, or did so to
+				// an earlier queue entry of it: the reply to asking again is
+				// ErrWeight if it still is (and then nothing is left queued).
+				return grant{}, false, nil
+			case evRequeue:
+				if ev.evicted {
+					c.e.emit(redsem.Event{Kind: redsem.EventWaiterEvicted, LeaseID: c.id})
+				}
+				return grant{}, false, nil
+			}
+		case <-c.ctx.Done():
+			return grant{}, false, c.ctx.Err()
+		}
+	}
+}
+
+// unfairWait is the unfair strategy: the call tries; once refused it
+// subscribes to freed-slot notices (and tries again at once, so that a slot
+// freed meanwhile is not missed), then tries on each notice, or when the
+// earliest holder may have expired, or after the fallback interval.
+type unfairWait struct{}
+
+func (unfairWait) next(c *call) (grant, bool, error) {
+	mode := "try"
+	if c.w != nil {
+		mode = "wait"
+	}
+	a, err := c.attempt(mode, "")
+	switch {
+	case err != nil:
+		return grant{}, false, err
+	case a.code == codeGranted:
+		return a.grant(), true, nil
+	case c.w == nil:
+		w, err := c.e.register(c.ctx, c.id, c.n)
+		c.w = w
+		return grant{}, false, err // registered: try again at once
+	}
+	w, e := c.w, c.e
+	// When the rate's window holds it back, one waiter of this process
+	// (per semaphore) sleeps until the window has room and, once granted,
+	// wakes the next; the others sleep as if the slots held them back. So
+	// the moment the window frees a slot costs one try per process, not one
+	// per waiter.
+	d := e.waitFor(a.hint, a.rateMs)
+	if a.rateMs < 0 {
+		w.h.passGate(w)
+	} else if !w.h.takeGate(w) {
+		// The hint is the sooner of a holder's expiry and the window's
+		// room: only the former, if sooner, wakes it.
+		hint := a.hint
+		if hint >= a.rateMs {
+			hint = -1
+		}
+		d = e.waitFor(hint, -1)
+	}
+	c.timer.Reset(d)
+	defer c.timer.Stop()
+	select {
+	case <-w.events: // evFree
+	case <-c.timer.C:
+	case <-c.ctx.Done():
+		// A wake-up received but not used goes to the next waiter.
+		select {
+		case ev := <-w.events:
+			if ev.kind == evFree {
+				w.h.wakeUnfair(1)
+			}
+		default:
+		}
+		return grant{}, false, c.ctx.Err()
+	}
+	return grant{}, false, nil
+}
+
+func (unfairWait) listener(h *hub) listener { return unfairWake{h} }
+
+func (unfairWait) done(c *call) {
+	if c.w != nil {
+		c.w.h.passGate(c.w)
+		c.w.h.unregister(c.w)
+	}
+}
+
+// waitFor is how long an unfair waiter sleeps without a message: until just
+// after the earliest holder deadline, at most Fallback, with ±20% jitter;
+// or, when the rate held it back (rateMs >= 0, a slot was free) and its
+// window has room before Fallback, exactly until then (and a millisecond),
+// so that the grant comes when the rate allows it.
+func (e *Engine) waitFor(hint, rateMs int64) time.Duration {
+	d := e.cfg.Fallback
+	if r := time.Duration(rateMs+1) * time.Millisecond; rateMs >= 0 && r <= d {
+		return r
+	}
+	if hint >= 0 {
+		if h := time.Duration(hint+1) * time.Millisecond; h < d {
+			d = h
+		}
+	}
+	return time.Duration(float64(d) * (0.8 + 0.4*rand.Float64()))
 }

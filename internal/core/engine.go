@@ -5,11 +5,12 @@
 // Files, from the caller down to Redis:
 //
 //	engine.go     the Engine: construction, Close, SetLimit, SetRate, Status
-//	acquire.go    one Acquire or TryAcquire call: its waiting loop (fair or
-//	              unfair), retries, the undo of what a failed call left, and
-//	              the classification of its error
+//	acquire.go    one Acquire or TryAcquire call: its loop, its two ways of
+//	              waiting (fairWait, unfairWait), its requests (attempt),
+//	              retries, the undo of what a failed call left, and the
+//	              classification of its error
 //	hub.go        the per-process subscription of a semaphore (or family
-//	              shard) and its local waiters; the unfair wake list
+//	              shard), its local waiters, the unfair wake list and gate
 //	session.go    the fair queue session: its id, its heartbeat, its renewal
 //	lease.go      a granted lease: one owner for its state, its watchdog
 //	resume.go     Resume: a lease granted elsewhere, by its id

@@ -2,7 +2,6 @@ package core
 
 import (
 	"context"
-	"math/rand/v2"
 	"slices"
 	"strings"
 	"sync"
@@ -391,92 +390,6 @@ func (u unfairWake) resync()                         { u.h.broadcast(event{kind:
 func (u unfairWake) handle(m *redis.Message) {
 	count, meta, _ := strings.Cut(m.Payload, " ")
 	u.h.wakeUnfairOf(meta, max(int(toInt(count)), 1))
-}
-
-// unfairWait is the unfair strategy: the call tries; once refused it
-// subscribes to freed-slot notices (and tries again at once, so that a slot
-// freed meanwhile is not missed), then tries on each notice, or when the
-// earliest holder may have expired, or after the fallback interval.
-type unfairWait struct{}
-
-func (unfairWait) next(c *call) (grant, bool, error) {
-	mode := "try"
-	if c.w != nil {
-		mode = "wait"
-	}
-	a, err := c.attempt(mode, "")
-	switch {
-	case err != nil:
-		return grant{}, false, err
-	case a.code == codeGranted:
-		return a.grant(), true, nil
-	case c.w == nil:
-		w, err := c.e.register(c.ctx, c.id, c.n)
-		c.w = w
-		return grant{}, false, err // registered: try again at once
-	}
-	w, e := c.w, c.e
-	// When the rate's window holds it back, one waiter of this process
-	// (per semaphore) sleeps until the window has room and, once granted,
-	// wakes the next; the others sleep as if the slots held them back. So
-	// the moment the window frees a slot costs one try per process, not one
-	// per waiter.
-	d := e.waitFor(a.hint, a.rateMs)
-	if a.rateMs < 0 {
-		w.h.passGate(w)
-	} else if !w.h.takeGate(w) {
-		// The hint is the sooner of a holder's expiry and the window's
-		// room: only the former, if sooner, wakes it.
-		hint := a.hint
-		if hint >= a.rateMs {
-			hint = -1
-		}
-		d = e.waitFor(hint, -1)
-	}
-	c.timer.Reset(d)
-	defer c.timer.Stop()
-	select {
-	case <-w.events: // evFree
-	case <-c.timer.C:
-	case <-c.ctx.Done():
-		// A wake-up received but not used goes to the next waiter.
-		select {
-		case ev := <-w.events:
-			if ev.kind == evFree {
-				w.h.wakeUnfair(1)
-			}
-		default:
-		}
-		return grant{}, false, c.ctx.Err()
-	}
-	return grant{}, false, nil
-}
-
-func (unfairWait) listener(h *hub) listener { return unfairWake{h} }
-
-func (unfairWait) done(c *call) {
-	if c.w != nil {
-		c.w.h.passGate(c.w)
-		c.w.h.unregister(c.w)
-	}
-}
-
-// waitFor is how long an unfair waiter sleeps without a message: until just
-// after the earliest holder deadline, at most Fallback, with ±20% jitter;
-// or, when the rate held it back (rateMs >= 0, a slot was free) and its
-// window has room before Fallback, exactly until then (and a millisecond),
-// so that the grant comes when the rate allows it.
-func (e *Engine) waitFor(hint, rateMs int64) time.Duration {
-	d := e.cfg.Fallback
-	if r := time.Duration(rateMs+1) * time.Millisecond; rateMs >= 0 && r <= d {
-		return r
-	}
-	if hint >= 0 {
-		if h := time.Duration(hint+1) * time.Millisecond; h < d {
-			d = h
-		}
-	}
-	return time.Duration(float64(d) * (0.8 + 0.4*rand.Float64()))
 }
 
 // wakeUnfair wakes local unfair waiters, oldest first, that fit in free

@@ -336,51 +336,6 @@ func (e *Engine) acquire(ctx context.Context, a acquireArgs) (acquireReply, erro
 	return r, nil
 }
 
-// attempt runs acquire.lua once in mode ("try", "wait" or "queue") with
-// session sid (queue mode). A reply with a code that is an error (limit
-// mismatch, weight, queue full, cancelled) comes back as that error.
-func (c *call) attempt(mode, sid string) (acquireReply, error) {
-	if err := c.ctx.Err(); err != nil {
-		return acquireReply{}, err // nothing sent
-	}
-	c.tried = true
-	if f := c.e.fam; f != nil {
-		if err := f.checkShards(c.ctx); err != nil {
-			return acquireReply{}, err // nothing sent that writes a member's keys
-		}
-	}
-	refuseAfter, err := c.e.refuseAfter(c.ctx)
-	if err != nil {
-		return acquireReply{}, err // nothing sent that writes
-	}
-	c.sent = true
-	a, err := c.e.acquire(c.ctx, acquireArgs{id: c.id, n: c.n, mode: mode, sid: sid, refuseAfter: refuseAfter})
-	if errors.Is(err, errCancelled) && refuseAfter > 0 && a.now > refuseAfter && c.ctx.Err() == nil {
-		// Refused by refuse_after while the caller still waits: the bound
-		// came from an older reply, and the server's clock has since
-		// stepped forward past it (an NTP correction, a resumed VM), not
-		// the request been held up (the caller would have given up). The
-		// script wrote nothing, and this reply's time is now the engine's:
-		// the request goes again once, bounded anew.
-		if refuseAfter, err = c.e.refuseAfter(c.ctx); err != nil {
-			return acquireReply{}, err
-		}
-		a, err = c.e.acquire(c.ctx, acquireArgs{id: c.id, n: c.n, mode: mode, sid: sid, refuseAfter: refuseAfter})
-	}
-	if err == nil {
-		c.rateRoom, c.rate = time.Time{}, redsem.Rate{}
-		if a.code == codeQueued && a.rateMs >= 0 {
-			c.rateRoom, c.rate = time.Now().Add(time.Duration(a.rateMs)*time.Millisecond), a.rateInForce
-		}
-	}
-	if err == nil || !Transient(err) {
-		if err == nil || !errors.Is(err, c.ctx.Err()) {
-			c.replied, c.lastErr, c.backoff = true, nil, 0
-		}
-	}
-	return a, err
-}
-
 // refuseAfter is the server time (ms) after which an acquire request of a
 // call with ctx must write nothing, 0 for none. A request that reaches
 // Redis after its caller gave up (held in the network, or behind a paused
