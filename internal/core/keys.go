@@ -152,7 +152,8 @@ func memberAt(prefix, k string) int {
 	return len(prefix) + i + 4
 }
 
-// memberKeyOf is the member key of k, the meta key of a family member.
+// memberKeyOf is the member key (unescaped) of k, the meta key of a family
+// member: a key that memberAt finds, as the meta patterns above match.
 func memberKeyOf(prefix, k string) string {
 	return tagUnescaper.Replace(strings.TrimSuffix(k[memberAt(prefix, k):], ":meta"))
 }
