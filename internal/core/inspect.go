@@ -89,10 +89,7 @@ func ReadMembers(ctx context.Context, client redis.UniversalClient, prefix, name
 	for i := 0; i < shards; i++ {
 		tags[memberPrefix(prefix, ShardTag(name, i, shards))] = true
 	}
-	pattern := memberMetaPattern(prefix, ShardTag(name, 0, 1))
-	if shards > 1 {
-		pattern = globEscaper.Replace(prefix+":{"+EscapeTag(name)+"%s") + "*}:m:*:meta"
-	}
+	pattern := familyMetaPattern(prefix, name, shards)
 	var (
 		mu    sync.Mutex
 		metas []string

@@ -139,6 +139,18 @@ func memberMetaPattern(prefix, tag string) string {
 	return globEscaper.Replace(memberPrefix(prefix, tag)) + "*:meta"
 }
 
+// familyMetaPattern is the SCAN pattern of the meta keys of the members of
+// family name in all of its shards shards: one shard's memberMetaPattern,
+// or, for several, every tag that starts with the escaped name and
+// shardSep. Its '*' can match more than a shard's number: a key found
+// counts only under one of the shards' memberPrefix.
+func familyMetaPattern(prefix, name string, shards int) string {
+	if shards <= 1 {
+		return memberMetaPattern(prefix, ShardTag(name, 0, 1))
+	}
+	return globEscaper.Replace(prefix+":{"+EscapeTag(name)+shardSep) + "*}:m:*:meta"
+}
+
 // memberAt is where the escaped member key starts in k, a key of a family
 // member (after memberPrefix), or -1.
 func memberAt(prefix, k string) int {

@@ -28,6 +28,10 @@ const (
 	DefaultShards = 1
 	// clusterSlots is the number of hash slots of a Redis Cluster.
 	clusterSlots = 16384
+	// shardSep stands between a family's escaped name and a shard's
+	// number in the tags of a family of several shards (ShardTag). No
+	// escaped name contains it.
+	shardSep = "%s"
 )
 
 // ShardOf is the shard of member key in a family of shards shards: FNV-1a
@@ -48,8 +52,8 @@ func ShardOf(key string, shards int) int {
 // the shard's number, "." and the smallest n >= 0 that puts the tag's slot
 // in the shard's own 1/shards of the 16384 slots (so that shards cover a
 // cluster's slot ranges evenly, whatever the family's name). No escaped
-// name contains "%s" ('%' is escaped as "%25"), so no shard tag equals
-// another family's or semaphore's tag.
+// name contains "%s" (shardSep: '%' is escaped as "%25"), so no shard tag
+// equals another family's or semaphore's tag.
 func ShardTag(family string, shard, shards int) string {
 	esc := EscapeTag(family)
 	if shards <= 1 {
@@ -57,7 +61,7 @@ func ShardTag(family string, shard, shards int) string {
 	}
 	lo := shard * clusterSlots / shards
 	hi := (shard + 1) * clusterSlots / shards
-	base := esc + "%s" + strconv.Itoa(shard) + "."
+	base := esc + shardSep + strconv.Itoa(shard) + "."
 	for n := 0; ; n++ {
 		tag := base + strconv.Itoa(n)
 		if s := int(CRC16(tag) % clusterSlots); s >= lo && s < hi {
