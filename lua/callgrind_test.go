@@ -38,6 +38,12 @@ import (
 //
 //	REDSEM_CALLGRIND=1 go test ./lua -run TestScriptInstructions -v
 //
+// REDSEM_CALLGRIND_MODE=evalsha counts the scripts as EVALSHA calls
+// instead (the path of a server that refuses FUNCTION, and of each
+// engine's first calls), where every call also runs the whole lib's
+// definitions: Lua 5.1 creates each function's closure and finds each of
+// its upvalues in a list of those already taken, so that cost grows with
+// the lib's functions and with what each uses.
 // REDSEM_CALLGRIND_RUN=REGEXP counts only the workloads whose name it
 // matches; REDSEM_CALLGRIND_ARGS adds arguments to redis-server's command line (e.g.
 // "--hash-max-listpack-entries 0"); REDSEM_CALLGRIND_KEEP=DIR keeps callgrind's output files there, for
@@ -92,9 +98,17 @@ func TestScriptInstructions(t *testing.T) {
 	if err := c.FunctionLoad(ctx, lib).Err(); err != nil {
 		t.Fatal(err)
 	}
+	mode := "fcall"
+	switch m := os.Getenv("REDSEM_CALLGRIND_MODE"); m {
+	case "", "fcall":
+	case "evalsha":
+		mode = m
+	default:
+		t.Fatalf("REDSEM_CALLGRIND_MODE=%q: want fcall or evalsha", m)
+	}
 	const pipe, rounds = 100, 5
 	n := 0
-	for _, sc := range scriptCases(ctx, c, "fcall") {
+	for _, sc := range scriptCases(ctx, c, mode) {
 		if only != nil && !only.MatchString(sc.name) {
 			continue
 		}
@@ -128,8 +142,8 @@ func TestScriptInstructions(t *testing.T) {
 		}
 		meta := k.List[core.KeyMeta]
 		enc, _ := c.ObjectEncoding(ctx, meta).Result()
-		t.Logf("%-26s %8.0f instructions per script call (%d calls, %d per cycle; meta: %s of %d fields)",
-			sc.name, float64(ir)/float64(calls), calls, calls/(rounds*pipe), enc, c.HLen(ctx, meta).Val())
+		t.Logf("%-7s %-26s %8.0f instructions per script call (%d calls, %d per cycle; meta: %s of %d fields)",
+			mode, sc.name, float64(ir)/float64(calls), calls, calls/(rounds*pipe), enc, c.HLen(ctx, meta).Val())
 	}
 }
 

@@ -8,7 +8,8 @@
 -- own; every script first calls bind(KEYS, ARGV) (below).
 --
 -- This file holds the layout of the keys (below), the constants, the
--- per-call state and bind, which sets it, argument parsing (fail,
+-- per-call state, bind, which sets it, and the member switch of a family
+-- with a total (save_member, restore_member, switch_member), argument parsing (fail,
 -- int_arg, parse_rate, id_arg, client_arg), the checks of limits and rates
 -- read from Redis (stored_limit, stored_rate), clock and fmt. It uses
 -- nothing from another file.
@@ -105,7 +106,9 @@ end
 -- statement of every script. Three kinds:
 --
 -- The call's inputs: its ARGV and the names it gives. Only bind assigns
--- them, all of them, every call (client_arg rewrites argv[3] in place).
+-- them, all of them, every call (client_arg rewrites argv[3] in place),
+-- but for the member's keys, which switch_member and restore_member (below
+-- bind) move from member to member of a family with a total.
 local argv
 -- The nine keys' names (KEYS[1..9], laid out at the top of this file).
 local holders_key, queue_key, sessions_key, free_key, ended_key, meta_key, limit_key, window_key, rate_key
@@ -199,6 +202,39 @@ local function bind(keys, args, family_only)
     horizon_moved = false,
   }
   return nil
+end
+
+-- save_member returns the current member's per-call state; restore_member
+-- makes it current again; switch_member makes the member whose keys start
+-- with base ("prefix:{tag}:m:KEY:") current, with a fresh state (meta not
+-- loaded yet: load, lib_records.lua) that shares the call's clock, client
+-- rate and session cache (the sessions key is the shard's). admit_total
+-- (lib_total.lua) moves between the members of a family with a total with
+-- them. They stand here, beside bind, because they and bind are all that
+-- assign the state above, and because a function's upvalues cost every
+-- EVAL call in proportion to the lib's locals already captured above it
+-- (Lua 5.1 finds each in a list of them): here, before the rest of the
+-- lib, the thirteen each takes cost little.
+local function save_member()
+  return {holders_key, queue_key, free_key, ended_key, meta_key, limit_key, window_key, rate_key,
+    meta, meta_nums, meta_dirty, meta_gone, call}
+end
+
+local function restore_member(s)
+  holders_key, queue_key, free_key, ended_key, meta_key, limit_key, window_key, rate_key = s[1], s[2], s[3], s[4], s[5], s[6], s[7], s[8]
+  meta, meta_nums, meta_dirty, meta_gone, call = s[9], s[10], s[11], s[12], s[13]
+end
+
+local function switch_member(base)
+  holders_key, queue_key, free_key, ended_key, meta_key, limit_key, window_key, rate_key =
+    base .. 'holders', base .. 'queue', base .. 'free', base .. 'ended', base .. 'meta', base .. 'limit', base .. 'window', base .. 'rate'
+  local c = call
+  call = {
+    client_rate_limit = c.client_rate_limit, client_rate_per_ms = c.client_rate_per_ms,
+    clock_ms = c.clock_ms, clock_us = c.clock_us, rate_loaded = false, horizon_moved = false,
+    session_deadlines = c.session_deadlines,
+  }
+  meta, meta_nums, meta_dirty, meta_gone = nil, {}, {}, nil
 end
 
 -- int_arg returns ARGV[i] as an integer in [min, max] (max: 2^53 - 1 when

@@ -4,8 +4,8 @@
 -- order), fam_want and fam_finish (what a call on a member of such a
 -- family does last), and wake, the admission every call that frees slots or
 -- raises the limit ends with (family or not).
--- Uses from lib_args.lua: every per-call local (admit_total moves between
--- members), the family's keys, fam, fam_client_limit, fam_fair,
+-- Uses from lib_args.lua: save_member, restore_member and switch_member
+-- (admit_total moves between members), the per-call keys, the family's keys, fam, fam_client_limit, fam_fair,
 -- fam_finish, SENTINEL, fmt; from lib_records.lua: load, get, num,
 -- records, flush; from lib_family.lua: fam_load, fam_extend, fam_expire,
 -- fam_room, fam_write, fam_put; from lib_slots.lua: parse_waiter; from
@@ -53,30 +53,10 @@ local function sync_head(now, limit)
   fam_extend(now, num('_hz')) -- the entry lives as long as the member's keys
 end
 
--- save returns the current member's per-call state; restore makes it
--- current again; enter makes the member whose keys start with base
--- current, with a fresh state (its meta loaded) that shares the call's
--- clock, client rate and session cache (the sessions key is the shard's).
-local function save()
-  return {holders_key, queue_key, free_key, ended_key, meta_key, limit_key, window_key, rate_key,
-    meta, meta_nums, meta_dirty, meta_gone, call}
-end
-
-local function restore(s)
-  holders_key, queue_key, free_key, ended_key, meta_key, limit_key, window_key, rate_key = s[1], s[2], s[3], s[4], s[5], s[6], s[7], s[8]
-  meta, meta_nums, meta_dirty, meta_gone, call = s[9], s[10], s[11], s[12], s[13]
-end
-
+-- enter makes the member whose keys start with base current
+-- (switch_member, lib_args.lua) with its meta loaded.
 local function enter(base)
-  holders_key, queue_key, free_key, ended_key, meta_key, limit_key, window_key, rate_key =
-    base .. 'holders', base .. 'queue', base .. 'free', base .. 'ended', base .. 'meta', base .. 'limit', base .. 'window', base .. 'rate'
-  local c = call
-  call = {
-    client_rate_limit = c.client_rate_limit, client_rate_per_ms = c.client_rate_per_ms,
-    clock_ms = c.clock_ms, clock_us = c.clock_us, rate_loaded = false, horizon_moved = false,
-    session_deadlines = c.session_deadlines,
-  }
-  meta_nums, meta_dirty, meta_gone = {}, {}, nil
+  switch_member(base)
   load()
 end
 
@@ -107,12 +87,12 @@ local function admit_total(now, now_us, out)
     from = '(' .. h[2]
     if base ~= cur then
       if cur == own then
-        own_state = save()
+        own_state = save_member()
       else
         flush() -- the member visited before: written out
       end
       if base == own then
-        restore(own_state)
+        restore_member(own_state)
       else
         enter(base)
       end
@@ -136,7 +116,7 @@ local function admit_total(now, now_us, out)
   end
   if cur ~= own then
     flush()
-    restore(own_state)
+    restore_member(own_state)
   end
   return out, stop
 end
