@@ -5,7 +5,9 @@
 // testcontainers-go. Every test in this repository gets its Redis here.
 // With REDSEM_REDIS_SERVER set (see redisproc.Binary), the servers it starts
 // run that binary instead of redis-server, e.g. Valkey's, and no container
-// stands in for it.
+// stands in for it. With REDSEM_TEST_NO_FUNCTION set (EnvNoFunction), the
+// servers it starts refuse FUNCTION and FCALL, as Redis 6.2 and some
+// managed services do, so that the scripts run as EVALSHA.
 //
 // Use Client for a client of the package's shared server (started once per
 // test binary, stopped by Main), Start for a dedicated server that the test
@@ -280,11 +282,23 @@ func startLocal(extraArgs ...string) (*Server, error) {
 	return startLocalEnv(nil, extraArgs...)
 }
 
+// EnvNoFunction is the environment variable that, when set, makes every
+// server this package starts refuse FUNCTION, FCALL and FCALL_RO (renamed
+// away), so that the library keeps to EVALSHA: the path of a server
+// without functions (Redis 6.2, some managed services) and of each
+// engine's first calls, which the tests otherwise reach only in part. A
+// test that checks the library's use of FUNCTION fails under it.
+const EnvNoFunction = "REDSEM_TEST_NO_FUNCTION"
+
 // startLocalEnv is startLocal with env added to the server's environment.
 func startLocalEnv(env []string, extraArgs ...string) (*Server, error) {
 	bin, err := redisproc.Binary()
 	if err != nil {
 		return nil, err
+	}
+	if os.Getenv(EnvNoFunction) != "" {
+		extraArgs = append([]string{"--rename-command", "FUNCTION", "",
+			"--rename-command", "FCALL", "", "--rename-command", "FCALL_RO", ""}, extraArgs...)
 	}
 	dir, err := os.MkdirTemp("", "redistest-")
 	if err != nil {
