@@ -12,7 +12,6 @@ import (
 	"regexp"
 	"strconv"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -669,7 +668,7 @@ func demoOnMiniredis(t *testing.T, bin string) {
 // with exit code 0 after at least one refresh.
 func watchUntilInterrupt(t *testing.T, bin, redisURL, name string) {
 	cmd := exec.Command(bin, "watch", name, "--interval", "50ms", "--redis", redisURL)
-	var out syncBuffer
+	var out redistest.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &out
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
@@ -689,24 +688,6 @@ func watchUntilInterrupt(t *testing.T, bin, redisURL, name string) {
 		_ = cmd.Process.Kill()
 		t.Fatal("watch did not exit on SIGINT")
 	}
-}
-
-// syncBuffer is a bytes.Buffer safe for a writer and a reader goroutine.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
 }
 
 func itoa(n int) string     { return strconv.Itoa(n) }

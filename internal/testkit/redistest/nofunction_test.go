@@ -1,10 +1,8 @@
 package redistest_test
 
 import (
-	"bytes"
 	"log/slog"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -22,7 +20,7 @@ func TestNoFunction(t *testing.T) {
 	if err := c.Do(ctx, "FUNCTION", "LIST").Err(); err == nil || !strings.Contains(err.Error(), "unknown command") {
 		t.Fatalf("FUNCTION LIST: %v, want an unknown command", err)
 	}
-	var logs syncBuffer
+	var logs redistest.Buffer
 	logger := slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
 	s, err := unfair.New(c, redistest.Name(t), 1, unfair.Options{Logger: logger})
 	if err != nil {
@@ -52,22 +50,4 @@ func TestNoFunction(t *testing.T) {
 	if strings.Contains(stats, "cmdstat_fcall") || !strings.Contains(stats, "cmdstat_evalsha") {
 		t.Fatalf("script calls not all EVALSHA:\n%s", stats)
 	}
-}
-
-// syncBuffer is a bytes.Buffer for a logger that other goroutines write.
-type syncBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
 }
