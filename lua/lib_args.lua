@@ -211,7 +211,7 @@ end
 -- rate and session cache (the sessions key is the shard's). admit_total
 -- (lib_total.lua) moves between the members of a family with a total with
 -- them. They stand here, beside bind, because they and bind are all that
--- assign the state above, and because a function's upvalues cost every
+-- assign the member's keys above, and because a function's upvalues cost every
 -- EVAL call in proportion to the lib's locals already captured above it
 -- (Lua 5.1 finds each in a list of them): here, before the rest of the
 -- lib, the thirteen each takes cost little.
