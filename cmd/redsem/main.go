@@ -5,7 +5,7 @@
 //
 //	go run ./cmd/redsem demo
 //	redsem status NAME [--key KEY] [--top N] [--json] [--lease-ttl 30s]
-//	redsem watch NAME [--key KEY] [--interval 1s] [--count N]
+//	redsem watch NAME [--key KEY] [--top N] [--interval 1s] [--count N]
 //	redsem set-limit NAME [N] [--rate LIMIT/PER] [--key KEY]
 //	redsem release NAME ID [--key KEY]
 //	redsem purge NAME [--key KEY] [--yes]
@@ -53,6 +53,8 @@ Commands:
   demo               run a self-contained demo: fair and unfair side by side,
                      fairness, fencing (starts its own Redis if needed)
   status NAME        holders, waiters, limit and warnings of semaphore NAME
+                     (of keyed family NAME: its total, slots held and
+                     queued, and its busiest members)
   watch NAME         the same, refreshed live (Ctrl-C to stop)
   set-limit NAME [N]  set the limit (--rate: the rate) of NAME for every
                      client, at once
@@ -69,8 +71,8 @@ Flags every command takes:
 
 status, watch, set-limit, release and purge also take:
   --key KEY          address member KEY of the keyed family NAME
-                     (fair.NewFamily(client, NAME, ...).Get(KEY)); status NAME
-                     without --key also lists the family's busiest members
+                     (fair.NewFamily(client, NAME, ...).Get(KEY)); status and
+                     watch NAME without --key show the family NAME
 
 Run 'redsem <command> -h' for the flags of a command.
 Exit codes: 0 ok, 1 error, 2 usage.

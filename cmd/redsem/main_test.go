@@ -1014,7 +1014,7 @@ func TestFamilyTotalStatus(t *testing.T) {
 		t.Fatalf("status %s: exit %d, stderr %q, out:\n%s", fam, code, errs, out)
 	}
 	code, out, _ = runCmd(t, "status", "--json", fam)
-	if code != exitOK || !strings.Contains(out, `"total":{"Total":5,"Held":4,"Waiting":0}`) {
+	if code != exitOK || !strings.Contains(out, `"total":{"total":5,"slots_held":4,"queued":0}`) {
 		t.Fatalf("status --json %s: exit %d:\n%s", fam, code, out)
 	}
 }

@@ -16,18 +16,25 @@ import (
 // snapshot is what status and watch show of one semaphore. Times are by the
 // Redis server's clock.
 type snapshot struct {
-	Name   string `json:"name"`
+	Name string `json:"name"`
+	// Kind is what Name is: kindSemaphore, kindMember (with --key) or
+	// kindFamily (without --key, a keyed family with members or a total in
+	// Redis and no semaphore of that name with state of its own).
+	Kind   string `json:"kind"`
 	Family string `json:"family,omitempty"` // with --key: Name is a member of this family
 	// Total: the family's total (FamilyOptions.Total) and its use, when it
 	// has one (NAME is a family whose clients were built with a total).
-	Total      *redsem.FamilyStatus `json:"total,omitempty"`
-	Prefix     string               `json:"prefix"`
-	ServerTime time.Time            `json:"server_time"`
+	Total      *familyTotal `json:"total,omitempty"`
+	Prefix     string       `json:"prefix"`
+	ServerTime time.Time    `json:"server_time"`
 	// Live is false when none of the semaphore's keys but the set-limit
-	// override exists: nobody holds, waits or has established a limit.
+	// override exists: nobody holds, waits or has established a limit. For
+	// a family (Kind kindFamily): false unless a member has keys in Redis
+	// or the total counts slots held or queued.
 	Live bool `json:"live"`
 	// Limit is the limit in force, nil when unknown (no live state and no
-	// set-limit override: the first client to acquire establishes it).
+	// set-limit override: the first client to acquire establishes it), and
+	// for a family, whose members each have their own (Members[].Limit).
 	Limit       *int   `json:"limit"`
 	LimitSource string `json:"limit_source"` // "set-limit", "established" or "unknown"
 	Established *int   `json:"established_limit,omitempty"`
@@ -56,12 +63,42 @@ type snapshot struct {
 	// members have keys in Redis.
 	Members     []core.Member `json:"members,omitempty"`
 	MemberCount int           `json:"member_count,omitempty"`
+	// MembersSlotsHeld and MembersQueued are the sums of the counters of
+	// every member found (not only those listed): slots held (expired
+	// holders included until a script removes them) and fair queue entries.
+	MembersSlotsHeld *int `json:"members_slots_held,omitempty"`
+	MembersQueued    *int `json:"members_queued,omitempty"`
+
+	// UnfairWaitersUntil is set while unfair waiters wait: the latest time
+	// until which they asked for freed-slot notices (the semaphore's, or
+	// any member's or the total's of a family). Redis stores no unfair
+	// waiter, nor which variant its clients are: this is the only sign of
+	// them, and it does not tell how many there are.
+	UnfairWaitersUntil *time.Time `json:"unfair_waiters_until,omitempty"`
 
 	MaxMemoryPolicy string   `json:"maxmemory_policy,omitempty"`
 	Warnings        []string `json:"warnings"`
 	Notes           []string `json:"notes,omitempty"`
 
 	present []string // the semaphore's keys that exist (for purge)
+}
+
+// What a snapshot shows (snapshot.Kind).
+const (
+	kindSemaphore = "semaphore"
+	kindMember    = "member" // a member of a keyed family (--key)
+	kindFamily    = "family" // a keyed family, all of its members
+)
+
+// familyTotal is a keyed family's total and its use (redsem.FamilyStatus,
+// with the JSON keys of the rest of the snapshot).
+type familyTotal struct {
+	Total     int `json:"total"`      // the bound in force; 0: none (SetTotal 0)
+	SlotsHeld int `json:"slots_held"` // slots of the live leases of all members
+	// Queued is the entries of all members' fair queues (those of dead
+	// processes included until they are evicted): Redis stores no unfair
+	// waiter.
+	Queued int `json:"queued"`
 }
 
 type holderInfo struct {
@@ -150,10 +187,16 @@ func (ss *session) read(ctx context.Context, leaseTTL time.Duration) (*snapshot,
 	established := pipe.HGet(ctx, keys.List[core.KeyMeta], "_limit")
 	rateOverride := pipe.Get(ctx, keys.List[core.KeyRate])
 	rateEstablished := pipe.HGet(ctx, keys.List[core.KeyMeta], "_rate")
+	want := pipe.HGet(ctx, keys.List[core.KeyMeta], "_want")
 	if _, err := pipe.Exec(ctx); err != nil && !errors.Is(err, redis.Nil) {
 		return nil, err
 	}
-	s := &snapshot{Name: e.Name(), Family: ss.family, Prefix: ss.prefix, ServerTime: now, Holders: []holderInfo{}, Waiters: []waiterInfo{}, Warnings: []string{}}
+	s := &snapshot{Name: e.Name(), Kind: kindSemaphore, Family: ss.family, Prefix: ss.prefix, ServerTime: now,
+		Holders: []holderInfo{}, Waiters: []waiterInfo{}, Warnings: []string{}}
+	if ss.family != "" {
+		s.Kind = kindMember
+	}
+	s.sawWant(want.Val())
 	for i, c := range exist {
 		if c.Val() > 0 {
 			s.present = append(s.present, keys.List[i])
@@ -239,8 +282,8 @@ func (s *snapshot) check(leaseTTL time.Duration) {
 			s.warn("over the limit: %d slots held, limit %d (the limit was lowered: leases are not revoked, new grants wait until fewer than %d are held)",
 				held, limit, limit)
 		case held == limit:
-			s.warn("full: all %d slots held, %d waiting in the fair queue (one reading; watch shows how long it stays full)",
-				limit, len(s.Waiters))
+			s.warn("full: all %d slots held, %s (one reading; watch shows how long it stays full)",
+				limit, s.waiting(len(s.Waiters), "the fair queue"))
 		case len(s.Waiters) > 0 && s.Waiters[0].Weight <= limit-held && !s.rate.IsZero() && s.RateGranted+s.Waiters[0].Weight > s.rate.Limit:
 			s.note("%d waiting while %d slots are free: the rate holds them (%d granted in the window of %s, the rate in force; the head wants %d): "+
 				"the head is admitted once enough grants leave the window", len(s.Waiters), limit-held, s.RateGranted, s.Rate, s.Waiters[0].Weight)
@@ -287,6 +330,126 @@ func (s *snapshot) check(leaseTTL time.Duration) {
 	}
 	if core.EvictingPolicy(s.MaxMemoryPolicy) {
 		s.warn("Redis maxmemory-policy is %s: it may evict the semaphore's keys (all but the set-limit override have a TTL); use noeviction", s.MaxMemoryPolicy)
+	}
+}
+
+// sawWant records want, a "_want" counter (until when unfair waiters
+// asked for freed-slot notices, server ms), if it is later than the
+// snapshot's time and than what it recorded already.
+func (s *snapshot) sawWant(want string) {
+	ms, err := strconv.ParseInt(want, 10, 64)
+	if err != nil || ms <= s.ServerTime.UnixMilli() {
+		return
+	}
+	if t := time.UnixMilli(ms).UTC(); s.UnfairWaitersUntil == nil || t.After(*s.UnfairWaitersUntil) {
+		s.UnfairWaitersUntil = &t
+	}
+}
+
+// waiting says who waits: queued entries of the fair queue(s) (where),
+// and unfair waiters if they left their sign (Redis does not count
+// them). It never names the variant of the clients: Redis does not store
+// it.
+func (s *snapshot) waiting(queued int, where string) string {
+	unfair := s.UnfairWaitersUntil != nil
+	switch {
+	case queued > 0 && unfair:
+		return fmt.Sprintf("%d waiting in %s and unfair waiters retrying", queued, where)
+	case queued > 0:
+		return fmt.Sprintf("%d waiting in %s", queued, where)
+	case unfair:
+		return "unfair waiters retrying"
+	}
+	return "nobody waiting"
+}
+
+// full reports whether the semaphore's limit, or the family's total, is
+// all held.
+func (s *snapshot) full() bool {
+	if s.Kind == kindFamily {
+		return s.Total != nil && s.Total.Total > 0 && s.Total.SlotsHeld >= s.Total.Total
+	}
+	return s.Limit != nil && s.slotsHeld() >= *s.Limit
+}
+
+// readFamily adds to s, a snapshot of NAME read without --key, the keyed
+// family of the same name if it has members or a total in Redis: the top
+// busiest members, the sums of every member's counters and the total. s
+// becomes the family's view (Kind kindFamily, with the sign of unfair
+// waiters in any member and the warnings of a full total) unless NAME is
+// also a semaphore with state of its own: then the family is listed below
+// it.
+func (ss *session) readFamily(ctx context.Context, s *snapshot, top int) error {
+	name := s.Name
+	members, n, err := core.ReadMembers(ctx, ss.client, ss.prefix, name, core.MaxMembers)
+	if err != nil {
+		return err
+	}
+	tot, hasTotal, err := core.ReadFamilyTotal(ctx, ss.client, ss.prefix, name)
+	if err != nil {
+		return err
+	}
+	if n == 0 && !hasTotal {
+		return nil // no family of that name (or an idle one: nothing to tell)
+	}
+	held, queued := 0, 0
+	for _, m := range members {
+		held, queued = held+m.Held, queued+m.Queued
+	}
+	s.Members, s.MemberCount = members[:min(top, len(members))], n
+	s.MembersSlotsHeld, s.MembersQueued = &held, &queued
+	if hasTotal {
+		s.Total = &familyTotal{Total: tot.Total, SlotsHeld: tot.Held, Queued: tot.Waiting}
+	}
+	if s.Live || s.Limit != nil {
+		return nil // NAME is a semaphore too: its view, the family listed below
+	}
+	s.Kind = kindFamily
+	s.Live = n > 0 || hasTotal && (tot.Held > 0 || tot.Waiting > 0)
+	// Unfair waiters' sign: every member's "_want", and the total's.
+	shards, _, err := core.ReadShards(ctx, ss.client, ss.prefix, name)
+	if err != nil {
+		return err
+	}
+	pipe := ss.client.Pipeline()
+	wants := make([]*redis.StringCmd, 0, len(members)+1)
+	for _, m := range members {
+		wants = append(wants, pipe.HGet(ctx, core.MemberKeys(ss.prefix, name, shards, m.Key).List[core.KeyMeta], "_want"))
+	}
+	if hasTotal {
+		wants = append(wants, pipe.HGet(ctx, core.FamilyKeys(ss.prefix, name)[core.FamTot], "_want"))
+	}
+	if _, err := pipe.Exec(ctx); err != nil && !errors.Is(err, redis.Nil) {
+		return err
+	}
+	for _, w := range wants {
+		s.sawWant(w.Val())
+	}
+	s.checkFamily()
+	return nil
+}
+
+// checkFamily adds the warnings and notes that one reading of a family
+// supports.
+func (s *snapshot) checkFamily() {
+	t := s.Total
+	if t == nil {
+		return
+	}
+	if t.Total > 0 {
+		switch {
+		case t.SlotsHeld > t.Total:
+			s.warn("over the family's total: %d slots held in all members, total %d (the total was lowered: leases are not revoked, new grants wait until fewer than %d are held)",
+				t.SlotsHeld, t.Total, t.Total)
+		case t.SlotsHeld == t.Total:
+			s.warn("full: the family's total of %d is all held, %s (one reading; watch shows how long it stays full)",
+				t.Total, s.waiting(t.Queued, "fair queues"))
+		}
+	}
+	if s.MembersSlotsHeld != nil && *s.MembersSlotsHeld > t.SlotsHeld {
+		s.note("the members' counters hold %d slots, the total counts %d live: holders that expired and no script removed yet, "+
+			"a change between the two readings, or a client built without the family's Total (it counts nothing in the total)",
+			*s.MembersSlotsHeld, t.SlotsHeld)
 	}
 }
 

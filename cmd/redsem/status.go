@@ -14,7 +14,9 @@ import (
 )
 
 const statusAbout = `Shows the live holders (id, slot, fencing token, age, deadline), the fair
-queue (position, time to eviction), the limit in force and warnings.`
+queue (position, time to eviction), the limit in force and warnings. For
+the name of a keyed family (without --key): its total, slots held and
+queued, and its busiest members.`
 
 func runStatus(args []string, stdout, stderr io.Writer) int {
 	c := newCommand("status", "NAME [flags]", statusAbout, stdout, stderr)
@@ -36,17 +38,8 @@ func runStatus(args []string, stdout, stderr io.Writer) int {
 	defer ss.close()
 	s := ss.s
 	if c.key == "" && *top > 0 {
-		members, n, err := core.ReadMembers(ss.ctx, ss.client, c.Prefix, pos[0], *top)
-		if err != nil {
+		if err := ss.readFamily(ss.ctx, s, *top); err != nil {
 			return c.Fail(cli.ReachErr(ss.t, err))
-		}
-		s.Members, s.MemberCount = members, n
-		tot, ok, err := core.ReadFamilyTotal(ss.ctx, ss.client, c.Prefix, pos[0])
-		if err != nil {
-			return c.Fail(cli.ReachErr(ss.t, err))
-		}
-		if ok {
-			s.Total = &tot
 		}
 	}
 	if *asJSON {
@@ -68,14 +61,19 @@ func (c *command) printJSON(v any) int {
 // render writes s as text.
 func render(w io.Writer, s *snapshot) {
 	at := s.ServerTime.Format("2006-01-02 15:04:05.000 MST")
-	if s.Family != "" {
-		fmt.Fprintf(w, "member %q of family %q (prefix %q) at %s (Redis server clock)\n", s.Name, s.Family, s.Prefix, at)
-	} else if !s.Live && s.Limit == nil && (s.MemberCount > 0 || s.Total != nil) {
-		// The name of a keyed family, not of a semaphore.
+	switch {
+	case s.Kind == kindFamily:
 		fmt.Fprintf(w, "family %q (prefix %q) at %s (Redis server clock)\n", s.Name, s.Prefix, at)
+		if !s.Live {
+			fmt.Fprintf(w, "state:   idle: no member has keys in Redis, nothing held or queued\n")
+		}
 		renderMembers(w, s)
+		renderUnfair(w, s)
+		renderNotes(w, s)
 		return
-	} else {
+	case s.Family != "":
+		fmt.Fprintf(w, "member %q of family %q (prefix %q) at %s (Redis server clock)\n", s.Name, s.Family, s.Prefix, at)
+	default:
 		fmt.Fprintf(w, "semaphore %q (prefix %q) at %s (Redis server clock)\n", s.Name, s.Prefix, at)
 	}
 	defer renderMembers(w, s)
@@ -117,6 +115,20 @@ func render(w io.Writer, s *snapshot) {
 		}
 		table(w, rows)
 	}
+	renderUnfair(w, s)
+	renderNotes(w, s)
+}
+
+// renderUnfair says that unfair waiters wait, if they left their sign.
+func renderUnfair(w io.Writer, s *snapshot) {
+	if t := s.UnfairWaitersUntil; t != nil {
+		fmt.Fprintf(w, "unfair waiters are retrying: they asked for freed-slot notices until %s (Redis stores no unfair waiter: how many is unknown)\n",
+			t.Format("15:04:05.000"))
+	}
+}
+
+// renderNotes writes s's warnings and notes.
+func renderNotes(w io.Writer, s *snapshot) {
 	if len(s.Warnings) > 0 {
 		fmt.Fprintln(w, "warnings:")
 		for _, x := range s.Warnings {
@@ -137,9 +149,10 @@ func render(w io.Writer, s *snapshot) {
 	}
 }
 
-const watchAbout = `Shows status NAME, refreshed every --interval until Ctrl-C (or --count
-refreshes). It also tracks what one reading cannot: how long the
-semaphore has stayed full, and how long each waiter has waited.`
+const watchAbout = `Shows status NAME (a semaphore, a member with --key, or a keyed family),
+refreshed every --interval until Ctrl-C (or --count refreshes). It also
+tracks what one reading cannot: how long the semaphore (or the family's
+total) has stayed full, and how long each waiter has waited.`
 
 func runWatch(args []string, stdout, stderr io.Writer) int {
 	c := newCommand("watch", "NAME [flags]", watchAbout, stdout, stderr)
@@ -147,7 +160,8 @@ func runWatch(args []string, stdout, stderr io.Writer) int {
 	leaseTTL := c.FS.Duration("lease-ttl", 0, "the clients' LeaseTTL, to check holders against 0.8 x LeaseTTL (not stored in Redis)")
 	interval := c.FS.Duration("interval", time.Second, "time between refreshes")
 	count := c.FS.Int("count", 0, "stop after this many refreshes (0: until Ctrl-C)")
-	alwaysFull := c.FS.Duration("full-after", 30*time.Second, "warn 'always full' once the semaphore has been full at every refresh for this long")
+	alwaysFull := c.FS.Duration("full-after", 30*time.Second, "warn 'always full' once the semaphore (or the family's total) has been full at every refresh for this long")
+	top := c.FS.Int("top", 10, "without --key: list at most this many of family NAME's members, busiest first")
 	c.withKey()
 	pos, code, stop := c.Parse(args, 1, "NAME")
 	if stop {
@@ -155,6 +169,9 @@ func runWatch(args []string, stdout, stderr io.Writer) int {
 	}
 	if *interval <= 0 || *count < 0 || *alwaysFull <= 0 {
 		return c.UsageError("--interval and --full-after must be positive and --count not negative")
+	}
+	if *top < 0 {
+		return c.UsageError("--top must not be negative")
 	}
 	ss, code, stop := c.open(pos[0])
 	if stop {
@@ -178,6 +195,12 @@ func runWatch(args []string, stdout, stderr io.Writer) int {
 		}
 		rctx, cancel := cli.OpContext(ctx)
 		s, err := ss.read(rctx, *leaseTTL)
+		// NAME may be a keyed family (read as status does), unless it is a
+		// semaphore with state of its own: then each refresh spares the
+		// SCAN that finds a family's members.
+		if err == nil && c.key == "" && *top > 0 && !s.Live && s.Limit == nil {
+			err = ss.readFamily(rctx, s, *top)
+		}
 		cancel()
 		if ctx.Err() != nil {
 			return exitOK
@@ -189,12 +212,16 @@ func runWatch(args []string, stdout, stderr io.Writer) int {
 		}
 		failed = false
 		// What one reading cannot tell.
-		if s.Limit != nil && s.slotsHeld() >= *s.Limit {
+		if s.full() {
 			if fullSince.IsZero() {
 				fullSince = s.ServerTime
 			}
 			if d := s.ServerTime.Sub(fullSince); d >= *alwaysFull {
-				s.warn("always full: full at every refresh for %s: the limit is too low for the load, or holders leak (see docs/operations.md)", fmtMs(d.Milliseconds()))
+				what := "the limit"
+				if s.Kind == kindFamily {
+					what = "the family's total"
+				}
+				s.warn("always full: full at every refresh for %s: %s is too low for the load, or holders leak (see docs/operations.md)", fmtMs(d.Milliseconds()), what)
 			}
 		} else {
 			fullSince = time.Time{}
@@ -238,7 +265,7 @@ func renderMembers(w io.Writer, s *snapshot) {
 		if t.Total > 0 {
 			bound = fmt.Sprint(t.Total)
 		}
-		fmt.Fprintf(w, "family total: %s; %d slots held in all members, %d queued (fair)\n", bound, t.Held, t.Waiting)
+		fmt.Fprintf(w, "family total: %s; %d slots held in all members, %d queued in fair queues\n", bound, t.SlotsHeld, t.Queued)
 	}
 	if s.MemberCount == 0 {
 		return
@@ -247,7 +274,11 @@ func renderMembers(w io.Writer, s *snapshot) {
 	if s.MemberCount >= core.MaxMembers {
 		more = " or more"
 	}
-	fmt.Fprintf(w, "family members: %d%s with keys in Redis; the busiest %d:\n", s.MemberCount, more, len(s.Members))
+	sums := ""
+	if s.MembersSlotsHeld != nil && s.MembersQueued != nil {
+		sums = fmt.Sprintf(", %d slots held and %d queued in all", *s.MembersSlotsHeld, *s.MembersQueued)
+	}
+	fmt.Fprintf(w, "family members: %d%s with keys in Redis%s; the busiest %d:\n", s.MemberCount, more, sums, len(s.Members))
 	rows := []string{"KEY\tHELD\tLIMIT\tQUEUED"}
 	for _, m := range s.Members {
 		limit := "?"
