@@ -34,7 +34,7 @@ func pgURL() string {
 // monitor returns a plain pgxpool to PostgreSQL, to watch
 // pg_stat_activity, closed when the test ends. When none answers it skips
 // the test loudly, except in CI (env CI=true), where it fails.
-func monitor(t *testing.T) *pgxpool.Pool {
+func monitor(t testing.TB) *pgxpool.Pool {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
@@ -71,8 +71,8 @@ func backends(ctx context.Context, m *pgxpool.Pool, app string) (int, error) {
 // without the terminate message, and its backend exits when it reads the
 // end of the stream): the slot is released after that.
 type sockets struct {
-	e         *env
-	open, max atomic.Int64
+	e                *env
+	open, max, dials atomic.Int64
 }
 
 func (s *sockets) dial(ctx context.Context, network, addr string) (net.Conn, error) {
@@ -81,6 +81,7 @@ func (s *sockets) dial(ctx context.Context, network, addr string) (net.Conn, err
 	if err != nil {
 		return nil, err
 	}
+	s.dials.Add(1)
 	n := s.open.Add(1)
 	for m := s.max.Load(); n > m && !s.max.CompareAndSwap(m, n); m = s.max.Load() {
 	}
@@ -96,7 +97,7 @@ type countedConn struct {
 func (c *countedConn) Close() error {
 	err := c.Conn.Close()
 	if c.closed.CompareAndSwap(false, true) {
-		if pid, ok := c.s.e.pids.Load(c.LocalAddr().String()); ok {
+		if pid, ok := c.s.e.pids.Load(c.LocalAddr().String()); ok && !c.s.e.fast {
 			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 			for ctx.Err() == nil {
 				var n int
@@ -116,14 +117,15 @@ func (c *countedConn) Close() error {
 // which pg_stat_activity finds its connections), the monitor and the
 // socket count of every pool it makes.
 type env struct {
-	t       *testing.T
+	t       testing.TB
 	app     string
 	mon     *pgxpool.Pool
 	sockets sockets
 	pids    sync.Map // a socket's local address: its backend's PID
+	fast    bool     // sockets close without waiting for their backends (benchmarks)
 }
 
-func newEnv(t *testing.T) *env {
+func newEnv(t testing.TB) *env {
 	t.Helper()
 	var b [6]byte
 	_, _ = rand.Read(b[:])

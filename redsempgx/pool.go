@@ -26,6 +26,14 @@ type Options struct {
 	// that wraps ErrConnectTimeout. Default 10 s; negative: only the
 	// context bounds the wait.
 	ConnectTimeout time.Duration
+	// MinHold: a connection keeps its slot at least this long (from its
+	// grant) before it gives it back to a waiting process; 0: the default
+	// (500 ms); negative: give back at once (the behaviour before MinHold
+	// existed, which costs a new connection per query when busy processes
+	// share the limit). A waiting process is served within about MinHold
+	// plus a connect. It must be shorter than a bounded ConnectTimeout
+	// (NewPool returns a *redsem.ConfigError otherwise).
+	MinHold time.Duration
 }
 
 // Pool is a pgxpool.Pool whose connections each hold a lease of a
@@ -49,9 +57,16 @@ type Pool struct {
 // BeforeClose, calling those cfg had (BeforeAcquire as pgxpool would, when
 // PrepareConn is nil); cfg must not be used for another pool. On failure
 // it returns pgxpool's error and holds nothing. sem stays open: it is the
-// caller's.
+// caller's. Invalid options (a MinHold not shorter than a bounded
+// ConnectTimeout) or a nil sem give a *redsem.ConfigError (matching
+// redsem.ErrInvalidConfig), before cfg is touched.
 func NewPool(ctx context.Context, cfg *pgxpool.Config, sem redsem.Semaphore, opts Options) (*Pool, error) {
-	p := &Pool{slots: connslots.New(sem, "redsempgx", opts.ConnectTimeout, true), conns: map[*pgx.Conn]*connslots.Slot{}}
+	slots, err := connslots.New(sem, "redsempgx", connslots.Options{ConnectTimeout: opts.ConnectTimeout,
+		BoundAll: true, MinHold: opts.MinHold})
+	if err != nil {
+		return nil, err
+	}
+	p := &Pool{slots: slots, conns: map[*pgx.Conn]*connslots.Slot{}}
 	p.hook(cfg)
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {

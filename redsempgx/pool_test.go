@@ -18,7 +18,7 @@ import (
 	"github.com/redsem/redsem/unfair"
 )
 
-func newFair(t *testing.T, name string, limit int) *fair.Semaphore {
+func newFair(t testing.TB, name string, limit int) *fair.Semaphore {
 	t.Helper()
 	s, err := fair.New(redistest.Client(t), name, limit, fair.Options{})
 	if err != nil {
@@ -235,8 +235,9 @@ func TestMinConnsGiveBack(t *testing.T) {
 }
 
 // TestLostLeases: when every lease is lost, the pool's idle connections
-// are destroyed when next acquired, the pool dials new ones under new
-// leases, and queries keep working.
+// close at once (their sockets; the pool destroys them when next
+// acquired), the pool dials new ones under new leases, and queries keep
+// working.
 func TestLostLeases(t *testing.T) {
 	const limit = 2
 	e := newEnv(t)
@@ -266,6 +267,13 @@ func TestLostLeases(t *testing.T) {
 		t.Fatalf("%d leases for %d connections", len(old), limit)
 	}
 	pooltest.LoseAll(t, ctx, name, old)
+	// The idle connections close as soon as their leases are found lost,
+	// not at their next use (issue 44: PostgreSQL saw more backends than
+	// the limit meanwhile).
+	redistest.WaitFor(t, 5*time.Second, "the idle connections whose leases were lost closed, without a query", func() (bool, error) {
+		n, err := backends(ctx, e.mon, e.app)
+		return e.sockets.open.Load() == 0 && n == 0, err
+	})
 	for i := 0; i < 5; i++ {
 		var one int
 		if err := p.QueryRow(ctx, "SELECT 1").Scan(&one); err != nil || one != 1 {

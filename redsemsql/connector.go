@@ -27,6 +27,15 @@ type Options struct {
 	// database/sql connects for it directly) is the bound instead.
 	// Default 10 s; negative: only the context bounds the wait.
 	ConnectTimeout time.Duration
+	// MinHold: a connection keeps its slot at least this long (from its
+	// grant) before it gives it back to a waiting process; 0: the default
+	// (500 ms); negative: give back at once (the behaviour before MinHold
+	// existed, which costs a new connection per query or two when busy
+	// processes share the limit). A waiting process is served within
+	// about MinHold plus a connect. It must be shorter than a bounded
+	// ConnectTimeout: otherwise every Connect (and Driver().Open) returns
+	// a *redsem.ConfigError at once, opening nothing.
+	MinHold time.Duration
 }
 
 // NewConnector wraps a database/sql connector so that each open connection
@@ -34,20 +43,22 @@ type Options struct {
 // connections to the database are open at once (the seed's legacy database
 // with max_connections). Connect waits for a slot within its context; the
 // lease is released when the connection closes; a connection whose lease
-// was lost answers driver.ErrBadConn on its next use, so database/sql
-// discards it and opens another.
+// was lost closes at once if idle, else answers driver.ErrBadConn on its
+// next use, so database/sql discards it and opens another.
 //
 // Idle connections give their slots back to a Connect that waits: its own
 // connector's at once, and, when sem is a *fair.Semaphore or
 // *unfair.Semaphore (a family member too), those of every connector of the
 // same semaphore in any process, through a pub/sub channel of the
 // semaphore (the connector subscribes at its first Connect, on sem's Redis
-// client); one connector answers each demand notice. When the connector
+// client); one connector answers each waiting Connect. When the connector
 // that answers has no idle connection, the next of its connections whose
 // query ends goes back instead of serving the next query, so that slots
-// rotate among processes. A connection that gives its slot back is closed;
-// the pool opens another when it needs one. Nothing is sent to Redis while
-// no Connect waits.
+// rotate among processes. To another process a connection gives its slot
+// back only once it has held it Options.MinHold, so that busy processes
+// take turns in slices, not one query each. A connection that gives its
+// slot back is closed; the pool opens another when it needs one. Nothing
+// is sent to Redis while no Connect waits.
 //
 // Use it with sql.OpenDB. The returned connector also implements io.Closer
 // (sql.DB.Close calls it: it ends the subscription and closes base if it is
@@ -58,14 +69,20 @@ func NewConnector(base driver.Connector, sem redsem.Semaphore) driver.Connector 
 	return NewConnectorOptions(base, sem, Options{})
 }
 
-// NewConnectorOptions is NewConnector with options.
+// NewConnectorOptions is NewConnector with options. Invalid options (a
+// MinHold not shorter than a bounded ConnectTimeout) or a nil sem make
+// every Connect and Driver().Open return a *redsem.ConfigError (matching
+// redsem.ErrInvalidConfig) at once, opening nothing: database/sql reports
+// it on the first query (or db.Ping).
 func NewConnectorOptions(base driver.Connector, sem redsem.Semaphore, opts Options) driver.Connector {
-	return &connector{base: base, slots: connslots.New(sem, "redsemsql", opts.ConnectTimeout, false)}
+	slots, err := connslots.New(sem, "redsemsql", connslots.Options{ConnectTimeout: opts.ConnectTimeout, MinHold: opts.MinHold})
+	return &connector{base: base, slots: slots, err: err}
 }
 
 type connector struct {
 	base  driver.Connector
-	slots *connslots.Pool
+	slots *connslots.Pool // nil when err is set
+	err   error           // invalid options: every Connect returns it
 }
 
 var (
@@ -92,7 +109,9 @@ func (c *connector) Driver() driver.Driver { return &leasedDriver{base: c.base.D
 // connector if it implements io.Closer (sql.DB.Close calls it); it does not
 // close the semaphore.
 func (c *connector) Close() error {
-	c.slots.Close()
+	if c.slots != nil {
+		c.slots.Close()
+	}
 	if cl, ok := c.base.(io.Closer); ok {
 		return cl.Close()
 	}
@@ -111,6 +130,9 @@ func (d *leasedDriver) Open(name string) (driver.Conn, error) {
 
 // open acquires a lease, then connects; the lease goes with the connection.
 func (c *connector) open(ctx context.Context, connect func() (driver.Conn, error)) (driver.Conn, error) {
+	if c.err != nil {
+		return nil, c.err
+	}
 	slot, err := c.slots.Acquire(ctx)
 	if err != nil {
 		return nil, err
@@ -330,9 +352,10 @@ func (c *conn) ResetSession(ctx context.Context) error {
 // IsValid is called by database/sql when a connection returns to the pool:
 // false once the lease is lost, so the connection is closed, and false too
 // when another process waits for a slot that this connector claimed to
-// give back (the connection goes back instead of serving this pool's next
-// query); true marks the connection idle, so that it may give its slot
-// back to a Connect that waits.
+// give back and the connection has held its slot Options.MinHold (it goes
+// back instead of serving this pool's next query); true marks the
+// connection idle, so that it may give its slot back to a Connect that
+// waits.
 func (c *conn) IsValid() bool {
 	valid := true
 	if v, ok := c.base.(driver.Validator); ok {

@@ -36,16 +36,18 @@ func (w wrapper) Unwrap() redsem.Semaphore { return w.Semaphore }
 type poolSettings struct {
 	maxOpen, maxIdle int
 	maxIdleTime      time.Duration
+	opts             redsemsql.Options // the connector's
+	fast             bool              // connections close without waiting for their backends (benchmarks)
 }
 
 // newPools opens n pools over one counting connector (so that the most
 // connections open at once is counted across all of them), each with a
 // semaphore of its own Redis client, as n processes would have.
-func newPools(t *testing.T, variant string, n, limit int, set poolSettings) ([]pool, *counting, string) {
+func newPools(t testing.TB, variant string, n, limit int, set poolSettings) ([]pool, *counting, string) {
 	t.Helper()
 	monitor := pgDB(t)
 	cfg, app := appConfig(t)
-	conns := &counting{base: stdlib.GetConnector(*cfg), monitor: monitor}
+	conns := &counting{base: stdlib.GetConnector(*cfg), monitor: monitor, fast: set.fast}
 	name := redistest.Name(t)
 	var pools []pool
 	for i := 0; i < n; i++ {
@@ -68,7 +70,7 @@ func newPools(t *testing.T, variant string, n, limit int, set poolSettings) ([]p
 			t.Fatal(err)
 		}
 		t.Cleanup(func() { _ = sem.Close() })
-		db := sql.OpenDB(redsemsql.NewConnector(conns, sem))
+		db := sql.OpenDB(redsemsql.NewConnectorOptions(conns, sem, set.opts))
 		db.SetMaxOpenConns(set.maxOpen)
 		db.SetMaxIdleConns(set.maxIdle)
 		db.SetConnMaxIdleTime(set.maxIdleTime)

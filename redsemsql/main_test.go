@@ -32,7 +32,7 @@ func pgURL() string {
 // pgDB returns a plain connection pool to PostgreSQL (env PGURL, else
 // defaultPGURL), closed when the test ends. When none answers it skips the
 // test with a loud message, except in CI (env CI=true), where it fails.
-func pgDB(t *testing.T) *sql.DB {
+func pgDB(t testing.TB) *sql.DB {
 	t.Helper()
 	url := pgURL()
 	db, err := sql.Open("pgx", url)
@@ -55,7 +55,7 @@ func pgDB(t *testing.T) *sql.DB {
 
 // appConfig returns the pgx configuration of PGURL with an application_name
 // unique to this test, by which pg_stat_activity finds its connections.
-func appConfig(t *testing.T) (*pgx.ConnConfig, string) {
+func appConfig(t testing.TB) (*pgx.ConnConfig, string) {
 	t.Helper()
 	cfg, err := pgx.ParseConfig(pgURL())
 	if err != nil {
@@ -80,9 +80,10 @@ func countBackends(ctx context.Context, monitor *sql.DB, app string) (int, error
 // returns only once PostgreSQL has dropped the backend (pgx's Close sends
 // the terminate message and returns while the backend may still exist).
 type counting struct {
-	base      driver.Connector
-	monitor   *sql.DB
-	open, max atomic.Int64
+	base             driver.Connector
+	monitor          *sql.DB
+	open, max, dials atomic.Int64
+	fast             bool // Close does not wait for the backend to go (benchmarks)
 }
 
 func (c *counting) Connect(ctx context.Context) (driver.Conn, error) {
@@ -90,6 +91,7 @@ func (c *counting) Connect(ctx context.Context) (driver.Conn, error) {
 	if err != nil {
 		return nil, err
 	}
+	c.dials.Add(1)
 	n := c.open.Add(1)
 	for m := c.max.Load(); n > m && !c.max.CompareAndSwap(m, n); m = c.max.Load() {
 	}
@@ -108,6 +110,10 @@ type waitClose struct {
 func (w *waitClose) Close() error {
 	pid := w.Conn.Conn().PgConn().PID()
 	err := w.Conn.Close()
+	if w.c.fast {
+		w.c.open.Add(-1)
+		return err
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	for ctx.Err() == nil {

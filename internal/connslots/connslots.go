@@ -5,14 +5,27 @@
 // process waits for one.
 //
 // The protocol across processes: a Connect that finds every slot taken (a
-// TryAcquire fails) and has waited demandAfter for one first closes an idle connection of its own pool; when its
-// pool has none it publishes a demand notice on the semaphore's channel
-// ({name}:want, in the semaphore's hash tag), and again every demandEvery
-// while it waits. Each other pool of the semaphore that could give a slot
-// back claims the notice with SET NX on {name}:want:claim:NOTICE (same hash
-// tag); the one that wins gives one slot back: an idle connection at once,
-// else the next of its connections to return to its pool (it owes the
-// waiter one). The others do nothing: one give-back per notice.
+// TryAcquire fails) and has waited demandAfter for one first closes an
+// idle connection of its own pool; when its pool has none it publishes a
+// demand notice (POOL WAITER-SEQ) on the semaphore's channel ({name}:want,
+// in the semaphore's hash tag), and again every demandEvery while it
+// waits. Each other pool of the semaphore that could give a slot back
+// claims the waiter with SET NX on {name}:want:claim:WAITER (same hash
+// tag, kept owedFor); the one that wins gives one slot back: an idle
+// connection at once, else the next of its connections to return to its
+// pool (it owes the waiter one, for owedFor). The others do nothing: one
+// give-back per waiter at a time, however often it asks.
+//
+// Time slices: a connection gives its slot back to another pool's waiter
+// only once it has held it MinHold (from the grant), so that busy pools
+// that share the limit rotate a connection once a slice, not after each
+// query. A pool with no connection that old waits until its oldest is,
+// plus claimDelay, before it claims a waiter, so that a pool that can give
+// back sooner claims first; a returning connection pays what its pool owes
+// only if it is that old. A Connect's own pool's idle connections are
+// given back to it at once, whatever their age (the pool needs the slot,
+// and the connection is not serving). An idle connection whose lease is
+// lost closes at once.
 package connslots
 
 import (
@@ -37,6 +50,30 @@ const DefaultConnectTimeout = 10 * time.Second
 // within its bound (Options.ConnectTimeout).
 var ErrConnectTimeout = errors.New("connect timeout")
 
+// DefaultMinHold is how long a connection keeps its slot before it gives it
+// back to another process's waiter when the options give no MinHold: long
+// enough that a rotation's new connection (a few ms) is a small share of a
+// slice (two busy pools at the limit ran 0.87-1.00x the queries of one
+// alone: BenchmarkShare in redsemsql and redsempgx), short enough that a
+// waiter is served within about half a second plus a connect.
+const DefaultMinHold = 500 * time.Millisecond
+
+// Options tune a pool's slots.
+type Options struct {
+	// ConnectTimeout bounds an Acquire whose context has no deadline (0:
+	// DefaultConnectTimeout; negative: only its context bounds it).
+	ConnectTimeout time.Duration
+	// BoundAll makes ConnectTimeout bound every wait, not only those
+	// without a deadline (pgx dials under a deadline of its own, never
+	// the caller's).
+	BoundAll bool
+	// MinHold is how long a connection keeps its slot (from its grant)
+	// before it gives it back to a waiter of another pool (0:
+	// DefaultMinHold, or half a shorter bounded ConnectTimeout; negative:
+	// at once).
+	MinHold time.Duration
+}
+
 // releaseTimeout bounds the Release made when a connection closes.
 const releaseTimeout = 5 * time.Second
 
@@ -46,17 +83,18 @@ const closeWait = 100 * time.Millisecond
 // Demand: a Connect that has waited demandAfter for a slot asks for one,
 // and again every demandEvery while it waits. A connection idle for less
 // than minIdle is passing from one query to the next and is left alone. A
-// pool with no idle connection waits claimDelay before it claims a notice,
-// so that a pool with one (which can give back at once) wins it. A claimed
-// give-back that no returning connection paid within owedFor is dropped:
-// the waiter, if it still waits, has asked again by then.
+// pool with no idle connection it may give back waits claimDelay (after
+// its oldest connection has held its slot MinHold) before it claims a
+// waiter, so that a pool with one (which can give back at once) wins it.
+// A claimed give-back that no returning connection paid within owedFor is
+// dropped, and the claim ends with it: the waiter, if it still waits, has
+// asked again by then, and any pool may claim it again.
 const (
 	demandAfter = 10 * time.Millisecond
 	demandEvery = 100 * time.Millisecond
 	minIdle     = 5 * time.Millisecond
 	claimDelay  = 10 * time.Millisecond
 	owedFor     = demandEvery + demandEvery/2
-	claimTTL    = 10 * time.Second
 )
 
 // Pool is the slots of one connection pool (one connector, one pgxpool).
@@ -66,11 +104,13 @@ type Pool struct {
 	id      string       // on demand notices, so that a pool ignores its own
 	prefix  string       // of errors: "redsemsql", "redsempgx"
 	timeout time.Duration
-	always  bool // the timeout bounds every wait, not only those without a deadline
+	always  bool          // the timeout bounds every wait, not only those without a deadline
+	minHold time.Duration // 0: give back at once
 
 	mu        sync.Mutex
-	slots     map[*Slot]struct{} // open, not given back
-	owed      []time.Time        // claimed give-backs, each due before its time
+	slots     map[*Slot]struct{}   // open, not given back
+	owed      map[string]time.Time // claimed give-backs, by waiter: each due before its time
+	answering map[string]time.Time // waiters this pool is about to claim: their last notice
 	listening bool
 	closed    bool
 	stop      context.CancelFunc // ends the subscription
@@ -79,17 +119,42 @@ type Pool struct {
 
 // New returns the slots of one pool over sem. Errors are prefixed with
 // prefix; a Connect whose context has no deadline waits at most
-// connectTimeout for a slot (0: the default, DefaultConnectTimeout;
-// negative: only its context bounds it). A context with a deadline is the
-// caller's bound, and is the only one, unless always is set: then the
-// timeout bounds every wait (pgx dials under a deadline of its own, never
-// the caller's).
-func New(sem redsem.Semaphore, prefix string, connectTimeout time.Duration, always bool) *Pool {
-	if connectTimeout == 0 {
-		connectTimeout = DefaultConnectTimeout
+// opts.ConnectTimeout for a slot. A context with a deadline is the
+// caller's bound, and is the only one, unless opts.BoundAll is set. A
+// zero MinHold is DefaultMinHold, or half a bounded ConnectTimeout if that
+// is shorter. It returns a *redsem.ConfigError, naming the field as
+// prefix.Options.FIELD (or "sem"), for a nil sem and for a MinHold at or
+// above a bounded ConnectTimeout (a waiter of another pool with the same
+// options would give up before any connection gave its slot back).
+func New(sem redsem.Semaphore, prefix string, opts Options) (*Pool, error) {
+	if sem == nil {
+		return nil, &redsem.ConfigError{Field: "sem", Reason: prefix + " needs a semaphore, got nil"}
+	}
+	timeout, minHold := opts.ConnectTimeout, opts.MinHold
+	if timeout == 0 {
+		timeout = DefaultConnectTimeout
+	}
+	switch {
+	case minHold == 0:
+		minHold = DefaultMinHold
+		if timeout > 0 {
+			minHold = min(minHold, timeout/2)
+		}
+	case minHold < 0:
+		minHold = 0
+	case timeout > 0 && minHold >= timeout:
+		bound := timeout.String()
+		if opts.ConnectTimeout == 0 {
+			bound += ", the default"
+		}
+		return nil, &redsem.ConfigError{Field: prefix + ".Options.MinHold", Reason: fmt.Sprintf(
+			"%v is not shorter than Options.ConnectTimeout (%s): a dial that waits for a slot would give up "+
+				"before a busy connection of another process gave one back; shorten MinHold (negative: give "+
+				"back at once) or lengthen ConnectTimeout (negative: unbounded)", minHold, bound)}
 	}
 	return &Pool{sem: sem, eng: core.EngineOf(sem), id: uuid.NewString(), prefix: prefix,
-		timeout: connectTimeout, always: always, slots: map[*Slot]struct{}{}}
+		timeout: timeout, always: opts.BoundAll, minHold: minHold,
+		slots: map[*Slot]struct{}{}, owed: map[string]time.Time{}, answering: map[string]time.Time{}}, nil
 }
 
 // Acquire waits for a slot within ctx (and the connect timeout, when ctx
@@ -131,10 +196,11 @@ func (p *Pool) Acquire(ctx context.Context) (*Slot, error) {
 		}
 		return nil, fmt.Errorf("%s: no connection slot (this pool: %d open, %d idle): %w", p.prefix, open, idle, err)
 	}
-	s := &Slot{pool: p, lease: lease}
+	s := &Slot{pool: p, lease: lease, held: time.Now(), gone: make(chan struct{})}
 	p.mu.Lock()
 	p.slots[s] = struct{}{}
 	p.mu.Unlock()
+	go s.watch()
 	return s, nil
 }
 
@@ -150,7 +216,7 @@ func (p *Pool) ask(ctx context.Context) {
 			return
 		case <-t.C:
 		}
-		if !p.reclaim() && p.eng != nil {
+		if !p.reclaim(false) && p.eng != nil {
 			// Redis down: Acquire reports it.
 			_ = p.eng.PublishDemand(ctx, fmt.Sprintf("%s %s-%d", p.id, waiter, seq))
 		}
@@ -197,58 +263,135 @@ func (p *Pool) serve(ctx context.Context) {
 	}
 }
 
-// answer gives one slot back for a notice if this pool claims it: an idle
-// connection at once, else the next connection to return to the pool.
+// answer gives one slot back for a notice (WAITER-SEQ) if this pool
+// claims its waiter: a connection that held its slot minHold, idle at
+// once, else the next such connection to return to the pool. A pool with
+// no such idle connection waits claimDelay, plus until its oldest
+// connection has held its slot minHold, before it claims (if the waiter
+// still asks by then), so that a pool that can give back sooner claims
+// first.
 func (p *Pool) answer(ctx context.Context, notice string) {
-	open, idle := p.countIdle(time.Now())
+	waiter := notice
+	if i := strings.LastIndexByte(notice, '-'); i > 0 {
+		waiter = notice[:i]
+	}
+	now := time.Now()
+	p.mu.Lock()
+	due, owes := p.owed[waiter]
+	_, answering := p.answering[waiter]
+	if answering {
+		p.answering[waiter] = now // it still asks
+	}
+	if answering || (owes && now.Before(due)) {
+		p.mu.Unlock()
+		return // this pool answers that waiter already
+	}
+	p.answering[waiter] = now
+	p.mu.Unlock()
+	defer func() {
+		p.mu.Lock()
+		delete(p.answering, waiter)
+		p.mu.Unlock()
+	}()
+	open, ready, wait := p.readiness(now)
 	if open == 0 {
 		return // nothing to give back
 	}
-	if idle == 0 {
-		// Let a pool that can give back at once claim it first.
+	if ready == 0 {
+		// Let a pool that can give back sooner claim it first.
+		t := time.NewTimer(claimDelay + wait)
 		select {
 		case <-ctx.Done():
+			t.Stop()
 			return
-		case <-time.After(claimDelay):
+		case <-t.C:
+		}
+		if open, _, _ = p.readiness(time.Now()); open == 0 {
+			return
+		}
+		p.mu.Lock()
+		last := p.answering[waiter]
+		p.mu.Unlock()
+		if time.Since(last) > owedFor {
+			return // it asks every demandEvery: served meanwhile, or gone
 		}
 	}
-	won, err := p.eng.ClaimDemand(ctx, notice, claimTTL)
+	won, err := p.eng.ClaimDemand(ctx, waiter, owedFor)
 	if err != nil || !won {
 		return
 	}
-	if p.reclaim() {
+	if p.reclaim(true) {
 		return
 	}
 	p.mu.Lock()
-	p.owed = append(p.owed, time.Now().Add(owedFor))
+	p.owed[waiter] = time.Now().Add(owedFor)
 	p.mu.Unlock()
 }
 
-// payOwed reports whether a returning connection should go back for a
-// give-back this pool claimed, and counts it paid.
-func (p *Pool) payOwed() bool {
+// mature reports whether s has held its slot minHold at now.
+func (p *Pool) mature(s *Slot, now time.Time) bool {
+	return now.Sub(s.held) >= p.minHold
+}
+
+// readiness counts, at now, the open connections and the idle ones (at
+// least minIdle) that held their slots minHold, and returns how long until
+// the first connection will have held its slot minHold (0 if one has).
+func (p *Pool) readiness(now time.Time) (open, ready int, wait time.Duration) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	now := time.Now()
-	for len(p.owed) > 0 && now.After(p.owed[0]) {
-		p.owed = p.owed[1:]
+	wait = -1
+	for s := range p.slots {
+		open++
+		w := max(s.held.Add(p.minHold).Sub(now), 0)
+		if wait < 0 || w < wait {
+			wait = w
+		}
+		if t, ok := s.idleSince(); ok && now.Sub(t) >= minIdle && w == 0 {
+			ready++
+		}
 	}
+	return open, ready, max(wait, 0)
+}
+
+// payOwed reports whether s, returning to its pool, should go back for a
+// give-back this pool claimed (and not owedFor ago), and counts it paid:
+// only if s has held its slot minHold.
+func (p *Pool) payOwed(s *Slot) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
 	if len(p.owed) == 0 {
 		return false
 	}
-	p.owed = p.owed[1:]
+	now := time.Now()
+	var first string
+	var firstDue time.Time
+	for w, due := range p.owed {
+		if !now.Before(due) {
+			delete(p.owed, w)
+		} else if first == "" || due.Before(firstDue) {
+			first, firstDue = w, due
+		}
+	}
+	if first == "" || !p.mature(s, now) {
+		return false
+	}
+	delete(p.owed, first)
 	return true
 }
 
 // reclaim gives back the slot of the connection idle the longest (at least
-// minIdle); false if there is none.
-func (p *Pool) reclaim() bool {
+// minIdle); with slice set, only of one that held its slot minHold. false
+// if there is none.
+func (p *Pool) reclaim(slice bool) bool {
 	now := time.Now()
 	for {
 		var best *Slot
 		var since time.Time
 		p.mu.Lock()
 		for s := range p.slots {
+			if slice && !p.mature(s, now) {
+				continue
+			}
 			if t, ok := s.idleSince(); ok && now.Sub(t) >= minIdle && (best == nil || t.Before(since)) {
 				best, since = s, t
 			}
@@ -323,7 +466,9 @@ const (
 type Slot struct {
 	pool  *Pool
 	lease redsem.Lease
-	once  sync.Once // releases the lease
+	held  time.Time     // when the slot was granted
+	gone  chan struct{} // closed when the connection was given back or closed
+	once  sync.Once     // releases the lease
 
 	// mu orders giving back against every use of the connection: the
 	// connection is closed under mu, and a use that finds it given back
@@ -360,15 +505,16 @@ func (s *Slot) Use() bool {
 // Returned is called when the connection returns to its pool: true marks
 // it idle (it may give its slot back to a waiter later); false means the
 // pool must close it: it was given back, its lease is lost, or this pool
-// owes a waiter of another pool a slot and this connection pays it. valid
-// reports whether the connection itself is fit for reuse.
+// owes a waiter of another pool a slot and this connection, having held
+// its slot MinHold, pays it. valid reports whether the connection itself
+// is fit for reuse.
 func (s *Slot) Returned(valid bool) bool {
 	s.mu.Lock()
 	bad := s.st == givenBack || s.st == closed || s.lease.Err() != nil || !valid
 	s.mu.Unlock()
 	// The pool's lock is not taken under the slot's (reclaim takes them
 	// the other way round); in use, the slot is not given back meanwhile.
-	if bad || s.pool.payOwed() {
+	if bad || s.pool.payOwed(s) {
 		return false
 	}
 	s.mu.Lock()
@@ -390,12 +536,19 @@ const freshGrace = 100 * time.Millisecond
 // straight into its pool, with no call that Returned could hook; pgxpool
 // keeps those it opens for MinConns). It may be given back only once it
 // has been idle freshGrace (plus the usual 5 ms), so that the caller it
-// was opened for, if any, takes it first.
+// was opened for, if any, takes it first. A connection whose lease is
+// lost closes at once.
 func (s *Slot) Idle() {
 	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.st == inUse && s.lease.Err() == nil {
-		s.st, s.since = idle, time.Now().Add(freshGrace)
+	if s.st != inUse {
+		s.mu.Unlock()
+		return
+	}
+	s.st, s.since = idle, time.Now().Add(freshGrace)
+	lost := s.lease.Err() != nil
+	s.mu.Unlock()
+	if lost {
+		s.giveBack()
 	}
 }
 
@@ -420,6 +573,9 @@ func (s *Slot) Locked(f func(gone bool) error) error {
 func (s *Slot) Closed() (wasGivenBack bool) {
 	s.mu.Lock()
 	wasGivenBack = s.st == givenBack
+	if s.st != givenBack && s.st != closed {
+		close(s.gone)
+	}
 	s.st = closed
 	s.mu.Unlock()
 	s.pool.forget(s)
@@ -441,6 +597,19 @@ func (s *Slot) idleSince() (time.Time, bool) {
 	return s.since, s.st == idle
 }
 
+// watch closes the connection when its lease is lost while it is idle
+// (one in use is closed by its pool when it returns, Returned answering
+// false), until the connection is given back or closed.
+func (s *Slot) watch() {
+	select {
+	case <-s.gone:
+	case <-s.lease.Done():
+		if s.lease.Err() != nil {
+			s.giveBack()
+		}
+	}
+}
+
 // giveBack closes an idle connection and releases its lease; false if it
 // is no longer idle.
 func (s *Slot) giveBack() bool {
@@ -450,6 +619,7 @@ func (s *Slot) giveBack() bool {
 		return false
 	}
 	s.st = givenBack
+	close(s.gone)
 	if s.close != nil {
 		_ = s.close()
 	}

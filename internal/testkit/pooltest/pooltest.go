@@ -7,6 +7,7 @@ package pooltest
 import (
 	"context"
 	"errors"
+	"fmt"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -154,7 +155,7 @@ func CheckMost(t *testing.T, limit int, opened, pg int64) {
 // every 2 ms until stop is called, which returns the most seen at once. It
 // samples rather than loops: a loop of queries took a core of a 2-core
 // machine from the pools it watched.
-func Watch(t *testing.T, count func(context.Context) (int, error)) (stop func() int64) {
+func Watch(t testing.TB, count func(context.Context) (int, error)) (stop func() int64) {
 	t.Helper()
 	ctx := redistest.Ctx(t, 2*time.Minute)
 	var most int64
@@ -271,4 +272,80 @@ func LoseAll(t *testing.T, ctx context.Context, name string, leases []redsem.Lea
 			t.Fatalf("lease err %v", l.Err())
 		}
 	}
+}
+
+// Share runs workers goroutines per pool, each running its pool's query
+// back to back (each given QueryTimeout), until every pool has run want
+// queries, ctx ends or a query fails; a pool that has run its want stops,
+// and its connections go idle. It returns how many queries each pool ran
+// and the first failure (ctx's error if it ended first).
+func Share(ctx context.Context, queries []func(context.Context) error, workers int, want int64) ([]int64, error) {
+	ctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	ran := make([]atomic.Int64, len(queries))
+	var wg sync.WaitGroup
+	for i, query := range queries {
+		for range workers {
+			wg.Go(func() {
+				for ctx.Err() == nil && ran[i].Load() < want {
+					qctx, qcancel := context.WithTimeout(ctx, QueryTimeout)
+					err := query(qctx)
+					qcancel()
+					if err != nil {
+						if ctx.Err() == nil {
+							cancel(fmt.Errorf("a query of pool %d: %w", i, err))
+						}
+						return
+					}
+					ran[i].Add(1)
+				}
+			})
+		}
+	}
+	wg.Wait()
+	out := make([]int64, len(queries))
+	for i := range ran {
+		out[i] = ran[i].Load()
+	}
+	return out, context.Cause(ctx)
+}
+
+// Bench runs b.N queries over workers goroutines per pool (queries: each
+// pool's), and reports q/s (queries a second, all pools), dials/kq (new
+// connections per 1000 queries, by dials' count) and min-share (the least
+// served pool's queries over an even share: 1 even, 0 starved).
+func Bench(b *testing.B, queries []func(context.Context) error, workers int, dials func() int64) {
+	ctx := redistest.Ctx(b, 5*time.Minute)
+	var left atomic.Int64
+	left.Store(int64(b.N))
+	ran := make([]atomic.Int64, len(queries))
+	var wg sync.WaitGroup
+	b.ResetTimer()
+	start := time.Now()
+	for i, query := range queries {
+		for range workers {
+			wg.Go(func() {
+				for left.Add(-1) >= 0 {
+					qctx, cancel := context.WithTimeout(ctx, QueryTimeout)
+					err := query(qctx)
+					cancel()
+					if err != nil {
+						b.Error(err)
+						return
+					}
+					ran[i].Add(1)
+				}
+			})
+		}
+	}
+	wg.Wait()
+	took := time.Since(start)
+	b.StopTimer()
+	least := int64(b.N)
+	for i := range ran {
+		least = min(least, ran[i].Load())
+	}
+	b.ReportMetric(float64(b.N)/took.Seconds(), "q/s")
+	b.ReportMetric(float64(dials())*1000/float64(b.N), "dials/kq")
+	b.ReportMetric(float64(least)*float64(len(queries))/float64(b.N), "min-share")
 }
