@@ -14,7 +14,11 @@ const releaseTimeout = 5 * time.Second
 
 // Do acquires a slot, runs fn with a context that is cancelled if the lease
 // is lost, and always releases the slot afterwards (also when fn panics or
-// returns an error). It is the Go form of the seed's context manager.
+// returns an error): a scoped hold, as a with-block or try/finally gives
+// in other languages. fn's context ends when the lease's Context does on a
+// loss: at the lease's Deadline if it passed unrenewed (Redis cut off or
+// paused, DisableAutoRenew, MaxHold), or as soon as a renewal finds the
+// lease gone.
 //
 // Do returns the error of Acquire if no slot was granted, otherwise fn's
 // error joined with any error from Release. If the lease was lost while fn
@@ -26,10 +30,15 @@ func Do(ctx context.Context, s Semaphore, fn func(ctx context.Context, l Lease) 
 		return err
 	}
 	fnCtx, cancel := context.WithCancelCause(ctx)
-	// The lease's own context ends on loss (cause ErrLeaseLost) or release;
-	// only a loss cancels fn's context.
-	stop := context.AfterFunc(l.Context(), func() {
-		if err := l.Err(); err != nil {
+	// The lease's own context ends on loss (cause ErrLeaseLost) or release
+	// (cause context.Canceled); only a loss cancels fn's context, at the
+	// moment the lease's does (its Deadline passed unrenewed, or Redis
+	// said the lease is gone).
+	lctx := l.Context()
+	stop := context.AfterFunc(lctx, func() {
+		if cause := context.Cause(lctx); errors.Is(cause, ErrLeaseLost) {
+			cancel(cause)
+		} else if err := l.Err(); err != nil {
 			cancel(err)
 		}
 	})

@@ -16,6 +16,7 @@ import (
 	"github.com/redsem/redsem"
 	"github.com/redsem/redsem/fair"
 	"github.com/redsem/redsem/internal/testkit/redistest"
+	"github.com/redsem/redsem/lua"
 	"github.com/redsem/redsem/unfair"
 )
 
@@ -350,7 +351,7 @@ func TestResumeSameLease(t *testing.T) {
 // A handle that stops renewing (DisableAutoRenew, MaxHold) gives the lease
 // up at its deadline without ending it for a process that resumed it: the
 // lease lives on, renewed by that process, and the first handle ends as
-// released. Before the "expire" mode of release.lua, the first handle's
+// lost at its own deadline (its holder must stop then). Before the "expire" mode of release.lua, the first handle's
 // forced release at its deadline took the slot from the resumed lease.
 func TestResumeOutlivesFirstHandle(t *testing.T) {
 	forEach(t, func(t *testing.T, v variant) {
@@ -386,8 +387,11 @@ func TestResumeOutlivesFirstHandle(t *testing.T) {
 				case <-time.After(10 * time.Second):
 					t.Fatal("the first handle did not end after its deadline")
 				}
-				if la.Err() != nil || evA.count(redsem.EventLeaseLost, la.ID()) != 0 {
-					t.Errorf("first handle: Err %v, %d EventLeaseLost; want a quiet end", la.Err(), evA.count(redsem.EventLeaseLost, la.ID()))
+				// Its holder's time is up at its Deadline: the handle ends
+				// lost (one moment for Err, Context and the event), while
+				// the lease lives on for the process that resumed it.
+				if !errors.Is(la.Err(), redsem.ErrLeaseLost) || evA.count(redsem.EventLeaseLost, la.ID()) != 1 {
+					t.Errorf("first handle: Err %v, %d EventLeaseLost; want ErrLeaseLost, once", la.Err(), evA.count(redsem.EventLeaseLost, la.ID()))
 				}
 				// Past b's TTL too: b keeps the lease, renewing it.
 				time.Sleep(ttlB + 100*time.Millisecond)
@@ -410,6 +414,93 @@ func TestResumeOutlivesFirstHandle(t *testing.T) {
 					t.Fatal(err)
 				}
 			})
+		}
+	})
+}
+
+// lateSend holds back the next call of one script before it is sent (every
+// call while every is set): the request reaches Redis d late (a slow
+// network, a retry), while the caller counts the lease's deadline from when
+// it asked.
+type lateSend struct {
+	lateReply
+	every bool
+}
+
+func (h *lateSend) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		if h.matches(cmd) {
+			d := h.d.Load()
+			if !h.every {
+				d = h.d.Swap(0)
+			}
+			if d > 0 {
+				h.held.Add(1)
+				time.Sleep(time.Duration(d))
+			}
+		}
+		return next(ctx, cmd)
+	}
+}
+
+// Two handles of one lease, and the first one's give-up at its deadline.
+// P1's acquire reached Redis 400 ms late, so P1's Deadline() is 400 ms
+// earlier than Redis's; P2 resumed the lease with a shorter LeaseTTL, which
+// did not move Redis's deadline, and was told that deadline. P1's give-up at
+// its own deadline must not free the slot while P2's handle reports it held:
+// before issue 42 it did (release.lua's "expire" mode compared deadlines,
+// and Redis's had not moved), and a third client was granted the slot with
+// P2's deadline still ~400 ms ahead.
+func TestResumeLateAcquireGiveUp(t *testing.T) {
+	forEach(t, func(t *testing.T, v variant) {
+		ctx := redistest.Ctx(t, 20*time.Second)
+		name := redistest.Name(t)
+		late := &lateSend{lateReply: lateReply{script: lua.Acquire}}
+		c1 := redistest.Client(t)
+		c1.AddHook(late)
+		p1 := newResumeSem(t, v, c1, name, 1, resumeOpts{LeaseTTL: time.Second, DisableAutoRenew: true})
+		p2 := newResumeSem(t, v, redistest.Client(t), name, 1, resumeOpts{LeaseTTL: 300 * time.Millisecond, DisableAutoRenew: true})
+		p3 := newResumeSem(t, v, redistest.Client(t), name, 1, resumeOpts{LeaseTTL: time.Second})
+		late.arm(400 * time.Millisecond)
+		l1, err := p1.Acquire(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if late.held.Load() == 0 {
+			t.Fatal("the acquire was not held back: the test tests nothing")
+		}
+		l2, err := p2.Resume(ctx, l1.ID())
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Logf("P1's Deadline() %v ahead, P2's %v ahead", time.Until(l1.Deadline()), time.Until(l2.Deadline()))
+		if !l2.Deadline().After(l1.Deadline().Add(200 * time.Millisecond)) {
+			t.Fatalf("P2's Deadline() %v is not well after P1's %v: the late acquire did not make the case", l2.Deadline(), l1.Deadline())
+		}
+		select {
+		case <-l1.Done():
+		case <-time.After(5 * time.Second):
+			t.Fatal("P1's handle did not end at its deadline")
+		}
+		// From P1's give-up until P2's deadline, P2 reports the lease held:
+		// nobody else may be granted the slot.
+		for {
+			l3, err := p3.TryAcquire(ctx)
+			now := time.Now()
+			if err == nil {
+				_ = l3.Release(ctx)
+				if l2.Err() == nil && now.Before(l2.Deadline()) {
+					t.Fatalf("a third client was granted the slot while P2's handle reports the lease held (its deadline %v ahead)", l2.Deadline().Sub(now))
+				}
+				break
+			}
+			if !errors.Is(err, redsem.ErrNoSlot) {
+				t.Fatal(err)
+			}
+			if !now.Before(l2.Deadline().Add(500 * time.Millisecond)) {
+				break
+			}
+			time.Sleep(5 * time.Millisecond)
 		}
 	})
 }

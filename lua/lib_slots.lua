@@ -1,5 +1,5 @@
 -- lib_slots.lua: the records of leases and waiters and the slots they
--- hold: slot_list, parse_lease, lease_slots and parse_waiter read a
+-- hold: slot_list, parse_lease, lease_shared, lease_slots and parse_waiter read a
 -- record; give_back returns slots to the free set (or keeps them in
 -- call.freed for a grant of the same call); drop_holders removes holder
 -- entries and frees their slots.
@@ -19,10 +19,19 @@ local function slot_list(slots)
   return list
 end
 
--- parse_lease returns token, slots (a list) and owner of a lease record.
+-- parse_lease returns token, slots (a list) and owner of a lease record
+-- "L|token|s1,s2,...|owner", or "L|token|s1,s2,...|owner|r" once another
+-- process took a handle of it (Resume: lease_shared). An owner holds no '|'.
 local function parse_lease(rec)
-  local token, slots, owner = string.match(rec, '^L|(%d+)|([%d,]+)|(.*)$')
+  local token, slots, owner = string.match(rec, '^L|(%d+)|([%d,]+)|([^|]*)')
   return tonumber(token), slot_list(slots), owner
+end
+
+-- lease_shared reports whether a lease record is marked as resumed by a
+-- process (renew.lua's "resume" mode): a give-up at one handle's deadline
+-- (release.lua's "expire" mode) then leaves the lease to its deadline.
+local function lease_shared(rec)
+  return string.sub(rec, -2) == '|r'
 end
 
 -- lease_slots returns the slots (a list) of a lease record.

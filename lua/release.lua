@@ -15,19 +15,19 @@
 --           holder of a force-released lease learns that it was lost (a
 --           force-removed waiter's session is told "r id": its process
 --           queues it again); "expire" when a process gives its handle
---           of a lease up at its local deadline, unrenewed (DisableAutoRenew,
---           MaxHold): as force, but only while the lease's deadline is at
---           most until_ms, the one that process last set or was granted. A
---           later one means another process resumed the lease (Resume) and
---           renewed it since: the lease lives on, untouched, as does one
+--           of a lease up at its local deadline, unrenewed (its holder
+--           stopped then): as force, but not for a lease that another
+--           process took a handle of (Resume: its record is marked shared),
+--           whose holder may hold it until the deadline it was told: it
+--           lives on untouched and expires at its own deadline, as does one
 --           that a holder released already (its tombstone stays),
 --       [6] ms the tombstone or cancellation record lives (owner, undo);
---           until_ms, a deadline in server ms (expire).
+--           ignored (force, expire).
 -- Reply: {kind, now, grants...} where kind is 1 (a live lease was released,
 --        by this call or, for an owner, by an earlier run of it), 2 (a queue
 --        entry was removed), 0 (nothing live had that id: the lease was
---        lost), 3 (expire only: another holder has the lease, renewed after
---        until_ms: nothing was changed), 4 (expire only: a holder released
+--        lost), 3 (expire only: another process took a handle of the lease
+--        and may still hold it: nothing was changed), 4 (expire only: a holder released
 --        it, its tombstone is there), and grants is a flat list (id, token,
 --        deadline_ms, "slots") for each waiter admitted by this call.
 local client_limit, err = client_arg()
@@ -36,11 +36,8 @@ local id; id, err = id_arg(4, 'id')
 if err then return err end
 local mode = ARGV[5]
 if mode ~= 'owner' and mode ~= 'undo' and mode ~= 'force' and mode ~= 'expire' then return fail('bad mode: ' .. tostring(mode)) end
-local keep_ms, until_ms = 0, 0
-if mode == 'expire' then
-  until_ms, err = int_arg(6, 'until_ms', 1)
-  if err then return err end
-elseif mode ~= 'force' then
+local keep_ms = 0
+if mode ~= 'force' and mode ~= 'expire' then
   keep_ms, err = int_arg(6, 'record_ms', 1)
   if err then return err end
   if keep_ms > TOMB_MS then
@@ -75,8 +72,8 @@ if rk == 'L' then
     dl = tonumber(redis.call('ZSCORE', holders_key, id))
     live = dl ~= nil and dl > now
   end
-  if mode == 'expire' and live and dl > until_ms then
-    kind = 3 -- renewed since by a process that resumed it: it lives on
+  if mode == 'expire' and live and lease_shared(rec) then
+    kind = 3 -- another process resumed it: it lives on until its deadline
   elseif drop_holders({id}) > 0 and live then
     kind = 1
   end

@@ -8,7 +8,8 @@
 -- ARGV: [1] channel base, [2] publish command, [3] client limit (and rate),
 --       [4] lease id, [5] lease_ms (>= 1),
 --       [6] optional: "resume" (Resume: the reply also carries the lease's
---           token and slots, from its record).
+--           token and slots, from its record, and marks the record
+--           shared: "|r" at its end, see lease_shared in lib_slots.lua).
 -- Reply: {1, now, deadline_ms} renewed, deadline_ms the lease's deadline
 --        now (with "resume": {1, now, deadline_ms, token, "s1,s2,..."});
 --        {0, now} the lease is gone (lost); {2, now} the lease is gone
@@ -63,6 +64,12 @@ if fam_tot_key then
   fam_extend(now, deadline)
 end
 if resume then
+  if not lease_shared(rec) then
+    -- From now on several processes may hold handles of the lease: a
+    -- give-up at one handle's deadline leaves it to the others
+    -- (release.lua's "expire" mode).
+    put(id, rec .. '|r')
+  end
   local token, slots = parse_lease(rec)
   return finish({1, now, deadline, token, table.concat(slots, ',')})
 end

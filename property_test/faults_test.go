@@ -5,17 +5,19 @@ package property_test
 // (redistest.Delayer) in a "storm", so that the engine's goroutines (the
 // caller, the hub's message loop, the heartbeat, a lease's deadline timer)
 // meet in the orders a slow network makes; actions choose holds of their
-// own (renewAtDeadline, flush). After every action, the raw keys are
+// own (renewAtDeadline, doAtDeadline, flush). After every action, the raw keys are
 // checked against lua/lib_*.lua's layout (redistest.Layout.Check) and the
 // leases the library reports held against each other.
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"os"
 	"time"
 
 	"github.com/redis/go-redis/v9"
+	"github.com/redsem/redsem"
 	"github.com/redsem/redsem/internal/core"
 	"github.com/redsem/redsem/internal/testkit/redistest"
 	"github.com/redsem/redsem/lua"
@@ -78,16 +80,21 @@ func (m *machine) checkHeldLeases(rt *rapid.T) {
 	now := time.Now()
 	owner := map[int]*entity{}
 	for _, e := range m.ents {
+		// Every handle: a lease's loss is one moment, its Deadline(): no
+		// handle reports a lease held past it (Done open, Err nil).
+		for _, f := range e.former {
+			if live(f.l) && now.Sub(f.l.Deadline()) > handleSlack {
+				fatalf(rt, "a former handle of %s reports the lease held %v past its Deadline()", e, now.Sub(f.l.Deadline()))
+			}
+		}
 		l := e.lease
-		if l == nil || l.Token() < m.restartUs {
+		if l == nil {
 			continue
 		}
-		select {
-		case <-l.Done():
-			continue
-		default:
+		if live(l) && now.Sub(l.Deadline()) > handleSlack {
+			fatalf(rt, "%s reports its lease held %v past its Deadline()", e, now.Sub(l.Deadline()))
 		}
-		if l.Err() != nil || !now.Before(l.Deadline()) {
+		if l.Token() < m.restartUs || !live(l) || !now.Before(l.Deadline()) {
 			continue
 		}
 		for _, s := range l.Slots() {
@@ -97,6 +104,67 @@ func (m *machine) checkHeldLeases(rt *rapid.T) {
 			}
 			owner[s] = e
 		}
+	}
+}
+
+// handleSlack is how long past its Deadline() a handle may still report
+// its lease held: the deadline timer's lateness on a loaded machine.
+const handleSlack = 150 * time.Millisecond
+
+// live reports whether a handle reports its lease held: Done open, Err nil.
+func live(l redsem.Lease) bool {
+	select {
+	case <-l.Done():
+		return false
+	default:
+	}
+	return l.Err() == nil
+}
+
+// doSem is a semaphore whose Acquire is the machine's TryAcquire of a
+// crash lease, so that redsem.Do runs on a lease the model knows.
+type doSem struct {
+	redsem.Semaphore
+	acquire func() (redsem.Lease, error)
+}
+
+func (s doSem) Acquire(context.Context) (redsem.Lease, error) { return s.acquire() }
+
+// doAtDeadline runs redsem.Do, the entry point users call, on a lease of
+// the crash semaphore (crashTTL, no auto-renewal): fn works until its
+// context ends, which must happen at the lease's Deadline() (plus the
+// timer's lateness), with ErrLeaseLost as its cause; Do then reports the
+// loss. Replies and pub/sub messages may be held meanwhile (a storm).
+func (m *machine) doAtDeadline(rt *rapid.T) {
+	var e *entity
+	var end time.Time
+	var deadline time.Time
+	var cause error
+	err := redsem.Do(context.Background(), doSem{Semaphore: m.crash, acquire: func() (redsem.Lease, error) {
+		if e = m.tryAcquire(rt, true); e == nil {
+			return nil, redsem.ErrNoSlot
+		}
+		return e.lease, nil
+	}}, func(fctx context.Context, l redsem.Lease) error {
+		select {
+		case <-fctx.Done():
+		case <-time.After(crashTTL + 5*time.Second):
+		}
+		end, deadline, cause = time.Now(), l.Deadline(), context.Cause(fctx)
+		return nil
+	})
+	if e == nil {
+		return // no slot
+	}
+	// Lost at its deadline: given up in Redis in the background, or it
+	// expires there at its own deadline (e.death as granted).
+	e.localLost, e.handleDone = true, true
+	rt.Logf("Do on %s: fn's context ended %v after Deadline(): %v; Do: %v", e, end.Sub(deadline), cause, err)
+	if !errors.Is(cause, redsem.ErrLeaseLost) || !errors.Is(err, redsem.ErrLeaseLost) {
+		fatalf(rt, "Do on %s: fn's context ended with %v and Do returned %v, want ErrLeaseLost for both", e, cause, err)
+	}
+	if late := end.Sub(deadline); late > handleSlack {
+		fatalf(rt, "Do on %s: fn's context ended %v after the lease's Deadline()", e, late)
 	}
 }
 

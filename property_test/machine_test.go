@@ -77,6 +77,7 @@ func runMachine(t *testing.T, isFair bool) {
 			"flush":           m.flush,
 			"tryAtEdge":       m.tryAtEdge,
 			"renewAtDeadline": m.renewAtDeadline,
+			"doAtDeadline":    m.doAtDeadline,
 			"storm":           m.storm,
 			"resume":          m.resume,
 		}
@@ -894,7 +895,7 @@ func (m *machine) acquireShort(rt *rapid.T) {
 func (m *machine) held() []*entity {
 	var out []*entity
 	for _, e := range m.ents {
-		if !e.gone && e.lease != nil {
+		if !e.gone && e.lease != nil && !e.handleDone {
 			out = append(out, e)
 		}
 	}
@@ -941,7 +942,13 @@ func (m *machine) releaseOne(rt *rapid.T, e *entity) {
 		m.lastWrite, m.lastPrune = w.b, w.b
 	}
 	expectLive(rt, "Release", e, w, err)
-	e.gone = true
+	if err != nil && (e.localLost || endedBefore || w.a >= e.lease.Deadline().UnixMilli()) {
+		// Lost locally, at its deadline: Redis was not asked, and may list
+		// the lease until its death.
+		e.localLost, e.handleDone = true, true
+	} else {
+		e.gone = true
+	}
 	rt.Logf("released %s: %v", e, err)
 }
 
@@ -978,9 +985,20 @@ func (m *machine) renewOne(rt *rapid.T, e *entity) (window, error) {
 		if !e.localLost && !endedBefore {
 			m.lastWrite = w.b // a failed renewal runs expire()
 		}
+		switch {
+		case endedBefore || e.localLost:
+			// Nothing was sent: the lease's end in Redis is as it was.
+		case callEnd() >= e.lease.Deadline().UnixMilli():
+			// The lease's deadline passed while the renewal was in flight:
+			// the lease ended then, but Redis may have run the renewal
+			// (its reply came too late); the give-up at the deadline
+			// undoes it, or else it lives until the renewed deadline.
+			e.death = span{e.death.lo, max(e.death.hi, w.a+e.ttl)}
+		default:
+			e.death = span{} // Redis answered: it is gone
+		}
 		e.localLost = true
-		e.death = span{}
-		rt.Logf("renew %s: lost", e)
+		rt.Logf("renew %s: lost (%v)", e, e.death)
 		return w, err
 	}
 	e.death = after(w, e.ttl)

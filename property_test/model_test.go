@@ -106,7 +106,14 @@ type entity struct {
 	// back): the grant still counts in the rate's window. 0: none.
 	grantedBy int64
 	localLost bool // the lease object knows it is lost: Renew/Release answer without Redis
-	cancelled bool
+	// handleDone: the handle was lost at its deadline and then released
+	// (by redsem.Do, or a Release that answered ErrLeaseLost without asking
+	// Redis): no action uses it again (a second Release returns nil), while
+	// Redis may list the lease until its death (the give-up at the deadline
+	// runs in the background, and undoes a late renewal only if it reaches
+	// Redis).
+	handleDone bool
+	cancelled  bool
 
 	// kGo only
 	// requeued: Redis listed it (queued or holding) after the last loss of

@@ -205,6 +205,10 @@ func TestHelperProcess(t *testing.T) {
 						continue
 					}
 				}
+				if rng.IntN(4) == 0 {
+					doHold(sem, rng, p.HoldMax, p.RateLimit > 0, emit)
+					continue
+				}
 				n := 1 + rng.IntN(p.Limit)
 				ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
 				start := time.Now().UnixNano()
@@ -250,6 +254,47 @@ func TestHelperProcess(t *testing.T) {
 		default:
 			releaseRecorded(l, emit)
 		}
+	}
+}
+
+// doHold holds a slot through redsem.Do, the entry point users call: fn
+// records the grant (acq), works for up to holdMax ms or until its context
+// ends, and records the end (rel) before Do releases; a loss is recorded
+// (lost), and fn's context must have ended by the lease's Deadline() (plus
+// a timer's lateness) when the lease was lost: else a "fail" record.
+func doHold(sem redsem.Semaphore, rng *rand.Rand, holdMax int, rated bool, emit func(record)) {
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+	defer cancel()
+	start := time.Now().UnixNano()
+	var id string
+	hold := time.Duration(rng.IntN(holdMax*1000+1)) * time.Microsecond
+	err := redsem.Do(ctx, sem, func(fctx context.Context, l redsem.Lease) error {
+		id = l.ID()
+		emit(record{Ev: "acq", ID: l.ID(), Weight: 1, Slots: l.Slots(), Token: l.Token(), Start: start,
+			T: time.Now().UnixNano(), Deadline: l.Deadline().UnixNano()})
+		t := time.NewTimer(hold)
+		defer t.Stop()
+		select {
+		case <-t.C:
+		case <-fctx.Done():
+			if errors.Is(context.Cause(fctx), redsem.ErrLeaseLost) {
+				if late := time.Since(l.Deadline()); l.Err() == nil || late > 150*time.Millisecond {
+					emit(record{Ev: "fail", T: time.Now().UnixNano(),
+						Err: fmt.Sprintf("Do: fn's context ended (lost) %v after Deadline(), Err %v", late, l.Err())})
+				}
+			}
+		}
+		emit(record{Ev: "rel", ID: l.ID(), T: time.Now().UnixNano()})
+		return nil
+	})
+	switch {
+	case err == nil:
+	case errors.Is(err, redsem.ErrLeaseLost) && id != "":
+		emit(record{Ev: "lost", ID: id, T: time.Now().UnixNano()})
+	case id == "" && rated && errors.Is(err, context.DeadlineExceeded):
+		emit(record{Ev: "timeout", T: time.Now().UnixNano(), Err: err.Error()})
+	default:
+		emit(record{Ev: "fail", T: time.Now().UnixNano(), Err: "Do: " + err.Error()})
 	}
 }
 

@@ -49,12 +49,23 @@ func (e *Engine) AcquireN(ctx context.Context, n int) (redsem.Lease, error) {
 		case err != nil:
 			e.waiting.done(c)
 			return c.exit(nil, err)
+		case ok && late(g):
+			// Granted, but the reply came after the lease's deadline as
+			// this process counts it: ask again (acquire.lua answers with
+			// the lease it holds for this id, its remaining time counted
+			// from the new request).
 		case ok:
 			e.waiting.done(c)
 			return c.exit(c.lease(g), nil)
 		}
 	}
 }
+
+// late reports whether a grant's deadline (counted from the first send of
+// the request that was answered: a request re-sent by go-redis may reach
+// Redis much later) has passed already: a lease made from it would be
+// lost at once, so no call returns one.
+func late(g grant) bool { return !time.Now().Before(g.deadline) }
 
 // waiting is how a call waits for its grant: the variant's strategy,
 // chosen when the engine is made. The call's goroutine runs it, and is the
@@ -94,6 +105,15 @@ func (e *Engine) TryAcquireN(ctx context.Context, n int) (redsem.Lease, error) {
 		defer stop()
 	}
 	a, err := c.attempt("try", "")
+	if err == nil && a.code == codeGranted && late(a.grant()) {
+		// The reply came after the lease's deadline (see late): once more,
+		// with the same id, for the lease's remaining time.
+		a, err = c.attempt("try", "")
+		if err == nil && a.code == codeGranted && late(a.grant()) {
+			err = fmt.Errorf("redsem: %q: granted, but each reply came after the lease's deadline (Redis answers later than LeaseTTL %v): %w",
+				e.cfg.Name, e.cfg.LeaseTTL, redsem.ErrUnavailable)
+		}
+	}
 	if cause := context.Cause(c.ctx); err != nil && c.parent.Err() == nil && cause != nil && cause != redsem.ErrClosed {
 		err = cause // a dial failed: the error says why, not that the call was cancelled
 	}
@@ -194,7 +214,7 @@ func (c *call) sleep(d time.Duration) bool {
 
 // lease makes the lease of a grant.
 func (c *call) lease(g grant) *Lease {
-	l, _ := c.e.newLease(c.id, g.slots, g.token, g.deadline, g.until) // a new id: always fresh
+	l, _ := c.e.newLease(c.id, g.slots, g.token, g.deadline) // a new id: always fresh
 	return l
 }
 

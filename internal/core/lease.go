@@ -11,29 +11,35 @@ import (
 )
 
 // A lease has one owner for its state: l.mu. Every transition happens under
-// it, and every request to Redis about the lease (a renewal, the release, the
-// expiry at the deadline) runs as the lease's one operation in flight (l.op):
-// a second one waits for the first to end, so a reply is always applied to
-// the state it was asked about. The deadline timer only ever starts an
-// operation; it never changes the state while one runs.
+// it, and every request to Redis about the lease (a renewal, the release)
+// runs as the lease's one operation in flight (l.op): a second one waits
+// for the first to end, so a reply is always applied to the state it was
+// asked about. Every such request is bounded by the deadline the holder was
+// told (Deadline): none outlives it.
+//
+// The deadline is one moment. When it passes unrenewed, the timer ends the
+// lease as lost at once, whatever runs: Err, Done, the cause of Context
+// (and so the context redsem.Do gives fn), the event and the metrics all
+// say so together. An operation still in flight is ended (its reply no
+// longer changes anything), and the slots are then given up in Redis in
+// the background (giveUp), which changes no state of the lease.
 //
 //	state  event                                  next    where
 //	held   renewal answered "renewed"             held    endRenew: Deadline moves to the new one
 //	held   renewal answered "gone"                lost    endRenew
 //	held   renewal answered "released"            released endRenew: a holder released it (another handle: Resume)
 //	held   renewal failed (Redis, ctx)            held    endRenew: Deadline unchanged; watchdog retries sooner
-//	held   timer: deadline passed, no op          lost    fire -> expire: Context ends, release unless renewed elsewhere (bounded), then lost
-//	                                              released   ... or released when another holder renewed or released it
-//	held   timer: deadline passed, op in flight   held    fire does nothing; the op's end re-arms the timer
+//	held   timer: deadline passed                 lost    fire -> lose: any op in flight is ended; giveUp frees the slots
 //	held   Release answered "released"            released Release / releaseLater
 //	held   Release answered "nothing held"        lost    Release / releaseLater
 //	held   Release failed                         held    Release: not renewed any more, ends at Deadline
 //	held   MinReplicas renewal answered "gone"    lost    markLost (replicas.go)
-//	lost, released: final
+//	lost, released: final; a reply that comes after is dropped
 //
 // So Renew returns nil only when Redis renewed the lease and the local state
-// took the new deadline: the expiry cannot have run in between (it would
-// have needed the op), and it cannot run later before the new deadline.
+// took the new deadline before the old one passed: the loss cannot have
+// happened in between (it needs mu and a passed deadline), and it cannot
+// happen later before the new deadline.
 
 type leaseState int
 
@@ -50,7 +56,6 @@ const (
 	opNone    opKind = iota
 	opRenew          // a renewal (the watchdog's or the caller's Renew)
 	opRelease        // Release, or its retry in the background
-	opExpire         // the deadline passed unrenewed: the slots are given back
 )
 
 // errReleasing is the cause with which Release ends a renewal in flight.
@@ -72,13 +77,6 @@ type Lease struct {
 	mu       sync.Mutex
 	state    leaseState
 	deadline time.Time
-	// until is the deadline Redis holds as far as this handle knows
-	// (server ms): the latest one a grant or renewal of this handle
-	// reported. A later one in Redis means another handle (Resume)
-	// renewed the lease; expire leaves such a lease alone. unsure: the
-	// latest renewal failed, so it may have moved the deadline unseen.
-	until    int64
-	unsure   bool
 	released bool // Release was answered (a second call returns nil)
 
 	// The operation in flight (opNone: none); opDone is closed when it
@@ -89,9 +87,10 @@ type Lease struct {
 	releasing int // Release calls waiting for the op: the watchdog starts no renewal
 
 	// The watchdog is a timer, not a goroutine: nothing runs between
-	// renewals. It renews at renewAt while auto-renewal is on; once
-	// renewals stop (noRenew: DisableAutoRenew, MaxHold reached, a Release
-	// that failed) it fires at the deadline only and gives the lease up.
+	// renewals. It renews at renewAt while auto-renewal is on and no
+	// operation runs; it always fires at the deadline, where it ends the
+	// lease unless a renewal moved the deadline (noRenew: renewals stopped
+	// for DisableAutoRenew, MaxHold reached, or a Release that failed).
 	timer   *time.Timer
 	renewAt time.Time
 	noRenew bool
@@ -100,12 +99,12 @@ type Lease struct {
 var _ redsem.Lease = (*Lease)(nil)
 
 // newLease makes the lease of a grant (or of Resume), holding slots with
-// token until deadline (local) or until (server ms), and registers it with
+// token until deadline (local), and registers it with
 // e (see Engine.leases): fresh. When e has a live lease of that id already
 // (only Resume can meet one), it returns that lease instead, not fresh.
-func (e *Engine) newLease(id string, slots []int, token int64, deadline time.Time, until int64) (_ *Lease, fresh bool) {
+func (e *Engine) newLease(id string, slots []int, token int64, deadline time.Time) (_ *Lease, fresh bool) {
 	l := &Lease{
-		e: e, id: id, slots: slots, token: token, deadline: deadline, until: until, granted: time.Now(),
+		e: e, id: id, slots: slots, token: token, deadline: deadline, granted: time.Now(),
 		done: make(chan struct{}),
 	}
 	l.ctx, l.cancel = context.WithCancelCause(context.Background())
@@ -186,26 +185,30 @@ func (l *Lease) stateErr() error {
 }
 
 // arm sets the timer for the next thing the watchdog must do (under mu):
-// nothing while an op runs (its end arms it) or once the lease ended; the
-// deadline when renewals stopped; else the next renewal.
+// nothing once the lease ended; the deadline while an operation runs or
+// renewals stopped; else the next renewal, or the deadline if sooner.
 func (l *Lease) arm() {
-	if l.state != held || l.op != opNone {
+	if l.state != held {
 		l.timer.Stop()
 		return
 	}
 	at := l.deadline
-	if !l.noRenew && l.releasing == 0 && l.renewAt.Before(at) {
+	if l.op == opNone && !l.noRenew && l.releasing == 0 && l.renewAt.Before(at) {
 		at = l.renewAt
 	}
 	l.timer.Reset(max(time.Until(at), 0))
 }
 
 // startOp makes kind the lease's operation in flight (under mu, with none
-// in flight) and returns its context: parent, ended also by cancelOp.
+// in flight) and returns its context: parent, bounded by the deadline, and
+// ended also by cancelOp (Release, the loss). The timer stays set for the
+// deadline.
 func (l *Lease) startOp(parent context.Context, kind opKind) context.Context {
-	ctx, cancel := context.WithCancelCause(parent)
-	l.op, l.opDone, l.cancelOp = kind, make(chan struct{}), cancel
-	l.timer.Stop()
+	dctx, dcancel := context.WithDeadline(parent, l.deadline)
+	ctx, cancel := context.WithCancelCause(dctx)
+	l.op, l.opDone = kind, make(chan struct{})
+	l.cancelOp = func(cause error) { cancel(cause); dcancel() }
+	l.arm()
 	return ctx
 }
 
@@ -242,14 +245,15 @@ func (l *Lease) beginOp(ctx context.Context, kind opKind) (context.Context, erro
 }
 
 // Renew extends the lease to at least now + the lease TTL (never earlier
-// than another handle of it set it). It returns nil only
-// when Redis renewed the lease, and Deadline then reports the new deadline;
-// ErrLeaseLost if the lease is gone (and then the lease is lost for good),
-// ErrReleased after a successful Release (or when a Release called
-// meanwhile ended the renewal, or a Release through another handle of the
-// lease, Resume's, ended the lease), or the Redis error if Redis could not be
-// asked; it never re-creates a lost lease. A renewal in flight holds back
-// the lease's own expiry at its deadline until its reply is in.
+// than another handle of it set it). It returns nil only when Redis renewed
+// the lease before its Deadline, and Deadline then reports the new
+// deadline; ErrLeaseLost if the lease is gone or its Deadline passed first
+// (and then the lease is lost for good), ErrReleased after a successful
+// Release (or when a Release called meanwhile ended the renewal, or a
+// Release through another handle of the lease, Resume's, ended the lease),
+// or the Redis error if Redis could not be asked; it never re-creates a
+// lost lease. The request is bounded by ctx and by the Deadline: a renewal
+// in flight never keeps the lease past it.
 func (l *Lease) Renew(ctx context.Context) error {
 	octx, err := l.beginOp(ctx, opRenew)
 	if err != nil {
@@ -261,13 +265,21 @@ func (l *Lease) Renew(ctx context.Context) error {
 }
 
 // endRenew applies a renewal's outcome (auto: the watchdog's) and ends the
-// op; it returns what Renew reports.
+// op; it returns what Renew reports. A reply that comes after the lease
+// ended (its deadline passed meanwhile) changes nothing.
 func (l *Lease) endRenew(octx context.Context, r renewReply, err error, auto bool) error {
 	l.mu.Lock()
 	var ev func()
 	switch {
+	case l.state != held:
+		err = l.stateErr()
+	case !time.Now().Before(l.deadline):
+		// The reply came at or after the deadline: the lease was lost
+		// then, whatever Redis did meanwhile (giveUp undoes a renewal).
+		ev = l.lose(time.Now())
+		err = redsem.ErrLeaseLost
 	case err == nil && r.ok:
-		l.deadline, l.until, l.unsure = r.deadline, r.until, false
+		l.deadline = r.deadline
 		l.renewAt = time.Now().Add(l.e.cfg.LeaseTTL / 3)
 	case err == nil && r.released:
 		// A holder released it: another handle of the lease (Resume), in
@@ -281,7 +293,6 @@ func (l *Lease) endRenew(octx context.Context, r renewReply, err error, auto boo
 	case context.Cause(octx) == errReleasing:
 		err = fmt.Errorf("%w (Release was called while the renewal ran)", redsem.ErrReleased)
 	default:
-		l.unsure = true // it may have run in Redis
 		if auto {
 			// Redis unreachable: try again soon, until the deadline passes.
 			retry := max(min(l.e.cfg.LeaseTTL/10, time.Second), time.Millisecond)
@@ -296,85 +307,74 @@ func (l *Lease) endRenew(octx context.Context, r renewReply, err error, auto boo
 	return err
 }
 
-// fire is the timer: it renews the lease when a renewal is due, and gives
-// the lease up once its deadline passed unrenewed. It starts an operation
-// only when none runs: the running one re-arms the timer when it ends.
+// fire is the timer: it ends the lease once its deadline passed (lose),
+// and renews it when a renewal is due and no operation runs (a running one
+// re-arms the timer when it ends).
 func (l *Lease) fire() {
 	l.mu.Lock()
-	if l.state != held || l.op != opNone {
+	if l.state != held {
 		l.mu.Unlock()
 		return
 	}
 	now := time.Now()
 	if !now.Before(l.deadline) {
-		ctx := l.startOp(context.Background(), opExpire)
+		ev := l.lose(now)
 		l.mu.Unlock()
-		l.expire(ctx)
+		ev()
 		return
 	}
 	if max := l.e.cfg.MaxHold; max > 0 && now.Sub(l.granted) >= max {
 		l.noRenew = true // held for MaxHold: no more renewals
 	}
-	if l.noRenew || l.releasing > 0 || now.Before(l.renewAt) {
+	if l.op != opNone || l.noRenew || l.releasing > 0 || now.Before(l.renewAt) {
 		l.arm()
 		l.mu.Unlock()
 		return
 	}
-	ctx, cancel := context.WithDeadline(context.Background(), l.deadline)
-	octx := l.startOp(ctx, opRenew)
+	octx := l.startOp(context.Background(), opRenew)
 	l.mu.Unlock()
 	r, err := l.e.renew(octx, l.e.cfg.Client, l.id, false)
 	_ = l.endRenew(octx, r, err, true)
-	cancel()
 }
 
-// expire gives up a lease whose deadline passed unrenewed (the op is
-// opExpire). First it ends the lease's Context (cause ErrLeaseLost: this
-// handle's hold is over), so that work done under it stops at the deadline,
-// before the slots can be handed on; then it releases the slots in Redis at
-// once (best effort, at most releaseBound: the entry may still be listed for
-// a moment past the local deadline, which is early by design), so that
-// waiters are woken and the slots can be taken again, and then marks the
-// lease lost. When Done closes the slots are free, or Redis could not be
-// reached in time (then they expire there on their own). The release leaves
-// alone a lease whose deadline in Redis is later than the last one this
-// handle knew of: a process that resumed it renews it (or a renewal of this
-// handle whose reply was lost did: then the slots expire at that deadline,
-// as a crashed holder's). This handle then ends as released when a holder
-// released the lease already, or when another renewed it and this handle's
-// own renewals were all answered (else it cannot tell that one of them did
-// not move the deadline); as lost otherwise.
-func (l *Lease) expire(octx context.Context) {
-	l.cancel(redsem.ErrLeaseLost) // the holder stops first: the release below may free its slots
-	l.mu.Lock()
-	until, unsure := l.until, l.unsure
-	l.mu.Unlock()
-	ctx, cancel := context.WithTimeout(octx, l.e.releaseBound())
-	r, err := l.e.releaseExpired(ctx, l.id, until)
-	cancel()
-	st := lost
-	if err == nil && (r.kind == releasedElsewhere || r.kind == heldElsewhere && !unsure) {
-		st = released
-	}
-	l.mu.Lock()
-	ev := l.finishLocked(st, time.Now())
-	l.endOp()
-	l.mu.Unlock()
-	if ev != nil {
-		ev()
-	}
+// lose ends a held lease whose deadline passed unrenewed (under mu), and
+// returns the report to make once mu is released. The holder stops at this
+// moment: Err, Done and the cause of Context say ErrLeaseLost. An operation
+// in flight is ended with that cause (its reply is dropped), and giveUp
+// frees the slots in Redis.
+func (l *Lease) lose(at time.Time) func() {
+	ev := l.finishLocked(lost, at)
+	l.giveUp()
+	return ev
+}
+
+// giveUp releases in Redis, in the background and within releaseBound, the
+// slots of a lease this handle lost at its deadline, so that waiters are
+// woken and the slots can be taken again at once rather than when Redis's
+// own deadline (a little later than the local one, by design) passes.
+// release.lua's "expire" mode leaves alone a lease that another process
+// took a handle of (Resume) and so may still hold, and one that a holder
+// released already; either way the lease's state here is final already.
+// If Redis cannot be reached in time, the slots expire there on their own.
+func (l *Lease) giveUp() {
+	ctx, cancel := context.WithTimeout(context.Background(), l.e.releaseBound())
+	l.e.background(ctx, func() { cancel() }, func(ctx context.Context) {
+		_, _ = l.e.releaseExpired(ctx, l.id)
+	})
 }
 
 // Release frees the slots. A second call returns nil. It returns
-// ErrLeaseLost if the lease was lost before it. A renewal in flight is
-// ended (its outcome no longer matters); an expiry in flight is waited for
-// (then the lease is lost). On a Redis error the lease stays held (not
-// renewed) and Release may be called again; after a transient error (Redis
-// unreachable, a timeout) the release is also retried in the background
-// until it succeeds or the lease's deadline, so that a slot whose release
-// met a failover or a blip comes back soon after instead of at its
-// deadline. If the reply is lost and go-redis retries, the rerun finds the
-// tombstone the first run left and still reports success.
+// ErrLeaseLost if the lease was lost before it (also when its Deadline
+// passes while the release runs: the request is bounded by the Deadline,
+// as every request about the lease is). A renewal in flight is ended (its
+// outcome no longer matters). On a Redis error the lease stays held (not
+// renewed) until its Deadline, and Release may be called again; after a
+// transient error (Redis unreachable, a timeout) the release is also
+// retried in the background until it succeeds or the lease's deadline, so
+// that a slot whose release met a failover or a blip comes back soon after
+// instead of at its deadline. If the reply is lost and go-redis retries,
+// the rerun finds the tombstone the first run left and still reports
+// success.
 func (l *Lease) Release(ctx context.Context) error {
 	l.mu.Lock()
 	switch {
@@ -411,6 +411,12 @@ func (l *Lease) Release(ctx context.Context) error {
 	l.mu.Unlock()
 	r, err := l.e.release(octx, l.id, "owner")
 	l.mu.Lock()
+	if l.state != held || l.overdue() {
+		// The deadline passed while the release ran: the lease was lost
+		// then, whatever the reply (giveUp frees the slots).
+		l.released = true
+		return l.endLate()
+	}
 	if err != nil {
 		// Still held, no longer renewed: the lease ends at its deadline
 		// unless Release is called again before.
@@ -425,10 +431,30 @@ func (l *Lease) Release(ctx context.Context) error {
 	return l.endRelease(r.kind, called)
 }
 
+// overdue reports (under mu) whether the deadline of a held lease has
+// passed: a reply that comes then finds the lease lost, whatever it says.
+func (l *Lease) overdue() bool { return l.state == held && !time.Now().Before(l.deadline) }
+
+// endLate ends a release whose reply came after the lease ended or its
+// deadline passed (under mu): the lease is lost (lose, if the timer has not
+// run yet). It ends the op, unlocks mu and returns ErrLeaseLost.
+func (l *Lease) endLate() error {
+	var ev func()
+	if l.state == held {
+		ev = l.lose(time.Now())
+	}
+	l.endOp()
+	l.mu.Unlock()
+	if ev != nil {
+		ev()
+	}
+	return redsem.ErrLeaseLost
+}
+
 // endRelease applies release.lua's answer of kind (under mu, with the
-// release as the op in flight): the lease ends released, or lost when
-// Redis held nothing for it (ErrLeaseLost). It ends the op, unlocks mu
-// and reports the end.
+// release as the op in flight and the lease held): the lease ends
+// released, or lost when Redis held nothing for it (ErrLeaseLost). It ends
+// the op, unlocks mu and reports the end.
 func (l *Lease) endRelease(kind int, called time.Time) error {
 	l.released = true
 	st, err := released, error(nil)
@@ -465,6 +491,10 @@ func (l *Lease) releaseLater() {
 			called := time.Now()
 			r, err := l.e.release(octx, l.id, "owner")
 			l.mu.Lock()
+			if l.state != held || l.overdue() {
+				_ = l.endLate() // lost at its deadline meanwhile
+				return
+			}
 			if err != nil {
 				l.endOp()
 				l.mu.Unlock()
@@ -479,15 +509,6 @@ func (l *Lease) releaseLater() {
 	})
 }
 
-// renewedTo records that a renewal outside the lease's own operations (the
-// replica check's, replicas.go) set its deadline in Redis to until (server
-// ms), so that expire does not take it for another holder's renewal.
-func (l *Lease) renewedTo(until int64) {
-	l.mu.Lock()
-	l.until = max(l.until, until)
-	l.mu.Unlock()
-}
-
 func (l *Lease) markLost() {
 	l.mu.Lock()
 	ev := l.finishLocked(lost, time.Now())
@@ -498,21 +519,27 @@ func (l *Lease) markLost() {
 }
 
 // finishLocked moves a held lease to its final state (under mu), closes
-// Done and returns the report to make once mu is released (nil if the lease
-// had ended already).
+// Done, ends the operation in flight if any (its reply will change
+// nothing) and returns the report to make once mu is released (nil if the
+// lease had ended already).
 func (l *Lease) finishLocked(st leaseState, at time.Time) func() {
 	if l.state != held {
 		return nil
 	}
 	l.state = st
+	cause := context.Canceled
+	if st == lost {
+		cause = redsem.ErrLeaseLost
+	}
+	// The state first, then Context: whoever the cancellation wakes (an
+	// AfterFunc, as redsem.Do's) reads Err as lost already.
+	l.cancel(cause)
 	close(l.done)
+	if l.op != opNone {
+		l.cancelOp(cause)
+	}
 	l.e.forget(l)
 	l.e.idle()
-	if st == lost {
-		l.cancel(redsem.ErrLeaseLost)
-	} else {
-		l.cancel(context.Canceled)
-	}
 	l.timer.Stop()
 	kind := redsem.EventReleased
 	if st == lost {

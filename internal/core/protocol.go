@@ -315,6 +315,12 @@ func (e *Engine) acquire(ctx context.Context, a acquireArgs) (acquireReply, erro
 	case codeRateDiffers:
 		return r, &redsem.RateMismatchError{Name: e.cfg.Name, Client: e.cfg.Rate, Established: parseRate(r.rate)}
 	case codeTotalDiffer:
+		if e.fam.total == 0 {
+			return r, fmt.Errorf("redsem: total mismatch for family %q: this client was built without a total "+
+				"(FamilyOptions.Total 0), but the family counts one (%d in force; 0: none, counting goes on): "+
+				"its leases would not be counted; build every client of the family with its Total: %w",
+				e.fam.Name(), r.other, redsem.ErrLimitMismatch)
+		}
 		return r, fmt.Errorf("redsem: total mismatch for family %q: this client was built with total %d, "+
 			"but live clients established total %d (use SetTotal to change it for all): %w",
 			e.fam.Name(), e.fam.total, r.other, redsem.ErrLimitMismatch)
@@ -476,9 +482,9 @@ const (
 	ReleasedNothing = 0 // nothing live had the id (a lease: it was lost)
 	ReleasedLease   = 1
 	ReleasedWaiter  = 2
-	// Mode "expire" only: another holder has the lease (renewed after
-	// the bound: heldElsewhere), or a holder released it
-	// (releasedElsewhere); nothing changed.
+	// Mode "expire" only: another process took a handle of the lease
+	// (Resume) and may still hold it (heldElsewhere), or a holder released
+	// it (releasedElsewhere); nothing changed.
 	heldElsewhere     = 3
 	releasedElsewhere = 4
 )
@@ -501,12 +507,12 @@ func (e *Engine) release(ctx context.Context, id, mode string) (releaseReply, er
 }
 
 // releaseExpired runs release.lua in mode "expire" for a lease whose
-// process gives it up at its local deadline: it releases the lease only if
-// its deadline in Redis is at most until (ARGV[6], server ms), the one this
-// process last set or was granted; heldElsewhere if another process
-// renewed it since, releasedElsewhere if a holder released it.
-func (e *Engine) releaseExpired(ctx context.Context, id string, until int64) (releaseReply, error) {
-	return e.runRelease(ctx, id, "expire", until)
+// handle in this process was lost at its local deadline: it releases the
+// lease unless another process took a handle of it (Resume), whose holder
+// may still hold it (heldElsewhere), or a holder released it already
+// (releasedElsewhere).
+func (e *Engine) releaseExpired(ctx context.Context, id string) (releaseReply, error) {
+	return e.runRelease(ctx, id, "expire", 0)
 }
 
 func (e *Engine) runRelease(ctx context.Context, id, mode string, arg int64) (releaseReply, error) {
@@ -539,8 +545,13 @@ type heartbeatReply struct {
 // live one. It extends the session (shared by a family's members), admits
 // the waiters of e whose turn came, and hands their grants to local
 // waiters. A dead session comes back as errSessionDied, with the reply.
-func (e *Engine) heartbeat(ctx context.Context, sid, age string) (heartbeatReply, error) {
-	v, sent, err := e.run(ctx, e.cfg.Client, lua.Heartbeat, e.cfg.Limit, sid, ms(e.cfg.QueueTTL), age)
+func (e *Engine) heartbeat(ctx context.Context, sid, age string, keep []string) (heartbeatReply, error) {
+	args := make([]any, 0, 3+len(keep))
+	args = append(args, sid, ms(e.cfg.QueueTTL), age)
+	for _, k := range keep {
+		args = append(args, k)
+	}
+	v, sent, err := e.run(ctx, e.cfg.Client, lua.Heartbeat, e.cfg.Limit, args...)
 	if err != nil {
 		return heartbeatReply{}, e.callErr(ctx, err)
 	}
@@ -1168,7 +1179,7 @@ func Unreachable(err error) bool {
 // none). Its reply is now and the grants it made.
 func (f *Family) setTotal(ctx context.Context, total int) error {
 	e := f.famEng
-	v, sent, err := e.run(ctx, e.cfg.Client, lua.SetTotal, e.cfg.Limit, total)
+	v, sent, err := e.run(ctx, e.cfg.Client, lua.SetTotal, e.cfg.Limit, total, uuid.NewString())
 	if err != nil {
 		return e.callErr(ctx, err)
 	}

@@ -57,7 +57,6 @@ func (e *Engine) waitReplicas(ctx context.Context, l *Lease) error {
 		l.markLost()
 		return redsem.ErrLeaseLost
 	}
-	l.renewedTo(r.until)
 	n, err := conn.Wait(ctx, e.cfg.MinReplicas, e.cfg.ReplicaTimeout).Result()
 	if err != nil {
 		return e.wrap(err)

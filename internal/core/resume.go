@@ -57,7 +57,7 @@ func (e *Engine) Resume(ctx context.Context, id string) (redsem.Lease, error) {
 	if !r.ok {
 		return nil, e.noLease(id)
 	}
-	l, fresh := e.newLease(id, r.slots, r.token, r.deadline, r.until)
+	l, fresh := e.newLease(id, r.slots, r.token, r.deadline)
 	if fresh {
 		e.emit(redsem.Event{Kind: redsem.EventResumed, LeaseID: id, Slot: l.slots[0], Token: l.token})
 	}

@@ -30,6 +30,7 @@ var variants = []variant{{"unfair", false}, {"fair", true}}
 // are ignored.
 type opts struct {
 	LeaseTTL, QueueTTL, Fallback time.Duration
+	MaxHold                      time.Duration
 	NoAutoRenew                  bool
 	Observer                     redsem.Observer
 	MinReplicas                  int
@@ -47,11 +48,11 @@ func (v variant) new(t testing.TB, c redis.UniversalClient, name string, limit i
 	var s closer
 	var err error
 	if v.fair {
-		s, err = fair.New(c, name, limit, fair.Options{LeaseTTL: o.LeaseTTL, QueueTTL: o.QueueTTL,
+		s, err = fair.New(c, name, limit, fair.Options{LeaseTTL: o.LeaseTTL, QueueTTL: o.QueueTTL, MaxHold: o.MaxHold,
 			FallbackInterval: o.Fallback, DisableAutoRenew: o.NoAutoRenew, Observer: o.Observer,
 			MinReplicas: o.MinReplicas, ReplicaTimeout: o.ReplicaTimeout})
 	} else {
-		s, err = unfair.New(c, name, limit, unfair.Options{LeaseTTL: o.LeaseTTL,
+		s, err = unfair.New(c, name, limit, unfair.Options{LeaseTTL: o.LeaseTTL, MaxHold: o.MaxHold,
 			FallbackInterval: o.Fallback, DisableAutoRenew: o.NoAutoRenew, Observer: o.Observer,
 			MinReplicas: o.MinReplicas, ReplicaTimeout: o.ReplicaTimeout})
 	}

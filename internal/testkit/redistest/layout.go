@@ -109,11 +109,13 @@ func stripSentinel(in []redis.Z) []redis.Z {
 	return out
 }
 
-// LeaseRecord is a parsed meta record "L|token|s1,s2,...|owner".
+// LeaseRecord is a parsed meta record "L|token|s1,s2,...|owner", with
+// "|r" after the owner once a process resumed the lease (Shared).
 type LeaseRecord struct {
-	Token int64
-	Slots []int
-	Owner string
+	Token  int64
+	Slots  []int
+	Owner  string
+	Shared bool
 }
 
 // ParseLeaseRecord parses a lease record; ok is false for anything else.
@@ -127,6 +129,11 @@ func ParseLeaseRecord(rec string) (r LeaseRecord, ok bool) {
 		return r, false
 	}
 	r.Token, r.Owner = t, f[3]
+	if owner, ok := strings.CutSuffix(f[3], "|r"); ok {
+		r.Owner, r.Shared = owner, true
+	} else if strings.Contains(f[3], "|") {
+		return r, false
+	}
 	for _, x := range strings.Split(f[2], ",") {
 		s, err := strconv.Atoi(x)
 		if err != nil {
