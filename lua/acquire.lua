@@ -1,7 +1,9 @@
 -- acquire.lua: one attempt to take n slots at once; in queue mode (fair) it
 -- also joins the queue, or reports the place it already has.
 -- KEYS: the nine keys laid out at the top of lib_args.lua (thirteen for a
--- member of a family with a total: lib_family.lua).
+-- member of a family with a total: lib_family.lua; eleven for a member of
+-- a family of one shard whose client has no total: the family's f:tot and
+-- f:total follow, to refuse it while the family counts one).
 -- ARGV: [1] channel base, [2] publish command, [3] client limit (and rate),
 --       [4] id (lease/waiter UUID, reused on retries: the script is idempotent),
 --       [5] n: slots wanted (>= 1), [6] lease_ms (>= 1),
@@ -78,7 +80,11 @@
 --        {-7, now, established}                  a member of a family with a
 --                                                total: the client's total
 --                                                disagrees with the one live
---                                                clients established
+--                                                clients established (or
+--                                                SetTotal set; "0": none);
+--                                                with eleven keys, the family
+--                                                counts a total and the
+--                                                client has none
 -- A member of a family with a total (KEYS[10..13], lib_family.lua) is
 -- granted only when its member and the family's total both have room, and
 -- (fair) no earlier head of the family that fits in its member waits for
@@ -121,6 +127,15 @@ end
 load(id)
 err = check_limits()
 if err then return err end
+if fam_check_tot_key then
+  -- A client built without a total, on a member of a family that counts
+  -- one (SetTotal's f:total, or the one live clients established, f:tot's
+  -- _total): its leases would not be counted, and so bypass it.
+  local t = redis.call('GET', fam_check_total_key) or redis.call('HGET', fam_check_tot_key, '_total')
+  if t then
+    return finish({-7, now, tonumber(t) or 0})
+  end
+end
 init(now)
 
 local function granted(token, deadline, slots)
@@ -248,7 +263,8 @@ end
 -- Queueing under a dead session would leave an entry that admit and prune
 -- evict without telling its process: refuse, and let the process make a
 -- new session first.
-if not session_deadline(sid, now) then
+local sdl = session_deadline(sid, now)
+if not sdl then
   return finish({-5, now})
 end
 if max_q > 0 and num('_q') >= max_q then
@@ -265,4 +281,8 @@ end
 redis.call('ZADD', queue_key, fmt(seq), id)
 put(id, 'W|' .. sid .. '|' .. fmt(n) .. '|' .. fmt(lease_ms) .. '|' .. owner)
 set('_q', num('_q') + 1)
+-- The keys, and the entry with them, live at least as long as its session:
+-- each of the session's beats extends them again (in a family, its process
+-- beats every member where it waits), so no entry expires under a waiter.
+extend(now, sdl)
 return refused(num('_q') - 1)

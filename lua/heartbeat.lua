@@ -5,13 +5,22 @@
 -- member of a family with a total: lib_family.lua).
 -- ARGV: [1] channel base, [2] publish command, [3] client limit (and rate),
 --       [4] session id, [5] queue_ms (>= 1): the session lives that long
---       from now, [6] "new" for a session's first beat, else "old".
+--       from now, [6] "new" for a session's first beat, else "old",
+--       [7...] optional: the key bases ("prefix:{tag}:m:KEY:") of the other
+--           members of the family (of this shard: the same slot) where the
+--           session's process has waiters: their keys, and with them the
+--           waiters' queue entries, are kept as long as the session (a
+--           member that holds nothing has keys of its own that would
+--           otherwise expire under its waiters). Members whose keys are
+--           gone are left alone.
 -- Reply: {now, alive, hint_ms, grants...}: alive is 1 when the session was
 --        live (or new) and is extended; 0 when it had died: it is not
 --        revived (its waiters' places are forfeit) and the caller must
 --        queue its waiters again under a new session. hint_ms is the time
 --        until the earliest holder may expire (-1: none); grants as in
 --        release.lua.
+-- Errors: "ERR redsem: ..." for bad arguments, or a stored limit that is
+-- not an integer in [1, 2^20], before any write.
 local client_limit, err = client_arg()
 if err then return err end
 local sid; sid, err = id_arg(4, 'session')
@@ -21,14 +30,36 @@ if err then return err end
 local fresh = ARGV[6] == 'new'
 if not fresh and ARGV[6] ~= 'old' then return fail('bad age: ' .. tostring(ARGV[6])) end
 
+local shard = string.match(holders_key, '^(.*}:m:)')
+for i = 7, #argv do
+  local base = argv[i]
+  if not shard or string.sub(base, 1, #shard) ~= shard or string.sub(base, -1) ~= ':' then
+    return fail('bad member base: ' .. tostring(base))
+  end
+end
+
 local now, now_us = clock()
 load()
+err = check_limits()
+if err then return err end
 init(now)
 local alive = 1
 local sdl = tonumber(redis.call('ZSCORE', sessions_key, sid))
 if fresh or (sdl and sdl > now) then
   redis.call('ZADD', sessions_key, fmt(now + queue_ms), sid)
   extend(now, now + queue_ms)
+  if #argv >= 7 then
+    local own = save_member()
+    for i = 7, #argv do
+      switch_member(argv[i])
+      load()
+      if get('_hz') then
+        extend(now, now + queue_ms)
+        flush()
+      end
+    end
+    restore_member(own)
+  end
 else
   alive = 0
 end

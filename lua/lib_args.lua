@@ -139,6 +139,12 @@ local call
 -- variant (from ARGV[3], client_arg).
 local fam_tot_key, fam_leases_key, fam_heads_key, fam_total_key
 local fam, fam_client_total, fam_client_limit, fam_fair
+-- A member of a family of one shard whose client was built without a
+-- total gets the family's f:tot and f:total as KEYS[10..11] instead:
+-- acquire.lua refuses it while the family counts a total, whose count its
+-- leases would bypass (fam_check_tot_key, fam_check_total_key; nil
+-- otherwise).
+local fam_check_tot_key, fam_check_total_key
 -- fam_finish (lib_total.lua) runs at finish, before meta is written, in a
 -- call with the family's keys.
 local fam_finish
@@ -158,16 +164,19 @@ local function bind(keys, args, family_only)
     holders_key, queue_key, sessions_key, free_key, ended_key, meta_key, limit_key, window_key, rate_key =
       nil, nil, keys[5], nil, nil, nil, nil, nil, nil
     fam_tot_key, fam_leases_key, fam_heads_key, fam_total_key = keys[1], keys[2], keys[3], keys[4]
-  elseif nk == 9 then
+    fam_check_tot_key = nil
+  elseif nk == 9 or nk == 11 then
     holders_key, queue_key, sessions_key, free_key, ended_key, meta_key, limit_key, window_key, rate_key =
       keys[1], keys[2], keys[3], keys[4], keys[5], keys[6], keys[7], keys[8], keys[9]
     fam_tot_key = nil
+    fam_check_tot_key, fam_check_total_key = keys[10], keys[11]
   elseif nk == 13 then
     holders_key, queue_key, sessions_key, free_key, ended_key, meta_key, limit_key, window_key, rate_key =
       keys[1], keys[2], keys[3], keys[4], keys[5], keys[6], keys[7], keys[8], keys[9]
     fam_tot_key, fam_leases_key, fam_heads_key, fam_total_key = keys[10], keys[11], keys[12], keys[13]
+    fam_check_tot_key = nil
   else
-    return fail('want 9 keys, got ' .. nk .. ' (13 with a family total)')
+    return fail('want 9 keys, got ' .. nk .. ' (11 for a member of a family without a total, 13 with one)')
   end
   fam = nil
   channel, publish_cmd = args[1], args[2]

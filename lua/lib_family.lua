@@ -22,7 +22,10 @@
 --                   _seq the last family arrival number (fair: every
 --                   member's queue is ordered by it), _want until when
 --                   unfair waiters refused by the total want notices, _next
---                   a lower bound of f:leases' deadlines, _hz the horizon;
+--                   a lower bound of f:leases' deadlines, _hz the horizon,
+--                   _calls the recent SetTotal call ids (settotal.lua),
+--                   _recheck "1" once leases expired (fair: admit_total then
+--                   looks again at the heads passed over at their limit);
 --                   and "id" -> n for each lease of n > 1 slots
 --   f:leases ZSET   lease id -> deadline (server ms): every lease of every
 --                   member, with the deadline of its holder entry
@@ -56,11 +59,11 @@ local function fam_load()
   if fam then
     return fam
   end
-  local v = redis.call('HMGET', fam_tot_key, '_held', '_total', '_ftotal', '_seq', '_want', '_next', '_hz')
+  local v = redis.call('HMGET', fam_tot_key, '_held', '_total', '_ftotal', '_seq', '_want', '_next', '_hz', '_recheck')
   fam = {
     _held = tonumber(v[1]) or 0, _total = v[2], _ftotal = v[3], _seq = tonumber(v[4]) or 0,
     _want = tonumber(v[5]) or 0, _next = (v[6] and v[6] ~= 'inf' and tonumber(v[6])) or math.huge,
-    _hz = tonumber(v[7]),
+    _hz = tonumber(v[7]), _recheck = v[8],
     -- dirty: counters to write; wt: weights to write (id -> n); gone:
     -- weights to delete; moved: the horizon moved; freed: a lease left the
     -- count; bound: fam_bound's cache. (Counters start with "_", so no
@@ -82,11 +85,17 @@ local function fam_load()
   return fam
 end
 
--- fam_add counts a new lease id of n slots until deadline.
+-- fam_add counts a new lease id of n slots until deadline. The id may
+-- have left the count earlier in the same call (a retried acquire whose
+-- lease expired meanwhile is granted again: fam_drop marked its weight for
+-- deletion): the new weight stands, so the mark goes.
 local function fam_add(id, n, now, deadline)
   fam_load()
   redis.call('ZADD', fam_leases_key, fmt(deadline), id)
   fam_put('_held', fam._held + n)
+  if fam.gone then
+    fam.gone[id] = nil
+  end
   if n > 1 then
     fam.wt = fam.wt or {}
     fam.wt[id] = n
@@ -137,6 +146,13 @@ local function fam_expire(now)
       redis.call('ZREM', fam_leases_key, unpack(dead))
       fam_put('_held', fam._held - n)
       fam.freed = true
+      if fam_fair and not fam._recheck then
+        -- A member whose head was passed over at its limit may fit now
+        -- (admit_total looks again).
+        fam_put('_recheck', '1')
+        fam.gone = fam.gone or {}
+        fam.gone._recheck = nil
+      end
     end
     if #dead < BATCH then
       local first = redis.call('ZRANGE', fam_leases_key, 0, 0, 'WITHSCORES')

@@ -63,10 +63,13 @@ end
 -- admit_total drops the family's expired leases from its count, then (fair)
 -- admits waiters of every member by the rule above: the member the call
 -- runs on (if any: settotal.lua runs on none) first has its head's entry
--- brought up to date, then the heads are visited in arrival order. It
--- appends the grants to out and returns out, and "total" when the earliest
--- head that fits in its member found no room in the total (so that a new
--- request must not go before it).
+-- brought up to date; when leases expired since (f:tot's _recheck, set by
+-- fam_expire), so do the members whose heads were passed over at their
+-- limit (their entries negated: an expired holder of theirs may have made
+-- room, and no call on them told f:heads); then the heads are visited in
+-- arrival order. It appends the grants to out and returns out, and "total"
+-- when the earliest head that fits in its member found no room in the total
+-- (so that a new request must not go before it).
 local function admit_total(now, now_us, out)
   fam_expire(now)
   if not fam_fair then
@@ -77,14 +80,10 @@ local function admit_total(now, now_us, out)
     call.fam_sync = true -- fam_finish writes its head again
     sync_head(now, limit_in_force(fam_client_limit))
   end
-  local own_state, cur, from, stop = nil, own, '(0', nil
-  while true do
-    local h = redis.call('ZRANGE', fam_heads_key, from, '+inf', 'BYSCORE', 'LIMIT', 0, 1, 'WITHSCORES')
-    local base = h[1]
-    if base == nil or base == SENTINEL then
-      break
-    end
-    from = '(' .. h[2]
+  local own_state, cur = nil, own
+  -- visit makes the member of base current, its expired holders gone;
+  -- false (its entry removed) when its keys expired: nothing waits there.
+  local function visit(base)
     if base ~= cur then
       if cur == own then
         own_state = save_member()
@@ -99,11 +98,34 @@ local function admit_total(now, now_us, out)
       cur = base
     end
     if not get('_hz') then
-      redis.call('ZREM', fam_heads_key, base) -- its keys expired: nothing waits there
-    else
-      if base ~= own then
-        expire(now) -- its expired holders' slots, so that its room is exact
+      redis.call('ZREM', fam_heads_key, base)
+      return false
+    end
+    if base ~= own then
+      expire(now) -- its expired holders' slots, so that its room is exact
+    end
+    return true
+  end
+  if fam._recheck then
+    local passed = redis.call('ZRANGE', fam_heads_key, '-inf', '(0', 'BYSCORE')
+    for i = 1, #passed do
+      if visit(passed[i]) then
+        sync_head(now, limit_in_force(fam_client_limit))
       end
+    end
+    fam._recheck, fam.dirty._recheck = nil, nil
+    fam.gone = fam.gone or {}
+    fam.gone._recheck = true
+  end
+  local from, stop = '(0', nil
+  while true do
+    local h = redis.call('ZRANGE', fam_heads_key, from, '+inf', 'BYSCORE', 'LIMIT', 0, 1, 'WITHSCORES')
+    local base = h[1]
+    if base == nil or base == SENTINEL then
+      break
+    end
+    from = '(' .. h[2]
+    if visit(base) then
       local limit = limit_in_force(fam_client_limit)
       local got
       got, stop = admit(now, now_us, limit, true)

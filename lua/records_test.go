@@ -31,6 +31,14 @@ func TestStoredLimitValidated(t *testing.T) {
 		if err == nil || !strings.Contains(err.Error(), "the stored limit") {
 			t.Errorf("stored limit %q: acquire replied %v, %v; want an error about the stored limit", v, r, err)
 		}
+		// A fair Acquire's first call is its session's first heartbeat:
+		// before, it set the keys up without reading the stored limit, and
+		// the acquire that followed never read it again (granted under the
+		// client's own limit).
+		r, err = run(ctx, t, c, lua.Heartbeat, k, 2, "session-1", 3000, "new")
+		if err == nil || !strings.Contains(err.Error(), "the stored limit") {
+			t.Errorf("stored limit %q: heartbeat replied %v, %v; want an error about the stored limit", v, r, err)
+		}
 		for i, key := range k.List {
 			if i == core.KeyOverride {
 				continue

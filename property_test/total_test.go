@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"strings"
 	"testing"
 	"time"
 
@@ -43,6 +44,17 @@ type totalLease struct {
 	until  time.Time // crash: certainly expired after this (local clock)
 }
 
+// totalWaiter is a fair Acquire that queued (enqueue), running in a
+// goroutine until it is granted or the machine ends.
+type totalWaiter struct {
+	tenant string
+	n      int
+	bound  int // the highest total in force since it was started
+	low    int // the lowest
+	done   chan goResult
+	cancel context.CancelFunc
+}
+
 type totalMachine struct {
 	rdb     *redis.Client
 	name    string
@@ -54,6 +66,7 @@ type totalMachine struct {
 	status  func(ctx context.Context) (redsem.FamilyStatus, error)
 	set     func(ctx context.Context, total int) error
 	leases  []*totalLease
+	waiters []*totalWaiter // fair: Acquire calls not yet granted
 }
 
 func runTotalMachine(t *testing.T, isFair bool) {
@@ -91,20 +104,139 @@ func runTotalMachine(t *testing.T, isFair bool) {
 				_ = c()
 			}
 		}()
-		rt.Repeat(map[string]func(*rapid.T){
-			"":         m.check,
-			"try":      func(rt *rapid.T) { m.try(rt, false) },
-			"tryCrash": func(rt *rapid.T) { m.try(rt, true) },
-			"release":  m.release,
-			"setTotal": m.setTotal,
-			"sleep":    func(*rapid.T) { time.Sleep(crashTTL + 30*time.Millisecond) }, // crashed leases expire
-		})
-		for _, l := range m.leases {
-			if l.l != nil {
-				_ = l.l.Release(context.Background())
-			}
+		actions := map[string]func(*rapid.T){
+			"":               m.check,
+			"try":            func(rt *rapid.T) { m.try(rt, false) },
+			"tryCrash":       func(rt *rapid.T) { m.try(rt, true) },
+			"release":        m.release,
+			"setTotal":       m.setTotal,
+			"setTotalResent": m.setTotalResent,
+			"resentExpired":  m.resentAfterExpiry,
+			"sleep":          func(*rapid.T) { time.Sleep(crashTTL + 30*time.Millisecond) }, // crashed leases expire
 		}
+		if isFair {
+			actions["enqueue"] = m.enqueue
+			actions["idleLong"] = m.idleLong
+		}
+		rt.Repeat(actions)
+		m.drainWaiters(rt)
 	})
+}
+
+// enqueue starts a fair AcquireN that waits (a goroutine): the model adds
+// its lease when it is granted (collect).
+func (m *totalMachine) enqueue(rt *rapid.T) {
+	if len(m.waiters) >= 4 {
+		rt.Skip("enough waiters")
+	}
+	tenant := rapid.SampledFrom(totalTenants).Draw(rt, "waiter_tenant")
+	n := rapid.IntRange(1, m.limit).Draw(rt, "waiter_n")
+	s, err := m.get(tenant)
+	if err != nil {
+		rt.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	w := &totalWaiter{tenant: tenant, n: n, bound: m.bound, low: m.bound, done: make(chan goResult, 1), cancel: cancel}
+	go func() {
+		l, err := s.AcquireN(ctx, n)
+		w.done <- goResult{l, err}
+	}()
+	m.waiters = append(m.waiters, w)
+}
+
+// collect takes the leases of the waiters granted since: each must fit in
+// its member's limit and in the total counting what is certainly held.
+func (m *totalMachine) collect(rt *rapid.T) {
+	kept := m.waiters[:0]
+	for _, w := range m.waiters {
+		select {
+		case r := <-w.done:
+			w.cancel()
+			if errors.Is(r.err, redsem.ErrWeight) && w.n > w.low {
+				continue // SetTotal lowered the total below its weight while it waited
+			}
+			if r.err != nil {
+				rt.Fatalf("%s's waiter of %d: %v", w.tenant, w.n, r.err)
+			}
+			allC, _, memC, _ := m.counts(w.tenant)
+			if memC+w.n > m.limit || allC+w.n > w.bound {
+				rt.Fatalf("%s's waiter granted %d with %d certainly held in it (limit %d) and %d in all (total at most %d while it waited)",
+					w.tenant, w.n, memC, m.limit, allC, w.bound)
+			}
+			m.leases = append(m.leases, &totalLease{l: r.l, tenant: w.tenant, n: w.n})
+		default:
+			kept = append(kept, w)
+		}
+	}
+	m.waiters = kept
+}
+
+// idleLong (one draw in four): nothing happens for longer than the keys of
+// a member that holds nothing live (2 s) and than the queue TTL: waiters
+// must keep their places (checked by the layout, and by drainWaiters).
+func (m *totalMachine) idleLong(rt *rapid.T) {
+	if len(m.waiters) == 0 || rapid.IntRange(0, 3).Draw(rt, "idle_long") != 0 {
+		rt.Skip("no long idle")
+	}
+	time.Sleep(2*time.Second + 300*time.Millisecond)
+}
+
+// drainWaiters ends a check: every lease released, every waiter must then
+// be granted (none lost its place), each released at once.
+func (m *totalMachine) drainWaiters(rt *rapid.T) {
+	for _, l := range m.leases {
+		if l.l != nil {
+			_ = l.l.Release(context.Background())
+		}
+	}
+	m.leases = nil
+	for _, w := range m.waiters {
+		select {
+		case r := <-w.done:
+			if errors.Is(r.err, redsem.ErrWeight) && w.n > w.low {
+				break // SetTotal lowered the total below its weight while it waited
+			}
+			if r.err != nil {
+				rt.Fatalf("%s's waiter of %d: %v", w.tenant, w.n, r.err)
+			}
+			_ = r.l.Release(context.Background())
+		case <-time.After(crashTTL + 10*time.Second):
+			rt.Fatalf("%s's waiter of %d not granted with nothing held: it lost its place", w.tenant, w.n)
+		}
+		w.cancel()
+	}
+	m.waiters = nil
+}
+
+// setTotalResent: a SetTotal whose copy runs again after another
+// SetTotal (go-redis re-sends a command whose reply was lost): the copy
+// must change nothing, whatever time passed.
+func (m *totalMachine) setTotalResent(rt *rapid.T) {
+	first := rapid.IntRange(0, 5).Draw(rt, "resent_total")
+	later := rapid.IntRange(0, 5).Draw(rt, "later_total")
+	ctx, cancel := context.WithTimeout(context.Background(), waitBound)
+	defer cancel()
+	id := uuid.NewString()
+	if err := m.rawSetTotal(ctx, first, id); err != nil {
+		rt.Fatal(err)
+	}
+	m.setBound(first)
+	if err := m.set(ctx, later); err != nil {
+		rt.Fatal(err)
+	}
+	m.setBound(later)
+	if err := m.rawSetTotal(ctx, first, id); err != nil {
+		rt.Fatal(err)
+	}
+}
+
+// rawSetTotal runs settotal.lua as SetTotal does, with call id id.
+func (m *totalMachine) rawSetTotal(ctx context.Context, total int, id string) error {
+	fam := core.FamilyKeys(core.DefaultPrefix, m.name)
+	base := strings.TrimSuffix(fam[core.FamTot], "tot")
+	keys := append(append([]string{}, fam...), base+"sessions")
+	return core.Script(lua.SetTotal).Run(ctx, m.rdb, keys, base+"ch", "PUBLISH",
+		fmt.Sprintf("%d+%d:%s", m.limit, m.built, m.variant), total, id).Err()
 }
 
 // forget drops crashed leases that have certainly expired.
@@ -145,6 +277,7 @@ func (m *totalMachine) try(rt *rapid.T, crash bool) {
 	n := rapid.IntRange(1, m.limit).Draw(rt, "n")
 	ctx, cancel := context.WithTimeout(context.Background(), waitBound)
 	defer cancel()
+	m.collect(rt)
 	allC, allP, memC, memP := m.counts(tenant)
 	var l redsem.Lease
 	var err error
@@ -164,7 +297,7 @@ func (m *totalMachine) try(rt *rapid.T, crash bool) {
 		}
 		m.leases = append(m.leases, &totalLease{l: l, tenant: tenant, n: n, crash: crash, until: time.Now().Add(crashTTL + 20*time.Millisecond)})
 	case errors.Is(err, redsem.ErrNoSlot):
-		if memP+n <= m.limit && allP+n <= m.bound {
+		if len(m.waiters) == 0 && memP+n <= m.limit && allP+n <= m.bound {
 			rt.Fatalf("%s refused %d with at most %d held in it (limit %d) and %d in all (total %d)", tenant, n, memP, m.limit, allP, m.bound)
 		}
 	case errors.Is(err, redsem.ErrWeight):
@@ -199,16 +332,29 @@ func (m *totalMachine) setTotal(rt *rapid.T) {
 	if err := m.set(ctx, t); err != nil {
 		rt.Fatal(err)
 	}
+	m.setBound(t)
+}
+
+// setBound records total t (0: none) as the one in force; the waiters
+// may have been granted under any total in force while they waited.
+func (m *totalMachine) setBound(t int) {
 	m.bound = t
 	if t == 0 {
 		m.bound = math.MaxInt
+	}
+	for _, w := range m.waiters {
+		w.bound, w.low = max(w.bound, m.bound), min(w.low, m.bound)
 	}
 }
 
 func (m *totalMachine) check(rt *rapid.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), waitBound)
 	defer cancel()
+	m.collect(rt)
 	allC, allP, _, _ := m.counts("")
+	for _, w := range m.waiters {
+		allP += w.n // granted since collect, maybe
+	}
 	st, err := m.status(ctx)
 	if err != nil {
 		rt.Fatal(err)
@@ -237,11 +383,44 @@ func (m *totalMachine) check(rt *rapid.T) {
 // engine's lease would be released by its own client at its deadline). It
 // returns nil when granted, redsem.ErrNoSlot or redsem.ErrWeight.
 func (m *totalMachine) rawTry(ctx context.Context, tenant string, n int) error {
+	return m.rawTryID(ctx, tenant, n, uuid.NewString())
+}
+
+// resentAfterExpiry: a crashed holder's acquire of n >= 2 slots whose
+// request is run again (go-redis re-sent it) after its lease expired: the
+// rerun drops the expired lease and grants the same id again, in one call.
+// The total must count the new lease with its weight (the layout checker:
+// f:tot's weight field and _held). Before issue 43 the weight field was
+// deleted after the re-grant wrote it, and the lease later left the count
+// as 1 slot: the total leaked capacity for good.
+func (m *totalMachine) resentAfterExpiry(rt *rapid.T) {
+	if m.limit < 2 {
+		rt.Skip("weights need a limit of 2")
+	}
+	tenant := rapid.SampledFrom(totalTenants).Draw(rt, "resent_tenant")
+	n := rapid.IntRange(2, m.limit).Draw(rt, "resent_n")
+	ctx, cancel := context.WithTimeout(context.Background(), waitBound)
+	defer cancel()
+	m.collect(rt)
+	id := uuid.NewString()
+	if err := m.rawTryID(ctx, tenant, n, id); err != nil {
+		rt.Skip("no room") // ErrNoSlot, ErrWeight: nothing to re-send
+	}
+	m.leases = append(m.leases, &totalLease{tenant: tenant, n: n, crash: true, until: time.Now().Add(crashTTL + 20*time.Millisecond)})
+	time.Sleep(crashTTL + 30*time.Millisecond)
+	m.forget()
+	if err := m.rawTryID(ctx, tenant, n, id); err == nil {
+		m.leases = append(m.leases, &totalLease{tenant: tenant, n: n, crash: true, until: time.Now().Add(crashTTL + 20*time.Millisecond)})
+	}
+}
+
+// rawTryID is rawTry with the request's id.
+func (m *totalMachine) rawTryID(ctx context.Context, tenant string, n int, id string) error {
 	k := core.KeysForMember(core.DefaultPrefix, m.name, tenant)
 	keys := append(append([]string{}, k.List...), core.FamilyKeys(core.DefaultPrefix, m.name)...)
 	total := m.built
 	v, err := core.Script(lua.Acquire).Run(ctx, m.rdb, keys, k.Chan, "PUBLISH", fmt.Sprintf("%d+%d:%s", m.limit, total, m.variant),
-		uuid.NewString(), n, crashTTL.Milliseconds(), "try", "-", 1000, "crashed", 0, 0).Slice()
+		id, n, crashTTL.Milliseconds(), "try", "-", 1000, "crashed", 0, 0).Slice()
 	if err != nil {
 		return err
 	}

@@ -140,6 +140,9 @@ func (f *Family) Get(key string) (*Engine, error) {
 	keys := memberKeys(cfg.Prefix, sh.tag, key)
 	if f.famKeys != nil {
 		keys = keys.withFamily(f.famKeys)
+	} else if len(f.shards) == 1 {
+		// In the family's slot: the total's keys can be checked.
+		keys = keys.withTotalCheck(FamilyKeys(cfg.Prefix, f.root.cfg.Name))
 	}
 	if sh.alerts == nil {
 		sh.alerts = alertsFor(cfg.Client, keys)

@@ -361,15 +361,19 @@ func (h *hub) waiting(e *Engine) bool {
 	return h.count[e] > 0
 }
 
-// anyWaiting returns an engine with waiters (a random one of a family's
-// members), or def if none has.
-func (h *hub) anyWaiting(def *Engine) *Engine {
+// allWaiting returns the engines with waiters (a family's members where
+// this process waits), or def alone if none has.
+func (h *hub) allWaiting(def *Engine) []*Engine {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	for e := range h.count {
-		return e
+	if len(h.count) == 0 {
+		return []*Engine{def}
 	}
-	return def
+	out := make([]*Engine, 0, len(h.count))
+	for e := range h.count {
+		out = append(out, e)
+	}
+	return out
 }
 
 // unfairWake is the unfair variant's listener: freed-slot notices on the

@@ -54,6 +54,22 @@ func (k Keys) withFamily(fam []string) Keys {
 	return k
 }
 
+// memberBase is the prefix of a family member's own keys
+// ("prefix:{tag}:m:KEY:"), as heartbeat.lua and the family's f:heads name
+// a member.
+func (k Keys) memberBase() string {
+	return strings.TrimSuffix(k.List[KeyHolders], keySuffixes[KeyHolders])
+}
+
+// withTotalCheck returns k with the f:tot and f:total keys of fam (a
+// member of a family of one shard built without a total): acquire.lua
+// refuses such a client while the family counts a total (its leases would
+// not be counted in it). The member still counts nothing (Fam stays nil).
+func (k Keys) withTotalCheck(fam []string) Keys {
+	k.script = append(append(make([]string, 0, len(k.List)+2), k.List...), fam[FamTot], fam[FamTotal])
+	return k
+}
+
 // Key suffixes, in the order of the Lua library's KEYS.
 var keySuffixes = [...]string{"holders", "queue", "sessions", "free", "ended", "meta", "limit", "window", "rate"}
 

@@ -261,9 +261,10 @@ func (s *session) run(quit <-chan struct{}) {
 			early := target != nil && h.waiting(target)
 			if !early {
 				// The periodic beat: on some engine with waiters (a
-				// family's members take turns at random), else on the
-				// engine of the latest waiter.
-				target = h.anyWaiting(h.lastEngine())
+				// family's members take turns), else on the engine of the
+				// latest waiter. Either beat also keeps alive the keys of
+				// every other member where this process waits (beat).
+				target = h.allWaiting(h.lastEngine())[0]
 			}
 			ctx, cancel := context.WithTimeout(context.Background(), every+time.Second)
 			id := s.ID()
@@ -287,12 +288,21 @@ func (s *session) run(quit <-chan struct{}) {
 }
 
 // beat runs one heartbeat for session id on e's keys (extending the
-// session, shared by a family's members, and admitting e's waiters whose
-// turn came; heartbeat.lua's grants go to their waiters) and records e's
-// expiry hint. It returns errSessionDied when the session had expired in
+// session, shared by a family's members, with the keys of every member
+// where this process waits, and admitting e's waiters whose turn came;
+// heartbeat.lua's grants go to their waiters) and records e's expiry hint. It returns errSessionDied when the session had expired in
 // Redis.
 func (s *session) beat(ctx context.Context, e *Engine, id, age string) error {
-	r, err := e.heartbeat(ctx, id, age)
+	// The other members of the family where this process waits: one beat
+	// keeps their keys (and so their queue entries) alive too, whatever
+	// their number.
+	var keep []string
+	for _, o := range s.h.allWaiting(e) {
+		if o != e {
+			keep = append(keep, o.keys.memberBase())
+		}
+	}
+	r, err := e.heartbeat(ctx, id, age, keep)
 	if err != nil && err != errSessionDied {
 		return err
 	}
@@ -323,7 +333,7 @@ func (s *session) renew(ctx context.Context, dead string) error {
 			return err
 		}
 	}
-	if err := s.beat(ctx, h.anyWaiting(target), id, "new"); err != nil {
+	if err := s.beat(ctx, h.allWaiting(target)[0], id, "new"); err != nil {
 		return err
 	}
 	h.mu.Lock()

@@ -2,6 +2,7 @@ package core
 
 import (
 	"context"
+	"sync"
 
 	"github.com/redis/go-redis/v9"
 	"github.com/redsem/redsem"
@@ -74,18 +75,30 @@ func (f *Family) scanStatus(ctx context.Context) (redsem.FamilyStatus, error) {
 	for i := range f.shards {
 		tag := ShardTag(f.root.cfg.Name, i, len(f.shards))
 		pattern := memberMetaPattern(f.root.cfg.Prefix, tag)
-		var metas []string
-		err := forEachNode(ctx, client, func(ctx context.Context, c redis.UniversalClient) error {
-			iter := c.Scan(ctx, 0, pattern, 512).Iterator()
-			for iter.Next(ctx) {
-				metas = append(metas, iter.Val())
-			}
-			return iter.Err()
+		// Bounded by ctx, as every call is (a client without
+		// ContextTimeoutEnabled reads on until its own timeout); the
+		// masters of a cluster are scanned at once (ForEachMaster).
+		found, err := bounded(ctx, func() ([]any, error) {
+			var mu sync.Mutex
+			var found []any
+			err := forEachNode(ctx, client, func(ctx context.Context, c redis.UniversalClient) error {
+				iter := c.Scan(ctx, 0, pattern, 512).Iterator()
+				for iter.Next(ctx) {
+					mu.Lock()
+					found = append(found, iter.Val())
+					mu.Unlock()
+				}
+				return iter.Err()
+			})
+			mu.Lock()
+			defer mu.Unlock()
+			return found, err
 		})
 		if err != nil {
 			return st, f.root.callErr(ctx, err)
 		}
-		for _, meta := range metas {
+		for _, v := range found {
+			meta := v.(string)
 			keys := memberKeys(f.root.cfg.Prefix, tag, memberKeyOf(f.root.cfg.Prefix, meta))
 			e := &Engine{cfg: f.root.cfg, keys: keys, pub: f.root.pub, lib: f.root.lib, alerts: f.root.alerts, stopped: f.root.stopped}
 			ms, err := e.status(ctx)

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"strings"
 
 	"github.com/redis/go-redis/v9"
 )
@@ -21,6 +22,7 @@ type TotalLayout struct {
 	HasTTL  bool              // f:tot has a TTL (every key but f:total must)
 	HasTot  bool              // f:total exists
 	Members map[string]*Layout
+	Bases   map[string]string // member name -> its key base, its name in f:heads
 }
 
 // ReadTotal reads a family's total and its members' keys in one MULTI:
@@ -64,7 +66,10 @@ func ReadTotal(ctx context.Context, c redis.Cmdable, fam []string, members map[s
 	}
 	strip := stripSentinel
 	t := &TotalLayout{Now: tm.Val().UnixMilli(), Tot: tot.Val(), Leases: strip(leases.Val()), Heads: strip(heads.Val()),
-		Members: map[string]*Layout{}}
+		Members: map[string]*Layout{}, Bases: map[string]string{}}
+	for name, keys := range members {
+		t.Bases[name] = strings.TrimSuffix(keys[lkHolders], "holders")
+	}
 	t.Total, t.HasTot = total.Val(), total.Err() == nil
 	t.HasTTL = ttl.Val() > 0
 	for name, m := range mc {
@@ -80,7 +85,13 @@ func ReadTotal(ctx context.Context, c redis.Cmdable, fam []string, members map[s
 // and every live entry of f:leases is a member's live holder entry; the
 // live leases hold at most bound slots (bound 0: not checked, e.g. after a
 // SetTotal lowered it) and at most limit in one member (0: not checked);
-// the family's keys expire.
+// the family's keys expire; a member's keys outlive every live lease it
+// holds (its _hz is past the lease's deadline, so nothing in f:leases
+// outlives its member's record); and (fair) every member with queue
+// entries has its head in f:heads with the head's arrival number, negated
+// only while the head does not fit in its member (counting every holder
+// entry listed, expired ones too, whose slots go back only when a call
+// on the member runs), or while f:tot's _recheck says leases expired since.
 func (t *TotalLayout) Check(bound, limit int) LayoutProblems {
 	var p LayoutProblems
 	weight := func(id string) int {
@@ -137,6 +148,13 @@ func (t *TotalLayout) Check(bound, limit int) LayoutProblems {
 		if limit > 0 && used > limit {
 			p.add("more than the limit in a member", "member %s: %d slots held, limit %d", name, used, limit)
 		}
+		hz, _ := strconv.ParseInt(m.Meta["_hz"], 10, 64)
+		for _, z := range m.Holders {
+			if int64(z.Score) > t.Now && hz < int64(z.Score) {
+				p.add("a lease outlives its member's keys", "member %s: lease %s (deadline %.0f), keys' horizon %d", name, z.Member, z.Score, hz)
+			}
+		}
+		t.checkHead(&p, name, m, limit)
 	}
 	for _, z := range t.Leases {
 		if id := z.Member.(string); int64(z.Score) > t.Now && !held[id] {
@@ -144,4 +162,42 @@ func (t *TotalLayout) Check(bound, limit int) LayoutProblems {
 		}
 	}
 	return p
+}
+
+// checkHead checks member name's entry in f:heads (see Check).
+func (t *TotalLayout) checkHead(p *LayoutProblems, name string, m *Layout, limit int) {
+	if len(m.Queue) == 0 {
+		return
+	}
+	head := m.Queue[0]
+	var entry *redis.Z
+	for i := range t.Heads {
+		if t.Heads[i].Member == t.Bases[name] {
+			entry = &t.Heads[i]
+		}
+	}
+	if entry == nil {
+		p.add("a member's queue head missing from f:heads", "member %s: head %s (arrival %.0f)", name, head.Member, head.Score)
+		return
+	}
+	if entry.Score != head.Score && entry.Score != -head.Score {
+		p.add("f:heads names another arrival than the member's head", "member %s: head %s arrival %.0f, f:heads %.0f", name, head.Member, head.Score, entry.Score)
+		return
+	}
+	if entry.Score > 0 || limit <= 0 || t.Tot["_recheck"] != "" {
+		return
+	}
+	_, weight, ok := parseWaiterRecord(m.Meta[head.Member.(string)])
+	if !ok {
+		return // the member's own checker reports it
+	}
+	listed := 0
+	for _, z := range m.Holders {
+		if rec, ok := ParseLeaseRecord(m.Meta[z.Member.(string)]); ok {
+			listed += len(rec.Slots)
+		}
+	}
+	if weight <= limit-listed {
+		p.add("a head that fits passed over in f:heads", "member %s: head %s (weight %d) fits (%d of %d held) but its f:heads entry is negated", name, head.Member, weight, listed, limit)
+	}
 }
