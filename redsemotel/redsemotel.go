@@ -158,7 +158,10 @@ func WithMeterProvider(mp metric.MeterProvider) Option {
 // WithAttributes adds static attributes to every span and every metric
 // point (e.g. the service's pool or role; keep their values few, as for
 // any metric attribute). Given twice, both sets apply; an attribute with
-// the key of one of the package's own replaces it.
+// the key redsem.semaphore.name or redsem.semaphore.variant replaces the
+// package's own; the package's other attributes (the weight, the token and
+// slots of a lease, error.type, a family member's redsem.semaphore.key)
+// keep their values.
 func WithAttributes(kv ...attribute.KeyValue) Option {
 	kv = append([]attribute.KeyValue(nil), kv...)
 	return func(c *config) { c.attrs = append(c.attrs, kv...) }

@@ -40,8 +40,8 @@ type Options struct {
 
 // NewConnector wraps a database/sql connector so that each open connection
 // holds a lease of sem: across every process, at most the limit's
-// connections to the database are open at once (the seed's legacy database
-// with max_connections). Connect waits for a slot within its context; the
+// connections to the database are open at once (a legacy database that
+// takes max_connections in all). Connect waits for a slot within its context; the
 // lease is released when the connection closes; a connection whose lease
 // was lost closes at once if idle, else answers driver.ErrBadConn on its
 // next use, so database/sql discards it and opens another.

@@ -118,7 +118,7 @@ func httpStore(t *testing.T, resource string) fencedStore {
 	}
 }
 
-// TestZombie replays the seed's story against each guard: A acquires (limit
+// TestZombie replays the classic zombie story against each guard: A acquires (limit
 // 1, no auto-renew), writes, then pauses past its lease; B acquires the same
 // slot and writes; A wakes and writes: rejected as stale, B's write stands.
 func TestZombie(t *testing.T) {

@@ -64,7 +64,7 @@ a server that refuses CONFIG SET gets only the commandstats mean over all
 scripts).
 
 Variants: fair, unfair, local (an in-process channel semaphore: the
-ceiling), naive-counter (INCR/DECR, fixed retry), naive-zset (the seed's
+ceiling), naive-counter (INCR/DECR, fixed retry), naive-zset (the textbook
 sorted set, fixed retry). A comma list runs each in turn.
 
 Without --redis or $REDIS_URL it starts a throw-away redis-server from PATH.

@@ -15,7 +15,7 @@ import (
 	"github.com/redsem/redsem/unfair"
 )
 
-// naiveZSetAcquire is the seed's sorted-set acquire (naive_zset_acquire.lua,
+// naiveZSetAcquire is the textbook sorted-set acquire (naive_zset_acquire.lua,
 // a copy of the baseline that is the bench's alone).
 //
 //go:embed naive_zset_acquire.lua
@@ -65,7 +65,7 @@ func naiveKey(prefix, variant, name string) string {
 // SemOptions configures NewSem.
 type SemOptions struct {
 	// NaiveRetry is how long the naive baselines sleep between attempts;
-	// zero: 100ms, the seed's retry_interval.
+	// zero: 100ms, the textbook retry interval.
 	NaiveRetry time.Duration
 	// LeaseTTL for fair, unfair and naive-zset; zero: 30s.
 	LeaseTTL time.Duration
@@ -190,7 +190,7 @@ func (l *localSem) give(n int) {
 // Close does nothing: the channel needs no cleanup.
 func (l *localSem) Close() error { return nil }
 
-// naiveCounter is the seed's first, wrong design: INCR, and if over the
+// naiveCounter is the textbook first, wrong design: INCR, and if over the
 // limit DECR and retry after a fixed sleep. A crashed holder leaks its slot
 // forever; it is here only as a baseline.
 type naiveCounter struct {
@@ -223,7 +223,7 @@ func (n *naiveCounter) Acquire(ctx context.Context, _ int) (func(context.Context
 // Close does nothing.
 func (n *naiveCounter) Close() error { return nil }
 
-// naiveZSet is the seed's sorted-set semaphore (naive_zset_acquire.lua),
+// naiveZSet is the textbook sorted-set semaphore (naive_zset_acquire.lua),
 // polled at a fixed interval, released with ZREM.
 type naiveZSet struct {
 	c         redis.UniversalClient
