@@ -4,6 +4,8 @@ import (
 	"errors"
 	"fmt"
 	"time"
+
+	"github.com/redsem/redsem/internal/human"
 )
 
 var (
@@ -24,7 +26,13 @@ var (
 	// *RateMismatchError that names both rates.
 	ErrLimitMismatch = errors.New("redsem: limit mismatch")
 	// ErrInvalidConfig is matched by every error that New returns for bad
-	// input; the concrete error is a *ConfigError naming the field.
+	// input; the concrete error is a *ConfigError naming the field. It is
+	// also matched by the error of a call that Redis refused for the
+	// client's credentials (a wrong password, a wrong or disabled user, or
+	// none where one is required: WRONGPASS, NOAUTH): the client's options
+	// are wrong, and trying again will not help. Such an error does not
+	// match ErrUnavailable (Redis answered; redsemhttp's FailOpen does not
+	// apply to it).
 	ErrInvalidConfig = errors.New("redsem: invalid configuration")
 	// ErrClosed is returned by Acquire and TryAcquire once the semaphore was
 	// closed (also to calls blocked at the time). Leases keep working.
@@ -69,8 +77,11 @@ var ErrRateLimited = errors.New("redsem: rate limit reached")
 // part of the error of an Acquire that gave up while the rate held it back.
 // It matches ErrRateLimited and ErrNoSlot.
 type RateLimitedError struct {
-	Name string // the semaphore's name
-	Rate Rate   // the rate in force
+	Name string // the semaphore's name (a family member's: its key)
+	// Family is the family's name, for a member of a family (Name is then
+	// the member's key); empty otherwise.
+	Family string
+	Rate   Rate // the rate in force
 	// RetryAfter is when the window will have room for the request, as
 	// seen by Redis (from the time of its reply): a TryAcquire made after
 	// it finds room, unless others took it first or no slot is free then.
@@ -78,7 +89,8 @@ type RateLimitedError struct {
 }
 
 func (e *RateLimitedError) Error() string {
-	return fmt.Sprintf("redsem: %q: rate limit reached (%v granted): retry after %v", e.Name, e.Rate, e.RetryAfter)
+	return fmt.Sprintf("redsem: %s: rate limit reached (%v granted): retry after %s",
+		human.Semaphore(e.Family, e.Name), e.Rate, human.Wait(e.RetryAfter))
 }
 
 // Is reports whether target is ErrRateLimited or ErrNoSlot.
@@ -91,13 +103,14 @@ func (e *RateLimitedError) Is(target error) bool {
 // established in Redis, and no SetRate settled it. Acquire and TryAcquire
 // return it; it matches ErrLimitMismatch.
 type RateMismatchError struct {
-	Name        string // the semaphore's name
+	Name        string // the semaphore's name (a family member's: its key)
+	Family      string // the family's name, for a member of a family; empty otherwise
 	Client      Rate   // the rate this client was built with
 	Established Rate   // the rate live clients established in Redis
 }
 
 func (e *RateMismatchError) Error() string {
-	return mismatchMessage("rate", e.Name, e.Client, e.Established, "SetRate")
+	return mismatchMessage("rate", human.Semaphore(e.Family, e.Name), e.Client, e.Established, "SetRate")
 }
 
 // Is reports whether target is ErrLimitMismatch.
@@ -105,25 +118,26 @@ func (e *RateMismatchError) Is(target error) bool { return target == ErrLimitMis
 
 // LimitMismatchError tells which limits disagree. It matches ErrLimitMismatch.
 type LimitMismatchError struct {
-	Name        string // the semaphore's name
+	Name        string // the semaphore's name (a family member's: its key)
+	Family      string // the family's name, for a member of a family; empty otherwise
 	Client      int    // the limit this client was built with
 	Established int    // the limit live clients established in Redis
 }
 
 func (e *LimitMismatchError) Error() string {
-	return mismatchMessage("limit", e.Name, e.Client, e.Established, "SetLimit")
+	return mismatchMessage("limit", human.Semaphore(e.Family, e.Name), e.Client, e.Established, "SetLimit")
 }
 
 // Is reports whether target is ErrLimitMismatch.
 func (e *LimitMismatchError) Is(target error) bool { return target == ErrLimitMismatch }
 
 // mismatchMessage is the text of a LimitMismatchError or RateMismatchError:
-// what ("limit" or "rate") of semaphore name differs between this client
-// and the live ones, and setter changes it for all.
-func mismatchMessage(what, name string, client, established any, setter string) string {
-	return fmt.Sprintf("redsem: %s mismatch for %q: this client was built with %[1]s %[3]v, "+
+// what ("limit" or "rate") of the semaphore who (human.Semaphore) differs
+// between this client and the live ones, and setter changes it for all.
+func mismatchMessage(what, who string, client, established any, setter string) string {
+	return fmt.Sprintf("redsem: %s mismatch for %s: this client was built with %[1]s %[3]v, "+
 		"but live clients established %[1]s %[4]v (use %[5]s to change it for all)",
-		what, name, client, established, setter)
+		what, who, client, established, setter)
 }
 
 // ConfigError is returned by New for invalid configuration. It matches
@@ -143,15 +157,16 @@ func (e *ConfigError) Is(target error) bool { return target == ErrInvalidConfig 
 // ReplicationError tells how many replicas acknowledged a grant. It matches
 // ErrNotReplicated.
 type ReplicationError struct {
-	Name    string        // the semaphore's name
+	Name    string        // the semaphore's name (a family member's: its key)
+	Family  string        // the family's name, for a member of a family; empty otherwise
 	Want    int           // Options.MinReplicas
 	Got     int           // replicas that acknowledged within Timeout
 	Timeout time.Duration // Options.ReplicaTimeout
 }
 
 func (e *ReplicationError) Error() string {
-	return fmt.Sprintf("redsem: grant of %q acknowledged by %d of the %d replicas required within %v (the slot was released)",
-		e.Name, e.Got, e.Want, e.Timeout)
+	return fmt.Sprintf("redsem: grant of %s acknowledged by %d of the %d replicas required within %s (the slot was released)",
+		human.Semaphore(e.Family, e.Name), e.Got, e.Want, human.Duration(e.Timeout))
 }
 
 // Is reports whether target is ErrNotReplicated.

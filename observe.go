@@ -71,8 +71,13 @@ func (k EventKind) String() string {
 // Event is one thing a semaphore reports. Fields that do not apply to a
 // kind are zero.
 type Event struct {
-	Kind    EventKind
-	Name    string // the semaphore's name
+	Kind EventKind
+	Name string // the semaphore's name (a family member's: its key)
+	// Family is the family's name for an event of a member of a keyed
+	// family (fair.Family, unfair.Family), whose Name is the member's key;
+	// empty for a semaphore of its own. Count and label by it, not by Name,
+	// to keep one series per family (as redsemprom does).
+	Family  string
 	LeaseID string
 	Slot    int
 	Token   int64

@@ -7,6 +7,8 @@ import (
 	"time"
 	"unicode"
 	"unicode/utf8"
+
+	"github.com/redsem/redsem/internal/human"
 )
 
 // Rate bounds how many slots may be granted in any window of length Per, by the
@@ -26,13 +28,14 @@ type Rate struct {
 // IsZero reports whether r is the zero Rate (no rate bound).
 func (r Rate) IsZero() bool { return r.Limit == 0 && r.Per == 0 }
 
-// String formats r as ParseRate reads it, "60/1m0s", or "none" for the
-// zero Rate.
+// String formats r as ParseRate reads it and as a person writes it,
+// "60/1m", "5/2s", "10/1h30m" (Per without the zero units after its
+// largest), or "none" for the zero Rate.
 func (r Rate) String() string {
 	if r.IsZero() {
 		return "none"
 	}
-	return strconv.Itoa(r.Limit) + "/" + r.Per.String()
+	return strconv.Itoa(r.Limit) + "/" + human.Duration(r.Per)
 }
 
 // ParseRate reads a rate written "LIMIT/PER", where PER is a Go duration

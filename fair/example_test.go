@@ -108,5 +108,5 @@ func Example_rate() {
 	// started: 60
 	// rate limited: true true
 	// retry within a minute: true
-	// rate 60/1m0s, 60 granted in the window
+	// rate 60/1m, 60 granted in the window
 }

@@ -5,6 +5,8 @@ import (
 	"math"
 	"strconv"
 	"time"
+
+	"github.com/redsem/redsem/internal/human"
 )
 
 // DefaultMaxSkew is how far a token may be ahead of a store's own clock
@@ -60,11 +62,11 @@ func fromFuture(token, nowUS int64, skew time.Duration) bool {
 // futureError is the *InvalidFenceError of a token more than skew ahead of
 // clock (named for the message), which read nowUS (0: unknown).
 func futureError(f Fence, nowUS int64, skew time.Duration, clock string) error {
-	reason := fmt.Sprintf("from the future: more than MaxSkew %v ahead of %s", skew, clock)
+	reason := fmt.Sprintf("from the future: more than MaxSkew %s ahead of %s", human.Duration(skew), clock)
 	if nowUS > 0 {
 		ahead := f.Token - nowUS // > 0
 		if ahead < math.MaxInt64/int64(time.Microsecond) {
-			reason += fmt.Sprintf(" (by %v)", (time.Duration(ahead) * time.Microsecond).Round(time.Millisecond))
+			reason += fmt.Sprintf(" (by %s)", human.Duration((time.Duration(ahead) * time.Microsecond).Round(time.Millisecond)))
 		} else {
 			reason += fmt.Sprintf(" (which reads %d us)", nowUS)
 		}

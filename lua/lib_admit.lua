@@ -109,6 +109,15 @@ local function notify_free(now, limit)
   local rate_limit = rate()
   if rate_limit > 0 then
     if not rate_fits(1, call.clock_us) then
+      -- Slots are free but the window is full: tell the waiters so (once
+      -- per time the window has room), without waking them ("0 META ms":
+      -- a waiter that gives up before then was held by the rate, not by
+      -- the limit). An older client reads it as a notice of no slot.
+      local wake = fmt(call.rate_room_at_us) .. ' ~'
+      if get('_rwake') ~= wake then
+        put('_rwake', wake)
+        publish(channel .. ':free', '0 ' .. meta_key .. ' ' .. rate_ms(call.clock_us))
+      end
       return
     end
     free = math.min(free, rate_limit - num('_rsum'))

@@ -55,8 +55,9 @@
 --   clients ("limit/per_ms"; absent: none), _frate SetRate's rate (mirror of
 --   KEYS[9]), _rsum the slots of the window's records not trimmed yet, _rold
 --   a lower bound of the window records' times ("inf": none), _rwake the
---   latest time (server µs) at which the rate frees room for the head waiter
---   that its session was told of. _pad: a constant text that keeps meta a
+--   latest time (server µs) at which the rate frees room that waiters were
+--   told of, with the id of the fair head waiter told ("~": the unfair
+--   waiters, on the free channel, notify_free). _pad: a constant text that keeps meta a
 --   hash table once it is large (keep_hashed).
 -- meta records, one field per lease or waiter id (ids never start with "_"):
 --   "L|token|s1,s2,...|owner"           a holder entry's lease

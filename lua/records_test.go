@@ -160,3 +160,66 @@ func TestLargeLeaseRecord(t *testing.T) {
 }
 
 func redisZ(score float64, member string) redis.Z { return redis.Z{Score: score, Member: member} }
+
+// A setting (SetLimit, SetRate, SetTotal) whose request reaches Redis after
+// its caller gave up changes nothing: past its refuse_after bound it
+// writes nothing and says so ({-1, now}); after its call id was cancelled
+// (the caller gave up without a deadline) it finds its record. Before
+// issue 43's review, a SetTotal(1) (or SetLimit(1)) held in the network
+// past its caller's deadline ran after another client's later SetTotal(5)
+// had returned, and set 1 for good.
+func TestLateSettingChangesNothing(t *testing.T) {
+	ctx := redistest.Ctx(t, 10*time.Second)
+	c := redistest.Client(t)
+	k := core.KeysFor("redsem", redistest.Name(t))
+	now, err := c.Time(ctx).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	past := now.UnixMilli() - 1
+	if _, err := run(ctx, t, c, lua.SetLimit, k, 5, "call-b", 0); err != nil {
+		t.Fatal(err)
+	}
+	r, err := run(ctx, t, c, lua.SetLimit, k, 1, "call-late", past)
+	if err != nil || len(r) < 1 || r[0] != int64(-1) {
+		t.Fatalf("SetLimit past its refuse_after: %v, %v; want {-1, now}", r, err)
+	}
+	if _, err := run(ctx, t, c, lua.SetRate, k, 5, "call-late-rate", 1, 1000, past); err != nil {
+		t.Fatal(err)
+	}
+	// Cancelled, then the request itself.
+	if _, err := run(ctx, t, c, lua.SetLimit, k, 5, "call-gone", 0, "cancel"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := run(ctx, t, c, lua.SetLimit, k, 1, "call-gone", 0); err != nil {
+		t.Fatal(err)
+	}
+	if v, _ := c.Get(ctx, k.List[core.KeyOverride]).Result(); v != "5" {
+		t.Fatalf("limit %q after late SetLimit(1) requests; want 5", v)
+	}
+	if n, _ := c.Exists(ctx, k.List[core.KeyRate]).Result(); n != 0 {
+		t.Fatalf("a SetRate past its refuse_after wrote the rate")
+	}
+
+	fam := core.FamilyKeys("redsem", redistest.Name(t)+"-fam")
+	base := strings.TrimSuffix(fam[core.FamTot], "tot")
+	keys := append(append([]string{}, fam...), base+"sessions")
+	setTotal := func(args ...any) ([]any, error) {
+		return core.Script(lua.SetTotal).Run(ctx, c, keys, append([]any{base + "ch", "PUBLISH", "2+3:f"}, args...)...).Slice()
+	}
+	if _, err := setTotal(5, "t-b", 0); err != nil {
+		t.Fatal(err)
+	}
+	if r, err := setTotal(1, "t-late", past); err != nil || r[0] != int64(-1) {
+		t.Fatalf("SetTotal past its refuse_after: %v, %v; want {-1, now}", r, err)
+	}
+	if _, err := setTotal(5, "t-gone", 0, "cancel"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := setTotal(1, "t-gone", 0); err != nil {
+		t.Fatal(err)
+	}
+	if v, _ := c.Get(ctx, fam[core.FamTotal]).Result(); v != "5" {
+		t.Fatalf("total %q after late SetTotal(1) requests; want 5", v)
+	}
+}

@@ -9,7 +9,9 @@
 --       [4] lease id, [5] lease_ms (>= 1),
 --       [6] optional: "resume" (Resume: the reply also carries the lease's
 --           token and slots, from its record, and marks the record
---           shared: "|r" at its end, see lease_shared in lib_slots.lua).
+--           shared: "|r" at its end, see lease_shared in lib_slots.lua),
+--       [7] with "resume": the resuming process's owner label (Options.Owner),
+--           which becomes the lease's owner (Status shows who holds it now).
 -- Reply: {1, now, deadline_ms} renewed, deadline_ms the lease's deadline
 --        now (with "resume": {1, now, deadline_ms, token, "s1,s2,..."});
 --        {0, now} the lease is gone (lost); {2, now} the lease is gone
@@ -23,6 +25,10 @@ local lease_ms; lease_ms, err = int_arg(5, 'lease_ms', 1)
 if err then return err end
 local resume = ARGV[6] == 'resume'
 if ARGV[6] ~= nil and not resume then return fail('bad renew mode: ' .. tostring(ARGV[6])) end
+local resume_owner = ARGV[7]
+if resume and (type(resume_owner) ~= 'string' or string.find(resume_owner, '[|\n]') or #resume_owner > 256) then
+  return fail('bad owner: ' .. tostring(resume_owner))
+end
 
 local now, now_us = clock()
 local held = tonumber(redis.call('ZSCORE', holders_key, id))
@@ -64,13 +70,14 @@ if fam_tot_key then
   fam_extend(now, deadline)
 end
 if resume then
-  if not lease_shared(rec) then
-    -- From now on several processes may hold handles of the lease: a
-    -- give-up at one handle's deadline leaves it to the others
-    -- (release.lua's "expire" mode).
-    put(id, rec .. '|r')
+  -- From now on several processes may hold handles of the lease: a give-up
+  -- at one handle's deadline leaves it to the others (release.lua's
+  -- "expire" mode); and the one that resumed it last is its owner.
+  local token, slots, owner = parse_lease(rec)
+  local new = 'L|' .. fmt(token) .. '|' .. table.concat(slots, ',') .. '|' .. resume_owner .. '|r'
+  if new ~= rec then
+    put(id, new)
   end
-  local token, slots = parse_lease(rec)
   return finish({1, now, deadline, token, table.concat(slots, ',')})
 end
 return finish({1, now, deadline})

@@ -9,14 +9,35 @@
 --       [4] call id (a UUID per SetLimit call): a copy of the call that runs
 --           again (go-redis re-sends a command whose reply was lost) finds
 --           its record and changes nothing, so it cannot undo a later
---           SetLimit of another client.
--- Reply: {now, grants...}: grants as in release.lua.
+--           SetLimit of another client,
+--       [5] optional: refuse_after, server ms after which the caller has
+--           certainly given up (its context's deadline, plus a margin); 0:
+--           none. A request that runs later (held in the network) writes
+--           nothing: it cannot undo a SetLimit made after its caller gave up,
+--       [6] optional: "cancel": the caller gave up without a deadline;
+--           only the call's record is written, so that the call, should it
+--           run later, changes nothing.
+-- Reply: {now, grants...}: grants as in release.lua; {-1, now}: refused by
+--        refuse_after, nothing written.
 local limit, err = client_arg()
 if err then return err end
 local call_id; call_id, err = id_arg(4, 'call id')
 if err then return err end
+local refuse_after = 0
+if ARGV[5] ~= nil then
+  refuse_after, err = int_arg(5, 'refuse_after', 0)
+  if err then return err end
+end
+if refuse_after > 0 then
+  local t = clock()
+  if t > refuse_after then return {-1, t} end -- its caller gave up: nothing is written
+end
 local now, now_us, ran = start_call(call_id)
 if ran then return ran end
+if ARGV[6] == 'cancel' then
+  tombstone(call_id, 'S', now, now + TOMB_MS)
+  return finish({now})
+end
 -- The record keeps every key alive as long as itself (tombstone extends the
 -- horizon): a copy re-sent within TOMB_MS always finds it, even on an idle
 -- semaphore whose keys would otherwise have expired, and so never undoes a

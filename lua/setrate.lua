@@ -12,8 +12,11 @@
 --       [4] call id (a UUID per SetRate call): a copy of the call that runs
 --           again finds its record and changes nothing,
 --       [5] rate_limit, [6] per_ms: both 0 (no rate), or rate_limit in
---           [1, 2^20] and per_ms in [1, about a year].
--- Reply: {now, grants...}: grants as in release.lua.
+--           [1, 2^20] and per_ms in [1, about a year],
+--       [7] optional: refuse_after, [8] optional: "cancel", as in
+--           setlimit.lua.
+-- Reply: {now, grants...}: grants as in release.lua; {-1, now}: refused by
+--        refuse_after, nothing written.
 local client_limit, err = client_arg()
 if err then return err end
 local call_id; call_id, err = id_arg(4, 'call id')
@@ -22,8 +25,21 @@ local rl, rp = parse_rate((ARGV[5] or '') .. '/' .. (ARGV[6] or ''), '/')
 if not rl then
   return fail('bad rate: ' .. tostring(ARGV[5]) .. '/' .. tostring(ARGV[6]))
 end
+local refuse_after = 0
+if ARGV[7] ~= nil then
+  refuse_after, err = int_arg(7, 'refuse_after', 0)
+  if err then return err end
+end
+if refuse_after > 0 then
+  local t = clock()
+  if t > refuse_after then return {-1, t} end -- its caller gave up: nothing is written
+end
 local now, now_us, ran = start_call(call_id)
 if ran then return ran end
+if ARGV[8] == 'cancel' then
+  tombstone(call_id, 'S', now, now + TOMB_MS)
+  return finish({now})
+end
 rate_load(true)
 tombstone(call_id, 'S', now, now + TOMB_MS)
 local v = fmt(rl) .. '/' .. fmt(rp)

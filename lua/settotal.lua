@@ -15,15 +15,26 @@
 --           again (go-redis re-sends a command whose reply was lost) finds
 --           its id among the recent calls (f:tot's _calls: "id:until_ms,...",
 --           each kept TOMB_MS) and changes nothing, so it cannot undo a
---           later SetTotal of another client.
--- Reply: {now, grants...}: grants as in release.lua.
+--           later SetTotal of another client,
+--       [6] optional: refuse_after, [7] optional: "cancel" (only the call
+--           id is recorded), as in setlimit.lua.
+-- Reply: {now, grants...}: grants as in release.lua; {-1, now}: refused by
+--        refuse_after, nothing written.
 local client_limit, err = client_arg()
 if err then return err end
 local total; total, err = int_arg(4, 'total', 0, MAX_LIMIT)
 if err then return err end
 local call_id; call_id, err = id_arg(5, 'call id')
 if err then return err end
+local refuse_after = 0
+if ARGV[6] ~= nil then
+  refuse_after, err = int_arg(6, 'refuse_after', 0)
+  if err then return err end
+end
 local now, now_us = clock()
+if refuse_after > 0 and now > refuse_after then
+  return {-1, now} -- its caller gave up: nothing is written
+end
 fam_load()
 local recent = {}
 for cid, until_ms in string.gmatch(redis.call('HGET', fam_tot_key, '_calls') or '', '([^:,]+):(%d+)') do
@@ -37,6 +48,9 @@ end
 recent[#recent + 1] = call_id .. ':' .. fmt(now + TOMB_MS)
 fam_put('_calls', table.concat(recent, ','))
 fam_extend(now, now + TOMB_MS) -- the keys outlive the record
+if ARGV[7] == 'cancel' then
+  return finish({now})
+end
 redis.call('SET', fam_total_key, total)
 fam_put('_ftotal', fmt(total))
 fam.bound = nil

@@ -374,3 +374,52 @@ func TestMiddlewareSemaphoreError(t *testing.T) {
 		t.Fatal("handler called")
 	}
 }
+
+// The rate takes over from the limit: a burst of 20 against limit 5 and
+// rate 5/2 s; 5 are served (their handlers hold ~75 ms), the others queue
+// behind the limit and, once the 5 release, are held by the rate's window
+// until MaxWait. They must be answered 429 with the window's Retry-After
+// (the reason that held them last), not 503 "no slot free". Before issue
+// 44 the fair waiters, queued behind the limit and then held back by the
+// window, gave up with the limit's reason: 15 answered 503, Retry-After 1.
+func TestMiddlewareRateAfterLimit(t *testing.T) {
+	rate := redsem.Rate{Limit: 5, Per: 2 * time.Second}
+	for _, variant := range []string{"fair", "unfair"} {
+		t.Run(variant, func(t *testing.T) {
+			ctx := redistest.Ctx(t, 30*time.Second)
+			var sem redsem.Semaphore
+			if variant == "fair" {
+				sem = newFair(t, redistest.Client(t), redistest.Name(t), 5, fair.Options{Rate: rate})
+			} else {
+				s, err := unfair.New(redistest.Client(t), redistest.Name(t), 5, unfair.Options{Rate: rate})
+				if err != nil {
+					t.Fatal(err)
+				}
+				t.Cleanup(func() { _ = s.Close() })
+				sem = s
+			}
+			h := redsemhttp.Middleware(redsemhttp.Options{Semaphore: fixed(sem), MaxWait: 300 * time.Millisecond})(
+				http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+					time.Sleep(75 * time.Millisecond)
+					_, _ = io.WriteString(w, "ok")
+				}))
+			recs := make(chan *httptest.ResponseRecorder, 20)
+			for range cap(recs) {
+				go func() { recs <- serve(h, ctx) }()
+			}
+			codes := map[int]int{}
+			for range cap(recs) {
+				rec := <-recs
+				codes[rec.Code]++
+				if rec.Code == http.StatusTooManyRequests {
+					if got, err := strconv.ParseInt(rec.Header().Get("Retry-After"), 10, 64); err != nil || got < 1 || got > 2 {
+						t.Errorf("429 with Retry-After %q, want the window's, 1-2 s", rec.Header().Get("Retry-After"))
+					}
+				}
+			}
+			if codes[http.StatusOK] != 5 || codes[http.StatusTooManyRequests] != 15 {
+				t.Fatalf("answers %v, want 5 served (200) and 15 held by the rate (429)", codes)
+			}
+		})
+	}
+}

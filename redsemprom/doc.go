@@ -13,10 +13,16 @@
 //     script call per semaphore per scrape.
 //
 // Metric names (with the default namespace "redsem"); every series has a
-// "name" label, the semaphore's name, so keep the set of names bounded:
+// "name" label, the semaphore's name, so keep the set of names bounded.
+// A keyed family's members (fair.Family, unfair.Family) are counted under
+// the family's name: give the family's options Observer: m.Observe and its
+// events carry the family's name (redsem.Event.Family), which Metrics uses
+// as the label; a member's key is never a label, so a family of 10 000
+// tenants makes one series per metric, as redsemotel.WrapFamily's metrics
+// do (sum over them there, or use redsemotel's spans, for one key):
 //
 //	redsem_holders{name}                      gauge: leases this process holds now (events)
-//	redsem_acquire_total{name,result}         counter: result is ok, timeout, error or mismatch
+//	redsem_acquire_total{name,result}         counter: result is ok, timeout, canceled, unavailable, error or mismatch
 //	redsem_wait_seconds{name}                 histogram: wait of each granted acquire
 //	redsem_hold_seconds{name}                 histogram: grant to Release call, or to the loss
 //	redsem_leases_lost_total{name}            counter: leases that expired or were removed
@@ -32,7 +38,14 @@
 //	redsem_status_rate_period_seconds{name}   gauge: the rate's Per (only with a rate)
 //	redsem_status_rate_granted{name}          gauge: slots granted in the window ending now
 //
-// TryAcquire's ErrNoSlot is not an event, so it is not counted; unfair
-// waiters are not stored in Redis, so their queue length is always 0.
+// The results of redsem_acquire_total: ok (granted), timeout (the
+// context's deadline passed), canceled (the context was cancelled: the
+// caller gave up, not the semaphore), unavailable (Redis could not be
+// reached, redsem.ErrUnavailable), error (any other Redis error) and
+// mismatch (redsem.ErrLimitMismatch). TryAcquire's ErrNoSlot is not an
+// event, so it is not counted; unfair waiters are not stored in Redis, so
+// their queue length is always 0. StatusCollector reads the semaphores it
+// is given, labelled by their Name: give it semaphores of their own, not a
+// family's members (whose names are their keys).
 // docs/operations.md has alert rules built on these metrics.
 package redsemprom

@@ -27,6 +27,24 @@ func Example() {
 	// ... serve promhttp.Handler() and use sem.
 }
 
+// A keyed family's members are counted under the family's name: one
+// series per metric for every tenant, never one per key.
+func Example_family() {
+	m := redsemprom.New(redsemprom.Options{})
+	prometheus.MustRegister(m)
+
+	client := redis.NewClient(&redis.Options{Addr: "127.0.0.1:6379"})
+	tenants, err := fair.NewFamily(client, "tenants", 4, fair.FamilyOptions{Options: fair.Options{Observer: m.Observe}})
+	if err != nil {
+		panic(err)
+	}
+	sem, err := tenants.Get("acme") // its events carry Family "tenants": name="tenants"
+	if err != nil {
+		panic(err)
+	}
+	_ = sem // ... acquire and release as usual.
+}
+
 // What the metrics hold after a few events (fed by hand here; a semaphore
 // feeds them through its Observer). Every series of a name exists from its
 // first event, at zero.
@@ -62,6 +80,7 @@ func ExampleMetrics_Observe() {
 		}
 	}
 	// Output:
+	// redsem_acquire_total{name="db",result="canceled"} 0
 	// redsem_acquire_total{name="db",result="error"} 0
 	// redsem_acquire_total{name="db",result="mismatch"} 0
 	// redsem_acquire_total{name="db",result="ok"} 2

@@ -1,6 +1,8 @@
 package redsemprom
 
 import (
+	"context"
+	"errors"
 	"sync"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -9,14 +11,24 @@ import (
 
 // Results of redsem_acquire_total.
 const (
-	ResultOK       = "ok"       // a lease was granted
-	ResultTimeout  = "timeout"  // Acquire's context ended first
+	ResultOK = "ok" // a lease was granted
+	// ResultTimeout: Acquire's context's deadline passed first
+	// (context.DeadlineExceeded).
+	ResultTimeout = "timeout"
+	// ResultCanceled: Acquire's context was cancelled first
+	// (context.Canceled: the caller gave up, e.g. its client went away),
+	// told apart from a timeout, which says the wait was too long.
+	ResultCanceled = "canceled"
 	ResultError    = "error"    // a Redis error
 	ResultMismatch = "mismatch" // the client's limit disagrees with the established one
 	// ResultUnavailable: Redis could not be reached (redsem.ErrUnavailable),
 	// told apart from a timeout on a healthy but busy semaphore.
 	ResultUnavailable = "unavailable"
 )
+
+// results are the values of redsem_acquire_total's result label, in the
+// order its help lists them.
+var results = []string{ResultOK, ResultTimeout, ResultCanceled, ResultUnavailable, ResultError, ResultMismatch}
 
 // DefaultBuckets returns the default histogram buckets, in seconds: from a
 // millisecond (a handoff on a quiet loopback) to ten minutes (a long hold
@@ -39,7 +51,9 @@ type Options struct {
 
 // Metrics turns semaphore events into Prometheus metrics. Register it with
 // a prometheus.Registerer and pass its Observe method as the semaphores'
-// Observer. It is safe for concurrent use and may serve many semaphores.
+// Observer. It is safe for concurrent use and may serve many semaphores
+// and families: a family's members are counted under the family's name
+// (redsem.Event.Family), never under their keys.
 type Metrics struct {
 	holders  *prometheus.GaugeVec
 	acquires *prometheus.CounterVec
@@ -49,7 +63,7 @@ type Metrics struct {
 	evicted  *prometheus.CounterVec
 	policy   *prometheus.GaugeVec
 
-	seen sync.Map // semaphore name -> struct{}: its series exist
+	seen sync.Map // name label -> struct{}: its series exist
 }
 
 var _ prometheus.Collector = (*Metrics)(nil)
@@ -85,7 +99,7 @@ func New(opts Options) *Metrics {
 		holders: gauge("holders",
 			"Leases this process holds now (acquired minus released and lost); sum over processes for the global count."),
 		acquires: counter("acquire_total",
-			"Acquire and granted TryAcquire calls by result: ok, timeout, unavailable, error, mismatch.", "result"),
+			"Acquire and granted TryAcquire calls by result: ok, timeout, canceled, unavailable, error, mismatch.", "result"),
 		wait: histogram("wait_seconds", "Time from the call of Acquire to the grant, for granted acquires.", wb),
 		hold: histogram("hold_seconds", "Time from the grant to the Release call, or to the loss of the lease.", hb),
 		lost: counter("leases_lost_total", "Leases that expired or were removed before their release."),
@@ -96,39 +110,58 @@ func New(opts Options) *Metrics {
 	}
 }
 
-// Observe records one event. Pass it as the Observer of a semaphore:
-// fair.Options{Observer: m.Observe}. It never blocks.
+// Observe records one event. Pass it as the Observer of a semaphore, or of
+// a family (every member's events): fair.Options{Observer: m.Observe},
+// fair.FamilyOptions{Options: fair.Options{Observer: m.Observe}}. An
+// event of a family's member (Event.Family set) counts under the family's
+// name, so a family of any number of keys makes one series per metric and
+// result, as redsemotel.WrapFamily's metrics do. It never blocks.
 func (m *Metrics) Observe(ev redsem.Event) {
-	m.ensureSeries(ev.Name)
+	name := ev.Name
+	if ev.Family != "" {
+		name = ev.Family // never a member's key: the keys are unbounded
+	}
+	m.ensureSeries(name)
 	switch ev.Kind {
 	case redsem.EventAcquired:
-		m.acquires.WithLabelValues(ev.Name, ResultOK).Inc()
-		m.wait.WithLabelValues(ev.Name).Observe(ev.Wait.Seconds())
-		m.holders.WithLabelValues(ev.Name).Inc()
+		m.acquires.WithLabelValues(name, ResultOK).Inc()
+		m.wait.WithLabelValues(name).Observe(ev.Wait.Seconds())
+		m.holders.WithLabelValues(name).Inc()
 	case redsem.EventResumed:
-		m.holders.WithLabelValues(ev.Name).Inc() // a lease of this process now: its end decrements
+		m.holders.WithLabelValues(name).Inc() // a lease of this process now: its end decrements
 	case redsem.EventReleased:
-		m.hold.WithLabelValues(ev.Name).Observe(ev.Hold.Seconds())
-		m.holders.WithLabelValues(ev.Name).Dec()
+		m.hold.WithLabelValues(name).Observe(ev.Hold.Seconds())
+		m.holders.WithLabelValues(name).Dec()
 	case redsem.EventLeaseLost:
-		m.hold.WithLabelValues(ev.Name).Observe(ev.Hold.Seconds())
-		m.holders.WithLabelValues(ev.Name).Dec()
-		m.lost.WithLabelValues(ev.Name).Inc()
+		m.hold.WithLabelValues(name).Observe(ev.Hold.Seconds())
+		m.holders.WithLabelValues(name).Dec()
+		m.lost.WithLabelValues(name).Inc()
 	case redsem.EventWaiterEvicted:
-		m.evicted.WithLabelValues(ev.Name).Inc()
+		m.evicted.WithLabelValues(name).Inc()
 	case redsem.EventAcquireTimedOut:
-		m.acquires.WithLabelValues(ev.Name, ResultTimeout).Inc()
+		m.acquires.WithLabelValues(name, endedResult(ev.Err)).Inc()
 	case redsem.EventAcquireFailed:
-		m.acquires.WithLabelValues(ev.Name, ResultError).Inc()
+		m.acquires.WithLabelValues(name, ResultError).Inc()
 	case redsem.EventUnavailable:
-		m.acquires.WithLabelValues(ev.Name, ResultUnavailable).Inc()
+		m.acquires.WithLabelValues(name, ResultUnavailable).Inc()
 	case redsem.EventLimitMismatch:
-		m.acquires.WithLabelValues(ev.Name, ResultMismatch).Inc()
+		m.acquires.WithLabelValues(name, ResultMismatch).Inc()
 	case redsem.EventEvictionPolicy:
 		if ev.Policy != "" { // "": the server would not tell (Err)
-			m.policy.WithLabelValues(ev.Name, ev.Policy).Set(1)
+			m.policy.WithLabelValues(name, ev.Policy).Set(1)
 		}
 	}
+}
+
+// endedResult is the result of an acquire whose context ended
+// (EventAcquireTimedOut, whose Err matches the context's error): canceled
+// for a cancelled context, else timeout (a deadline, or an error that says
+// neither).
+func endedResult(err error) string {
+	if !errors.Is(err, context.DeadlineExceeded) && errors.Is(err, context.Canceled) {
+		return ResultCanceled
+	}
+	return ResultTimeout
 }
 
 // ensureSeries creates a semaphore's series at zero on its first event, so that
@@ -140,7 +173,7 @@ func (m *Metrics) ensureSeries(name string) {
 	if _, loaded := m.seen.LoadOrStore(name, struct{}{}); loaded {
 		return
 	}
-	for _, r := range []string{ResultOK, ResultTimeout, ResultUnavailable, ResultError, ResultMismatch} {
+	for _, r := range results {
 		m.acquires.WithLabelValues(name, r)
 	}
 	m.holders.WithLabelValues(name)

@@ -136,8 +136,8 @@ func TestTryAcquireNoSlotNotCounted(t *testing.T) {
 				t.Fatal(err)
 			}
 			before := p.series(t, "redsem_acquire_total")
-			if len(before) != 10 { // five results for each semaphore
-				t.Fatalf("redsem_acquire_total before: %v, want ten series", before)
+			if len(before) != 12 { // six results for each semaphore
+				t.Fatalf("redsem_acquire_total before: %v, want twelve series", before)
 			}
 			for _, try := range []func() error{
 				func() error { _, err := full.TryAcquire(ctx); return err },

@@ -196,8 +196,9 @@ func TestEventsFromRealSemaphores(t *testing.T) {
 
 	// The whole story, as a scrape shows it.
 	want := `
-# HELP redsem_acquire_total Acquire and granted TryAcquire calls by result: ok, timeout, unavailable, error, mismatch.
+# HELP redsem_acquire_total Acquire and granted TryAcquire calls by result: ok, timeout, canceled, unavailable, error, mismatch.
 # TYPE redsem_acquire_total counter
+redsem_acquire_total{name="NAME",result="canceled"} 0
 redsem_acquire_total{name="NAME",result="error"} 1
 redsem_acquire_total{name="NAME",result="mismatch"} 1
 redsem_acquire_total{name="NAME",result="ok"} 2

@@ -33,7 +33,9 @@ type StatusCollector struct {
 
 var _ prometheus.Collector = (*StatusCollector)(nil)
 
-// NewStatusCollector returns a collector of the semaphores' Status.
+// NewStatusCollector returns a collector of the semaphores' Status,
+// labelled by each one's Name. Give it semaphores of their own: a keyed
+// family's member is named by its key, which would make a series per key.
 func NewStatusCollector(opts StatusOptions, sems ...redsem.Semaphore) *StatusCollector {
 	ns := opts.Namespace
 	if ns == "" {

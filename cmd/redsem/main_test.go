@@ -299,7 +299,7 @@ func TestSetRate(t *testing.T) {
 	}
 	defer sem.Close()
 	code, out, errs := runCmd(t, "set-limit", name, "--rate", "2/1m")
-	if code != exitOK || errs != "" || !strings.Contains(out, `rate of "`+name+`": none -> 2/1m0s`) || strings.Contains(out, "limit of") {
+	if code != exitOK || errs != "" || !strings.Contains(out, `rate of "`+name+`": none -> 2/1m`) || strings.Contains(out, "limit of") {
 		t.Fatalf("set-limit --rate: exit %d, stdout %q, stderr %q", code, out, errs)
 	}
 	for range 2 {
@@ -315,11 +315,11 @@ func TestSetRate(t *testing.T) {
 	}
 	_, out, _ = runCmd(t, "status", name, "--json")
 	var s snapshot
-	if err := json.Unmarshal([]byte(out), &s); err != nil || s.Rate != "2/1m0s" || s.RateGranted != 2 {
+	if err := json.Unmarshal([]byte(out), &s); err != nil || s.Rate != "2/1m" || s.RateGranted != 2 {
 		t.Fatalf("status after set-limit --rate: %s", out)
 	}
 	if code, out, errs = runCmd(t, "set-limit", name, "7", "--rate", "none"); code != exitOK ||
-		!strings.Contains(out, "limit of") || !strings.Contains(out, "-> 7") || !strings.Contains(out, "2/1m0s -> none") {
+		!strings.Contains(out, "limit of") || !strings.Contains(out, "-> 7") || !strings.Contains(out, "2/1m -> none") {
 		t.Fatalf("set-limit N --rate none: exit %d, stdout %q, stderr %q", code, out, errs)
 	}
 	l, err := sem.TryAcquire(ctx)
@@ -380,7 +380,7 @@ func TestStatusRateHoldsQueue(t *testing.T) {
 	if strings.Contains(out, "evicted") || strings.Contains(out, "admission is pending") {
 		t.Errorf("status blames dead waiters for a queue that the rate holds:\n%s", out)
 	}
-	for _, want := range []string{"the rate holds", "2 granted in the window of 2/2m0s", "clients were built with rate 2/1m0s; set-limit --rate's 2/2m0s overrides it"} {
+	for _, want := range []string{"the rate holds", "2 granted in the window of 2/2m", "clients were built with rate 2/1m; set-limit --rate's 2/2m overrides it"} {
 		if !strings.Contains(out, want) {
 			t.Errorf("status lacks %q", want)
 		}

@@ -110,8 +110,8 @@ func (e *Engine) TryAcquireN(ctx context.Context, n int) (redsem.Lease, error) {
 		// with the same id, for the lease's remaining time.
 		a, err = c.attempt("try", "")
 		if err == nil && a.code == codeGranted && late(a.grant()) {
-			err = fmt.Errorf("redsem: %q: granted, but each reply came after the lease's deadline (Redis answers later than LeaseTTL %v): %w",
-				e.cfg.Name, e.cfg.LeaseTTL, redsem.ErrUnavailable)
+			err = errorf(redsem.ErrUnavailable, "redsem: %s: granted, but each reply came after the lease's deadline (Redis answers later than LeaseTTL %s)",
+				e.who(), duration(e.cfg.LeaseTTL))
 		}
 	}
 	if cause := context.Cause(c.ctx); err != nil && c.parent.Err() == nil && cause != nil && cause != redsem.ErrClosed {
@@ -123,7 +123,7 @@ func (e *Engine) TryAcquireN(ctx context.Context, n int) (redsem.Lease, error) {
 	case a.code == codeGranted:
 		l = c.lease(a.grant())
 	case a.rateMs >= 0:
-		err = &redsem.RateLimitedError{Name: e.cfg.Name, Rate: a.rateInForce, RetryAfter: time.Duration(a.rateMs) * time.Millisecond}
+		err = &redsem.RateLimitedError{Name: e.cfg.Name, Family: e.familyName(), Rate: a.rateInForce, RetryAfter: time.Duration(a.rateMs) * time.Millisecond}
 	default:
 		err = redsem.ErrNoSlot
 	}
@@ -168,7 +168,7 @@ type call struct {
 // member) and binds Close into the call's context.
 func (e *Engine) begin(ctx context.Context, n int) (*call, error) {
 	if n < 1 || n > MaxLimit {
-		return nil, fmt.Errorf("redsem: %q: %d slots wanted: %w", e.cfg.Name, n, redsem.ErrWeight)
+		return nil, errorf(redsem.ErrWeight, "redsem: %s: %d slots wanted, outside [1, limit]", e.who(), n)
 	}
 	if e.isClosed() {
 		return nil, redsem.ErrClosed
@@ -253,6 +253,38 @@ func (c *call) exit(l *Lease, err error) (redsem.Lease, error) {
 	return nil, err
 }
 
+// heldByRate returns when the rate's window has room for the call and the
+// rate in force, if the rate held it back last: the latest reply said so
+// (rateRoom), or the call waited (a fair queue, or an unfair waiter that
+// sleeps while another of its process tries) while the rate held back the
+// semaphore's next grant, and still does (rateHeld: set from a reply to
+// any call of the process, or the fair "w" message; its rate: the latest a
+// reply of this call named, else the client's); zero otherwise.
+func (c *call) heldByRate() (time.Time, redsem.Rate) {
+	if !c.rateRoom.IsZero() {
+		return c.rateRoom, c.rate
+	}
+	if c.w == nil {
+		return time.Time{}, redsem.Rate{}
+	}
+	held := time.Unix(0, c.e.rateHeld.Load())
+	if !held.After(time.Now()) || c.e.rateHeldSeen.Load() < c.start.UnixNano() {
+		return time.Time{}, redsem.Rate{} // not now, or learnt before this call waited
+	}
+	rate := c.rate
+	if rate.IsZero() {
+		rate = c.e.cfg.Rate
+	}
+	return held, rate
+}
+
+// holdByRate records that the rate's window holds back the semaphore's
+// next grant until until (rateHeld), learnt now.
+func (e *Engine) holdByRate(until time.Time) {
+	e.rateHeld.Store(until.UnixNano())
+	e.rateHeldSeen.Store(time.Now().UnixNano())
+}
+
 // classify turns the raw error a step returned into the call's error:
 //   - the caller's context ended: an error matching ctx.Err() and its
 //     cause, and ErrUnavailable if Redis could not be reached meanwhile
@@ -287,10 +319,12 @@ func (c *call) classify(err error) error {
 			} else {
 				out = joinLine(out, c.lastErr)
 			}
-		} else if !c.rateRoom.IsZero() {
-			// Redis answered last that the rate held the call back: say
-			// when its window has room (redsemhttp answers 429 with it).
-			out = joinLine(out, &redsem.RateLimitedError{Name: e.cfg.Name, Rate: c.rate, RetryAfter: max(time.Until(c.rateRoom), 0)})
+		} else if room, rate := c.heldByRate(); !room.IsZero() {
+			// Redis said last that the rate held the call back (its reply,
+			// or, for a fair waiter queued behind the limit, the message
+			// that the rate holds its queue's head): say when its window
+			// has room (redsemhttp answers 429 with it).
+			out = joinLine(out, &redsem.RateLimitedError{Name: e.cfg.Name, Family: e.familyName(), Rate: rate, RetryAfter: max(time.Until(room), 0)})
 		}
 		return out
 	}
@@ -418,6 +452,7 @@ func (c *call) attempt(mode, sid string) (acquireReply, error) {
 		c.rateRoom, c.rate = time.Time{}, redsem.Rate{}
 		if a.code == codeQueued && a.rateMs >= 0 {
 			c.rateRoom, c.rate = time.Now().Add(time.Duration(a.rateMs)*time.Millisecond), a.rateInForce
+			c.e.holdByRate(c.rateRoom) // for the waiters behind this one
 		}
 	}
 	if err == nil || !Transient(err) {

@@ -45,6 +45,15 @@ type Engine struct {
 
 	clock serverClock
 
+	// rateHeld: until when (unix ns) the rate's window holds back this
+	// semaphore's next grant, as the latest reply that said so (acquire.go)
+	// or fair "w" message (session.go) told: a waiter that gives up before
+	// then was held by the rate, whatever held it before (heldByRate).
+	rateHeld atomic.Int64
+	// rateHeldSeen: when (unix ns) rateHeld was last set: only a waiter
+	// that waited then was held by it.
+	rateHeldSeen atomic.Int64
+
 	// The maxmemory-policy check (observe.go), once per engine or family.
 	policyMu   sync.Mutex
 	policyDone chan struct{} // nil: not started (or to be tried again); closed when it ended
@@ -197,18 +206,50 @@ func (e *Engine) ForceRelease(ctx context.Context, id string) (kind, admitted in
 	return r.kind, r.admitted, err
 }
 
-// Status reads the live state.
-func (e *Engine) Status(ctx context.Context) (redsem.Status, error) { return e.status(ctx) }
+// Status reads the live state. Like SetLimit and SetRate, it fails as soon
+// as a dial of the client fails (failFast), as TryAcquire does.
+func (e *Engine) Status(ctx context.Context) (st redsem.Status, err error) {
+	err = e.failFast(ctx, func(ctx context.Context) error {
+		st, err = e.status(ctx)
+		return err
+	})
+	return st, err
+}
+
+// failFast runs call within ctx, ended also by the first dial of the
+// client that fails while it runs (refused, or timed out), whose error
+// (matching redsem.ErrUnavailable) it then returns: a call that cannot
+// reach Redis fails with its dial, as TryAcquire does, not at the end of
+// its context (go-redis dials again and again meanwhile). Not on a cluster
+// client, where one node may be down while the others answer.
+func (e *Engine) failFast(ctx context.Context, call func(ctx context.Context) error) error {
+	if _, cluster := e.cfg.Client.(*redis.ClusterClient); cluster || e.alerts == nil {
+		return call(ctx)
+	}
+	cctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	stop := e.alerts.dials.onFailure(func(err error) { cancel(err) })
+	defer stop()
+	err := call(cctx)
+	if err != nil && ctx.Err() == nil && cctx.Err() != nil {
+		if cause := context.Cause(cctx); cause != nil && cause != cctx.Err() {
+			return e.wrap(cause)
+		}
+	}
+	return err
+}
 
 // SetLimit sets the limit for every client of this name.
 func (e *Engine) SetLimit(ctx context.Context, limit int) error {
 	if limit < 1 || limit > MaxLimit {
 		return cfgErr("limit", "%d is outside [1, %d]", limit, MaxLimit)
 	}
-	if err := e.sameShards(ctx); err != nil {
-		return err
-	}
-	return e.setLimit(ctx, limit)
+	return e.failFast(ctx, func(ctx context.Context) error {
+		if err := e.sameShards(ctx); err != nil {
+			return err
+		}
+		return e.setLimit(ctx, limit)
+	})
 }
 
 // sameShards refuses to change a family member whose family the Redis
@@ -231,8 +272,14 @@ func (e *Engine) SetRate(ctx context.Context, rate redsem.Rate) error {
 	if err != nil {
 		return err
 	}
-	if err := e.sameShards(ctx); err != nil {
-		return err
-	}
-	return e.setRate(ctx, rate)
+	return e.failFast(ctx, func(ctx context.Context) error {
+		if err := e.sameShards(ctx); err != nil {
+			return err
+		}
+		if err := e.setRate(ctx, rate); err != nil {
+			return err
+		}
+		e.rateHeld.Store(0) // what the former rate held back is no one's reason now
+		return nil
+	})
 }

@@ -203,9 +203,12 @@ func (f *Family) Close() error {
 		}
 		sh.mu.Unlock()
 	}
+	// In parallel: each waits at most shutdownBound.
+	var wg sync.WaitGroup
 	for _, h := range hubs {
-		h.shutdown()
+		wg.Go(h.shutdown)
 	}
+	wg.Wait()
 	f.mmu.Lock()
 	if f.sweep != nil {
 		f.sweep.Stop()

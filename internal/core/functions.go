@@ -30,7 +30,7 @@ import (
 //     status.lua).
 //   - A server that refuses FUNCTION (Redis 6.2, miniredis, an ACL, a
 //     managed service) keeps EVALSHA for the client's life; that is logged
-//     once at Info. A load that fails otherwise (Redis unreachable, or in a
+//     once at Debug (an expected mode, not a fault). A load that fails otherwise (Redis unreachable, or in a
 //     passing state: MISCONF after a failed save, OOM, LOADING, READONLY;
 //     see refused) is tried again libRetry later.
 //   - An FCALL answered "Function not found" (a restart without
@@ -143,7 +143,7 @@ func (e *Engine) loadLibrary() {
 			if i := strings.IndexAny(msg, ",\n"); i > 0 {
 				msg = msg[:i] // not the library's text, which the error may quote
 			}
-			e.logger().LogAttrs(context.Background(), slog.LevelInfo,
+			e.logger().LogAttrs(context.Background(), slog.LevelDebug,
 				"redsem: scripts run with EVALSHA: the server refused FUNCTION LOAD",
 				slog.String("library", name), slog.String("error", msg))
 		default:

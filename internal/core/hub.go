@@ -207,7 +207,14 @@ func (h *hub) stopIfIdle() {
 	}
 }
 
-// shutdown stops the hub's goroutines and waits for them.
+// shutdownBound bounds how long shutdown (and so Close) waits for the hub's
+// goroutines: a subscription that go-redis is still setting up against a
+// Redis that does not answer ignores its context until the client's read
+// timeout; it then finds the hub closed and ends on its own.
+const shutdownBound = 250 * time.Millisecond
+
+// shutdown stops the hub's goroutines and waits for them, at most
+// shutdownBound.
 func (h *hub) shutdown() {
 	h.closeOnce.Do(func() {
 		h.mu.Lock()
@@ -222,7 +229,17 @@ func (h *hub) shutdown() {
 			_ = ps.Close()
 		}
 	})
-	h.wg.Wait()
+	done := make(chan struct{})
+	go func() {
+		h.wg.Wait()
+		close(done)
+	}()
+	t := time.NewTimer(shutdownBound)
+	defer t.Stop()
+	select {
+	case <-done:
+	case <-t.C:
+	}
 }
 
 // deliver hands an event to a local waiter, if it is still waiting, and
@@ -284,13 +301,20 @@ func (h *hub) unsubscribe(ctx context.Context, ps *redis.PubSub, channels ...str
 func (h *hub) run() {
 	defer h.wg.Done()
 	e := h.e
+	// Bounded, and ended by shutdown too (which closes ps, known to it
+	// from here on): Close must not wait for a Redis that does not answer.
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	stopOnQuit := afterClose(h.quit, cancel)
+	defer stopOnQuit()
 	var ps *redis.PubSub
 	if e.pub == "SPUBLISH" {
 		ps = e.cfg.Client.SSubscribe(ctx, h.l.channel())
 	} else {
 		ps = e.cfg.Client.Subscribe(ctx, h.l.channel())
 	}
+	h.mu.Lock()
+	h.ps = ps
+	h.mu.Unlock()
 	var err error
 	for subscribed := false; !subscribed && err == nil; {
 		var msg any
@@ -303,7 +327,6 @@ func (h *hub) run() {
 	}
 	cancel()
 	h.mu.Lock()
-	h.ps = ps
 	closed := h.closed
 	h.mu.Unlock()
 	if err != nil || closed {
@@ -393,7 +416,28 @@ func (u unfairWake) resync()                         { u.h.broadcast(event{kind:
 // waiters of any.
 func (u unfairWake) handle(m *redis.Message) {
 	count, meta, _ := strings.Cut(m.Payload, " ")
+	if count == "0" {
+		// "0 META ms": slots are free but the rate's window holds the
+		// next grant back for ms: nobody is woken; the waiters of that
+		// semaphore that give up meanwhile were held by the rate.
+		meta, wait, _ := strings.Cut(meta, " ")
+		u.h.rateHeldOf(meta, time.Duration(max(toInt(wait), 0)+1)*time.Millisecond)
+		return
+	}
 	u.h.wakeUnfairOf(meta, max(int(toInt(count)), 1))
+}
+
+// rateHeldOf records that the rate's window holds back the next grant of
+// the semaphore whose meta key is meta for d (Engine.rateHeld).
+func (h *hub) rateHeldOf(meta string, d time.Duration) {
+	at := time.Now().Add(d)
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	for _, w := range h.unfair {
+		if w.e.keys.List[KeyMeta] == meta {
+			w.e.holdByRate(at)
+		}
+	}
 }
 
 // wakeUnfair wakes local unfair waiters, oldest first, that fit in free

@@ -22,7 +22,7 @@ func (e *Engine) emit(ev redsem.Event) {
 	if e.cfg.Observer == nil && e.cfg.Logger == nil {
 		return
 	}
-	ev.Name = e.cfg.Name
+	ev.Name, ev.Family = e.cfg.Name, e.familyName()
 	if e.cfg.Observer != nil {
 		e.cfg.Observer(ev)
 	}
@@ -40,6 +40,9 @@ func (e *Engine) log(ev redsem.Event) {
 		// conditions behind them are logged at Warn once a minute (alerts).
 	}
 	attrs := []slog.Attr{slog.String("semaphore", ev.Name)}
+	if ev.Family != "" {
+		attrs = append(attrs, slog.String("family", ev.Family))
+	}
 	if ev.LeaseID != "" {
 		attrs = append(attrs, slog.String("lease", ev.LeaseID), slog.Int("slot", ev.Slot), slog.Int64("token", ev.Token))
 	}
@@ -412,6 +415,13 @@ func (e *Engine) checkEvictionPolicy() {
 			root.policyMu.Lock()
 			root.policyDone = nil
 			root.policyMu.Unlock()
+			return
+		case err != nil && strings.Contains(strings.ToLower(err.Error()), "unknown command"):
+			// A server without CONFIG (miniredis, some proxies): nothing
+			// can be told, so nothing is raised; the event still says so.
+			e.logger().LogAttrs(context.Background(), slog.LevelDebug, "redsem: the server has no CONFIG GET: maxmemory-policy not checked",
+				slog.String("semaphore", e.cfg.Name), slog.String("error", err.Error()))
+			e.emit(redsem.Event{Kind: redsem.EventEvictionPolicy, Err: err})
 			return
 		case err != nil:
 			e.raise(condPolicyUnknown, time.Time{}, "redsem: cannot read maxmemory-policy; make sure it is noeviction, or the semaphore's keys may be evicted",

@@ -311,29 +311,29 @@ func (e *Engine) acquire(ctx context.Context, a acquireArgs) (acquireReply, erro
 	e.clock.observe(sent, r.now)
 	switch r.code {
 	case codeMismatch:
-		return r, &redsem.LimitMismatchError{Name: e.cfg.Name, Client: e.cfg.Limit, Established: int(r.other)}
+		return r, &redsem.LimitMismatchError{Name: e.cfg.Name, Family: e.familyName(), Client: e.cfg.Limit, Established: int(r.other)}
 	case codeRateDiffers:
-		return r, &redsem.RateMismatchError{Name: e.cfg.Name, Client: e.cfg.Rate, Established: parseRate(r.rate)}
+		return r, &redsem.RateMismatchError{Name: e.cfg.Name, Family: e.familyName(), Client: e.cfg.Rate, Established: parseRate(r.rate)}
 	case codeTotalDiffer:
 		if e.fam.total == 0 {
-			return r, fmt.Errorf("redsem: total mismatch for family %q: this client was built without a total "+
+			return r, errorf(redsem.ErrLimitMismatch, "redsem: total mismatch for family %q: this client was built without a total "+
 				"(FamilyOptions.Total 0), but the family counts one (%d in force; 0: none, counting goes on): "+
-				"its leases would not be counted; build every client of the family with its Total: %w",
-				e.fam.Name(), r.other, redsem.ErrLimitMismatch)
+				"its leases would not be counted; build every client of the family with its Total",
+				e.fam.Name(), r.other)
 		}
-		return r, fmt.Errorf("redsem: total mismatch for family %q: this client was built with total %d, "+
-			"but live clients established total %d (use SetTotal to change it for all): %w",
-			e.fam.Name(), e.fam.total, r.other, redsem.ErrLimitMismatch)
+		return r, errorf(redsem.ErrLimitMismatch, "redsem: total mismatch for family %q: this client was built with total %d, "+
+			"but live clients established total %d (use SetTotal to change it for all)",
+			e.fam.Name(), e.fam.total, r.other)
 	case codeWeight:
 		if r.totalMax > 0 && int64(a.n) > r.totalMax {
-			return r, fmt.Errorf("redsem: %q: %d slots wanted, the family's total in force is %d: %w", e.cfg.Name, a.n, r.totalMax, redsem.ErrWeight)
+			return r, errorf(redsem.ErrWeight, "redsem: %s: %d slots wanted, but the family's total in force is %d", e.who(), a.n, r.totalMax)
 		}
 		if int64(a.n) <= r.other && r.rateMax > 0 {
-			return r, fmt.Errorf("redsem: %q: %d slots wanted, the rate in force grants %d per period: %w", e.cfg.Name, a.n, r.rateMax, redsem.ErrWeight)
+			return r, errorf(redsem.ErrWeight, "redsem: %s: %d slots wanted, but the rate in force grants %d per period", e.who(), a.n, r.rateMax)
 		}
-		return r, fmt.Errorf("redsem: %q: %d slots wanted, limit in force is %d: %w", e.cfg.Name, a.n, r.other, redsem.ErrWeight)
+		return r, errorf(redsem.ErrWeight, "redsem: %s: %d slots wanted, but the limit in force is %d", e.who(), a.n, r.other)
 	case codeQueueFull:
-		return r, fmt.Errorf("redsem: %q: %d waiters queued: %w", e.cfg.Name, r.other, redsem.ErrQueueFull)
+		return r, errorf(redsem.ErrQueueFull, "redsem: %s: queue full: %d waiters queued (Options.MaxWaiters)", e.who(), r.other)
 	case codeCancelled:
 		return r, errCancelled
 	case codeSessionDied:
@@ -351,6 +351,17 @@ func (e *Engine) acquire(ctx context.Context, a acquireArgs) (acquireReply, erro
 // deadline (or cancelled long before it) relies on the cancellation record
 // alone.
 func (e *Engine) refuseAfter(ctx context.Context) (int64, error) {
+	return e.refuseAfterMargin(ctx, 1000)
+}
+
+// settingMargin is the margin (ms) of a setting's refuse_after (setCall):
+// a SetLimit, SetRate or SetTotal that reaches Redis more than this after
+// its caller's deadline changes nothing. Small, since a refusal while the
+// caller still waits (a server clock stepped forward) is asked again.
+const settingMargin = 50
+
+// refuseAfterMargin is refuseAfter with margin ms after the deadline.
+func (e *Engine) refuseAfterMargin(ctx context.Context, margin int64) (int64, error) {
 	d, ok := ctx.Deadline()
 	if !ok {
 		return 0, nil
@@ -367,7 +378,7 @@ func (e *Engine) refuseAfter(ctx context.Context) (int64, error) {
 			return 0, nil
 		}
 	}
-	return s + 1000, nil
+	return s + margin, nil
 }
 
 // grant is the grant of a granted reply.
@@ -444,7 +455,7 @@ type renewReply struct {
 func (e *Engine) renew(ctx context.Context, c redis.Scripter, id string, resume bool) (renewReply, error) {
 	args := []any{id, ms(e.cfg.LeaseTTL)}
 	if resume {
-		args = append(args, "resume")
+		args = append(args, "resume", e.cfg.Owner) // the lease's owner is now this process
 	}
 	v, sent, err := e.run(ctx, c, lua.Renew, e.cfg.Limit, args...)
 	if err != nil {
@@ -621,22 +632,70 @@ func decodeStatus(v []any) (redsem.Status, error) {
 // ARGV[4] the call's id (a call re-sent after a lost reply runs once). Its
 // reply is now and the grants it made.
 func (e *Engine) setLimit(ctx context.Context, limit int) error {
-	v, sent, err := e.run(ctx, e.cfg.Client, lua.SetLimit, limit, uuid.NewString())
+	id := uuid.NewString()
+	return e.setCall(ctx, "setlimit", lua.SetLimit, limit, []any{id}, nil)
+}
+
+// setCall runs a setting script s (setlimit, setrate, settotal) whose
+// own arguments are args (its call id among them), then its refuse_after
+// bound (the caller's deadline in server time, plus a margin: a request
+// held in the network that reaches Redis after that changes nothing), then
+// tail. When the call gives up with its context before a reply, the script
+// is run again at once, in the background, in its "cancel" mode (same call
+// id: only the call's record is written), so that the request, should it
+// run after that, changes nothing either: a setting whose caller gave up
+// does not undo one made after, unless it reached Redis before its cancel.
+func (e *Engine) setCall(ctx context.Context, script string, s lua.Script, limit int, args, tail []any) error {
+	var v []any
+	var sent time.Time
+	var err error
+	for try := 0; ; try++ {
+		var refuseAfter int64
+		if refuseAfter, err = e.refuseAfterMargin(ctx, settingMargin); err != nil {
+			return e.callErr(ctx, err)
+		}
+		argv := append(append(append([]any{}, args...), refuseAfter), tail...)
+		if v, sent, err = e.run(ctx, e.cfg.Client, s, limit, argv...); err != nil {
+			break
+		}
+		if refused := len(v) > 0 && v[0] == int64(-1); !refused {
+			break
+		}
+		if try > 0 || ctx.Err() != nil {
+			return e.callErr(ctx, fmt.Errorf("%w (the request reached Redis after its deadline)", context.DeadlineExceeded))
+		}
+		// Refused by refuse_after while the caller still waits: the
+		// server's clock stepped forward past the bound (the request was
+		// not held up: the caller would have given up). Once more,
+		// bounded anew from the refusal's time.
+		if len(v) > 1 {
+			if now, ok := v[1].(int64); ok {
+				e.clock.observe(sent, now)
+			}
+		}
+	}
 	if err != nil {
+		if ctx.Err() != nil {
+			cancelArgv := append(append(append([]any{}, args...), 0), append(tail, "cancel")...)
+			bctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cancelCallBound)
+			e.background(bctx, cancel, func(ctx context.Context) {
+				_, _, _ = e.run(ctx, e.cfg.Client, s, limit, cancelArgv...)
+			})
+		}
 		return e.callErr(ctx, err)
 	}
-	return e.grantsReply("setlimit", v, sent)
+	return e.grantsReply(script, v, sent)
 }
+
+// cancelCallBound bounds the background run that cancels a setting whose
+// caller gave up without a deadline (setCall).
+const cancelCallBound = 5 * time.Second
 
 // setRate runs setrate.lua: ARGV[4] the call's id, ARGV[5] and ARGV[6] the
 // rate's limit and period in ms (0 and 0: no rate). Its reply is now and
 // the grants it made.
 func (e *Engine) setRate(ctx context.Context, rate redsem.Rate) error {
-	v, sent, err := e.run(ctx, e.cfg.Client, lua.SetRate, e.cfg.Limit, uuid.NewString(), rate.Limit, ms(rate.Per))
-	if err != nil {
-		return e.callErr(ctx, err)
-	}
-	return e.grantsReply("setrate", v, sent)
+	return e.setCall(ctx, "setrate", lua.SetRate, e.cfg.Limit, []any{uuid.NewString(), rate.Limit, ms(rate.Per)}, nil)
 }
 
 // grantsReply decodes a reply of now followed by a grant list and hands
@@ -990,9 +1049,9 @@ func (e *Engine) ctxErr(ctx context.Context, err error) error {
 	cause := context.Cause(ctx)
 	var out error
 	if cause != nil && cause != base {
-		out = &namedError{fmt.Errorf("redsem: %q: gave up: %w (%w)", e.cfg.Name, base, cause)}
+		out = &namedError{fmt.Errorf("redsem: %s: gave up: %w (%w)", e.who(), base, cause)}
 	} else {
-		out = &namedError{fmt.Errorf("redsem: %q: gave up: %w", e.cfg.Name, base)}
+		out = &namedError{fmt.Errorf("redsem: %s: gave up: %w", e.who(), base)}
 	}
 	if err != nil && !errors.Is(err, base) {
 		out = joinLine(out, err)
@@ -1003,7 +1062,8 @@ func (e *Engine) ctxErr(ctx context.Context, err error) error {
 // wrap names the semaphore in err (once: an error of the library's own
 // names it already); an error that says Redis could not be reached matches
 // redsem.ErrUnavailable too, and one that says the connection lacks
-// authentication, or that its credentials are wrong, says which.
+// authentication, or that its credentials are wrong, says which and
+// matches redsem.ErrInvalidConfig (the client's options are wrong).
 func (e *Engine) wrap(err error) error {
 	if own(err) {
 		return err
@@ -1011,18 +1071,25 @@ func (e *Engine) wrap(err error) error {
 	switch {
 	case Unreachable(err):
 		e.unreachable(err)
-		return &namedError{fmt.Errorf("redsem: %q: %w: %w", e.cfg.Name, redsem.ErrUnavailable, err)}
+		return &namedError{fmt.Errorf("redsem: %s: %w: %w", e.who(), bare(redsem.ErrUnavailable), err)}
 	case strings.Contains(err.Error(), "WRONGPASS"):
-		return &namedError{fmt.Errorf("redsem: %q: Redis refused the client's credentials: wrong password, or wrong or disabled user (check them in the client's options): %w", e.cfg.Name, err)}
+		return &namedError{errorf(redsem.ErrInvalidConfig, "redsem: %s: Redis refused the client's credentials: wrong password, or wrong or disabled user (check them in the client's options): %w", e.who(), err)}
 	case authError(err):
-		return &namedError{fmt.Errorf("redsem: %q: Redis refused the request without authentication (set the password, and the user, in the client's options): %w", e.cfg.Name, err)}
+		return &namedError{errorf(redsem.ErrInvalidConfig, "redsem: %s: Redis refused the request without authentication (set the password, and the user, in the client's options): %w", e.who(), err)}
 	}
-	return &namedError{fmt.Errorf("redsem: %q: %w", e.cfg.Name, err)}
+	if msg, ok := strings.CutPrefix(err.Error(), "ERR redsem: "); ok {
+		// A script's refusal (the Lua library's fail): said after one prefix.
+		err = &retold{msg: msg, err: err}
+	}
+	return &namedError{fmt.Errorf("redsem: %s: %w", e.who(), err)}
 }
 
 // joinLine is errors.Join on one line: the errors' texts separated by
 // "; " (errors.Join puts a newline between them, which breaks one-line
-// logs). It matches (errors.Is, errors.As) whatever any of them matches.
+// logs), with one prefix: after the first, a text loses its "redsem: "
+// and the semaphore's name if the first said it (`redsem: "db": gave up:
+// context deadline exceeded; Redis unavailable: dial tcp ...`). It matches
+// (errors.Is, errors.As) whatever any of them matches.
 func joinLine(errs ...error) error {
 	var j lineErrors
 	for _, err := range errs {
@@ -1040,8 +1107,20 @@ type lineErrors []error
 
 func (j lineErrors) Error() string {
 	parts := make([]string, len(j))
+	lead := "" // the first text's name: `"db": `, `family "t", key "k": `
 	for i, err := range j {
-		parts[i] = err.Error()
+		s := err.Error()
+		if i == 0 {
+			if rest, ok := strings.CutPrefix(s, "redsem: "); ok {
+				lead = leadName(rest)
+			}
+		} else if rest, ok := strings.CutPrefix(s, "redsem: "); ok {
+			if lead != "" {
+				rest = strings.TrimPrefix(rest, lead)
+			}
+			s = rest
+		}
+		parts[i] = s
 	}
 	return strings.Join(parts, "; ")
 }
@@ -1179,11 +1258,7 @@ func Unreachable(err error) bool {
 // none). Its reply is now and the grants it made.
 func (f *Family) setTotal(ctx context.Context, total int) error {
 	e := f.famEng
-	v, sent, err := e.run(ctx, e.cfg.Client, lua.SetTotal, e.cfg.Limit, total, uuid.NewString())
-	if err != nil {
-		return e.callErr(ctx, err)
-	}
-	return e.grantsReply("settotal", v, sent)
+	return e.setCall(ctx, "settotal", lua.SetTotal, e.cfg.Limit, []any{total, uuid.NewString()}, nil)
 }
 
 // status runs famstatus.lua (read-only) on the family's keys: total in

@@ -62,7 +62,7 @@ func (e *Engine) waitReplicas(ctx context.Context, l *Lease) error {
 		return e.wrap(err)
 	}
 	if int(n) < e.cfg.MinReplicas {
-		return &redsem.ReplicationError{Name: e.cfg.Name, Want: e.cfg.MinReplicas, Got: int(n), Timeout: e.cfg.ReplicaTimeout}
+		return &redsem.ReplicationError{Name: e.cfg.Name, Family: e.familyName(), Want: e.cfg.MinReplicas, Got: int(n), Timeout: e.cfg.ReplicaTimeout}
 	}
 	return nil
 }

@@ -3,7 +3,6 @@ package core
 import (
 	"context"
 	"errors"
-	"fmt"
 
 	"github.com/redsem/redsem"
 )
@@ -66,7 +65,7 @@ func (e *Engine) Resume(ctx context.Context, id string) (redsem.Lease, error) {
 
 // noLease is Resume's error for an id that has no live lease.
 func (e *Engine) noLease(id string) error {
-	return fmt.Errorf("redsem: %q: no live lease %s: %w", e.cfg.Name, id, redsem.ErrLeaseLost)
+	return errorf(redsem.ErrLeaseLost, "redsem: %s: no live lease %s (lost, released, or never granted)", e.who(), id)
 }
 
 // liveLease returns the engine's live lease of id, or nil.

@@ -149,8 +149,12 @@ func (s *session) handle(m *redis.Message) {
 		// the script ran: beat on its semaphore's keys then (the beat admits
 		// it). The message came after the script ran, so the beat is not
 		// early.
-		if we := h.engineOf(msg.id); we != nil && s.wakeAt(we, time.Now().Add(time.Duration(msg.ev.wait+1)*time.Millisecond)) {
-			s.poke()
+		if we := h.engineOf(msg.id); we != nil {
+			at := time.Now().Add(time.Duration(msg.ev.wait+1) * time.Millisecond)
+			we.holdByRate(at)
+			if s.wakeAt(we, at) {
+				s.poke()
+			}
 		}
 	case evRequeue:
 		// An operator removed this waiter from the queue: it queues again
@@ -266,7 +270,10 @@ func (s *session) run(quit <-chan struct{}) {
 				// every other member where this process waits (beat).
 				target = h.allWaiting(h.lastEngine())[0]
 			}
+			// Bounded, and ended by the hub's shutdown too: Close must not
+			// wait for a beat into a Redis that does not answer.
 			ctx, cancel := context.WithTimeout(context.Background(), every+time.Second)
+			stopOnQuit := afterClose(quit, cancel)
 			id := s.ID()
 			switch err := s.beat(ctx, target, id, "old"); {
 			case err == errSessionDied:
@@ -278,6 +285,7 @@ func (s *session) run(quit <-chan struct{}) {
 				delete(s.due, target)
 				h.mu.Unlock()
 			}
+			stopOnQuit()
 			cancel()
 			if !early {
 				next = time.Now().Add(every)
@@ -344,4 +352,18 @@ func (s *session) renew(ctx context.Context, dead string) error {
 	}
 	h.broadcast(event{kind: evRequeue, evicted: true})
 	return nil
+}
+
+// afterClose calls f once ch closes, unless the returned stop is called
+// first (as context.AfterFunc does for a context).
+func afterClose(ch <-chan struct{}, f func()) (stop func()) {
+	done := make(chan struct{})
+	go func() {
+		select {
+		case <-ch:
+			f()
+		case <-done:
+		}
+	}()
+	return func() { close(done) }
 }

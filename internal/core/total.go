@@ -29,23 +29,29 @@ func (f *Family) SetTotal(ctx context.Context, total int) error {
 	if total < 0 || total > MaxLimit {
 		return cfgErr("total", "%d is not in [0, %d] (0: no bound)", total, MaxLimit)
 	}
-	if err := f.compareShards(ctx); err != nil {
-		return f.famEng.callErr(ctx, err)
-	}
-	return f.setTotal(ctx, total)
+	return f.famEng.failFast(ctx, func(ctx context.Context) error {
+		if err := f.compareShards(ctx); err != nil {
+			return f.famEng.callErr(ctx, err)
+		}
+		return f.setTotal(ctx, total)
+	})
 }
 
 // Status reads the family's total in force and its use: the slots held
 // in all members and the waiters queued in all of them (fair; an unfair
 // family's waiters are not recorded in Redis: the count is this process's).
-func (f *Family) Status(ctx context.Context) (redsem.FamilyStatus, error) {
-	if f.total == 0 {
-		return f.scanStatus(ctx)
-	}
-	st, err := f.status(ctx)
-	if err == nil && !f.root.cfg.Fair {
-		st.Waiting = f.localWaiters()
-	}
+func (f *Family) Status(ctx context.Context) (st redsem.FamilyStatus, err error) {
+	err = f.root.failFast(ctx, func(ctx context.Context) error {
+		if f.total == 0 {
+			st, err = f.scanStatus(ctx)
+			return err
+		}
+		st, err = f.status(ctx)
+		if err == nil && !f.root.cfg.Fair {
+			st.Waiting = f.localWaiters()
+		}
+		return err
+	})
 	return st, err
 }
 

@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"log"
+	"log/slog"
+	"sync"
 	"testing"
 	"time"
 
@@ -12,6 +14,7 @@ import (
 	"github.com/redis/go-redis/v9"
 	"github.com/redsem/redsem"
 	"github.com/redsem/redsem/fair"
+	"github.com/redsem/redsem/internal/core"
 	"github.com/redsem/redsem/unfair"
 )
 
@@ -98,4 +101,74 @@ func Example_miniredis() {
 	_ = a.Release(ctx)
 	_ = b.Release(ctx)
 	// Output: third: redsem: no slot available
+}
+
+// levelCount is a slog handler that counts records at Info and above.
+type levelCount struct {
+	mu   sync.Mutex
+	msgs []string
+}
+
+func (h *levelCount) Enabled(context.Context, slog.Level) bool { return true }
+func (h *levelCount) Handle(_ context.Context, r slog.Record) error {
+	if r.Level >= slog.LevelInfo {
+		h.mu.Lock()
+		h.msgs = append(h.msgs, r.Level.String()+" "+r.Message)
+		h.mu.Unlock()
+	}
+	return nil
+}
+func (h *levelCount) WithAttrs([]slog.Attr) slog.Handler { return h }
+func (h *levelCount) WithGroup(string) slog.Handler      { return h }
+
+// On miniredis, which has no CONFIG and no FUNCTION, nothing is logged at
+// Info or above: both are expected there, not faults (before issue 44,
+// every process logged a WARN that it cannot read maxmemory-policy, and an
+// INFO about EVALSHA).
+func TestMiniredisQuietLogs(t *testing.T) {
+	m := miniredis.RunT(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	for _, variant := range []string{"fair", "unfair"} {
+		t.Run(variant, func(t *testing.T) {
+			c := redis.NewClient(&redis.Options{Addr: m.Addr()})
+			defer c.Close()
+			logs := &levelCount{}
+			var s redsem.Semaphore
+			var err error
+			if variant == "fair" {
+				s, err = fair.New(c, "quiet-"+variant, 2, fair.Options{Logger: slog.New(logs)})
+			} else {
+				s, err = unfair.New(c, "quiet-"+variant, 2, unfair.Options{Logger: slog.New(logs)})
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer s.Close()
+			for range 3 {
+				l, err := s.Acquire(ctx)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if err := l.Release(ctx); err != nil {
+					t.Fatal(err)
+				}
+			}
+			// The policy check and the library load run in the background:
+			// wait for both to end.
+			e := core.EngineOf(s)
+			_ = e.MaxMemoryPolicy()
+			for e.ScriptMode() == "pending" {
+				if ctx.Err() != nil {
+					t.Fatal("the library load never ended")
+				}
+				time.Sleep(5 * time.Millisecond)
+			}
+			logs.mu.Lock()
+			defer logs.mu.Unlock()
+			if len(logs.msgs) != 0 {
+				t.Errorf("logged on miniredis: %q", logs.msgs)
+			}
+		})
+	}
 }
