@@ -277,8 +277,8 @@ func TestPromiseRateString(t *testing.T) {
 	if got := (redsem.Rate{}).String(); got != "none" {
 		t.Errorf("zero Rate prints %q, want \"none\"", got)
 	}
-	if got := (redsem.Rate{Limit: 60, Per: time.Minute}).String(); got != "60/1m0s" {
-		t.Errorf("60 a minute prints %q, want \"60/1m0s\" (the doc's example)", got)
+	if got := (redsem.Rate{Limit: 60, Per: time.Minute}).String(); got != "60/1m" {
+		t.Errorf("60 a minute prints %q, want \"60/1m\" (the doc's example)", got)
 	}
 	for _, r := range []redsem.Rate{
 		{},
@@ -1069,9 +1069,11 @@ func TestPromiseResumeHoldCountsFromResume(t *testing.T) {
 	})
 }
 
-// A resumed lease keeps the Owner of the process that acquired it in
-// Status, also after the resuming process renewed it.
-func TestPromiseResumeKeepsOwner(t *testing.T) {
+// Status shows as a lease's Owner the process that holds it now: after
+// another process resumed it, that process (issue 44: before, the first
+// process stayed its owner, and `redsem status` showed a process that had
+// handed the lease on).
+func TestPromiseResumeOwnerIsHolder(t *testing.T) {
 	forEach(t, func(t *testing.T, v variant) {
 		ctx := redistest.Ctx(t, 30*time.Second)
 		name := redistest.Name(t)
@@ -1100,14 +1102,14 @@ func TestPromiseResumeKeepsOwner(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if got := owners(); !slices.Equal(got, []string{"front"}) {
-			t.Errorf("owners %q after the worker's Resume, want [front]", got)
+		if got := owners(); !slices.Equal(got, []string{"worker"}) {
+			t.Errorf("owners %q after the worker's Resume, want [worker]: the process that holds it now", got)
 		}
 		if err := r.Renew(ctx); err != nil {
 			t.Fatal(err)
 		}
-		if got := owners(); !slices.Equal(got, []string{"front"}) {
-			t.Errorf("owners %q after the worker renewed, want [front]", got)
+		if got := owners(); !slices.Equal(got, []string{"worker"}) {
+			t.Errorf("owners %q after the worker renewed, want [worker]", got)
 		}
 		if err := r.Release(ctx); err != nil {
 			t.Fatal(err)

@@ -89,9 +89,9 @@ type Lease interface {
 	// its process's queue session.
 	Deadline() time.Time
 	// Renew extends the lease by its TTL. It returns ErrLeaseLost if the
-	// lease is gone (ErrReleased after its Release, also through another
-	// handle of the lease: see Semaphore.Resume); it never re-creates a
-	// lost lease.
+	// lease is gone or its Deadline passed before Redis's answer came
+	// (ErrReleased after its Release, also through another handle of the
+	// lease: see Semaphore.Resume); it never re-creates a lost lease.
 	Renew(ctx context.Context) error
 	// Release frees the slot. A second call returns nil. It returns
 	// ErrLeaseLost if the slot was lost before it.
@@ -108,8 +108,10 @@ type Lease interface {
 	Slots() []int
 	// Context is cancelled once the lease is lost (context.Cause is
 	// ErrLeaseLost) or released (context.Canceled). A lease not renewed in
-	// time is lost at its Deadline: Context ends then, before the lease
-	// gives its slots back in Redis; Done closes after that.
+	// time is lost at its Deadline, in one moment: Context, Done and Err say
+	// so together (also while a Renew or Release is in flight, whose reply
+	// then changes nothing), before the lease gives its slots back in Redis
+	// (in the background). Renew and Release never outlive the Deadline.
 	Context() context.Context
 }
 

@@ -23,9 +23,11 @@ type Options struct {
 	QueueTTL time.Duration
 	// DisableAutoRenew turns off the background renewal of leases; holders
 	// then call Lease.Renew themselves before Lease.Deadline. A lease not
-	// renewed in time is given up at its Deadline: its Context ends
-	// (cause redsem.ErrLeaseLost), it is released in Redis at once (waiters
-	// are woken), then Done closes and Err is redsem.ErrLeaseLost. A lease handed
+	// renewed in time is lost at its Deadline, in one moment: its Context
+	// ends (cause redsem.ErrLeaseLost), Done closes and Err is
+	// redsem.ErrLeaseLost together (also while a Renew or Release is in
+	// flight); then it is released in Redis, in the background (waiters are
+	// woken), unless another process resumed it. A lease handed
 	// over while its Acquire waited in the queue may report a Deadline
 	// sooner than LeaseTTL (about QueueTTL after the grant) until the first
 	// Renew: until then it lasts only as long as the process's queue
@@ -69,8 +71,10 @@ type Options struct {
 	Owner string
 	// MaxHold, if positive, stops the auto-renewal of a lease once it is
 	// this old, so a stuck holder loses its slots at the following deadline
-	// (at most LeaseTTL later): released in Redis at once, then Done, Err,
-	// Context and redsem.Do report the loss as for any other. Zero: no cap.
+	// (at most LeaseTTL later, unless another process resumed the lease
+	// with a longer LeaseTTL: Redis never moves a deadline earlier): Done,
+	// Err, Context and redsem.Do report the loss then, as for any other,
+	// and the slots are released in Redis right after. Zero: no cap.
 	MaxHold time.Duration
 	// MaxWaiters, if positive, bounds the queue: AcquireN returns
 	// redsem.ErrQueueFull at once, writing nothing, when this many entries

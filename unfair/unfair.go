@@ -17,9 +17,11 @@ type Options struct {
 	LeaseTTL time.Duration
 	// DisableAutoRenew turns off the background renewal of leases; holders
 	// then call Lease.Renew themselves before Lease.Deadline. A lease not
-	// renewed in time is given up at its Deadline: its Context ends
-	// (cause redsem.ErrLeaseLost), it is released in Redis at once (waiters
-	// are woken), then Done closes and Err is redsem.ErrLeaseLost.
+	// renewed in time is lost at its Deadline, in one moment: its Context
+	// ends (cause redsem.ErrLeaseLost), Done closes and Err is
+	// redsem.ErrLeaseLost together (also while a Renew or Release is in
+	// flight); then it is released in Redis, in the background (waiters are
+	// woken), unless another process resumed it.
 	DisableAutoRenew bool
 	// KeyPrefix is the first part of every Redis key; zero: "redsem". It may
 	// not contain braces.
@@ -60,8 +62,10 @@ type Options struct {
 	Owner string
 	// MaxHold, if positive, stops the auto-renewal of a lease once it is
 	// this old, so a stuck holder loses its slots at the following deadline
-	// (at most LeaseTTL later): released in Redis at once, then Done, Err,
-	// Context and redsem.Do report the loss as for any other. Zero: no cap.
+	// (at most LeaseTTL later, unless another process resumed the lease
+	// with a longer LeaseTTL: Redis never moves a deadline earlier): Done,
+	// Err, Context and redsem.Do report the loss then, as for any other,
+	// and the slots are released in Redis right after. Zero: no cap.
 	MaxHold time.Duration
 
 	// Rate, if not zero, bounds how many slots are granted in any window of

@@ -39,7 +39,7 @@ type snapshot struct {
 	LimitSource string `json:"limit_source"` // "set-limit", "established" or "unknown"
 	Established *int   `json:"established_limit,omitempty"`
 	Override    *int   `json:"set_limit,omitempty"`
-	// Rate is the rate in force ("60/1m0s"; empty: none), RateGranted the
+	// Rate is the rate in force ("60/1m"; empty: none), RateGranted the
 	// slots granted in its window ending now.
 	Rate        string `json:"rate,omitempty"`
 	RateGranted int    `json:"rate_granted,omitempty"`
@@ -103,7 +103,7 @@ type familyTotal struct {
 
 type holderInfo struct {
 	ID          string    `json:"id"`
-	Slot        int       `json:"slot"`  // the first of Slots
+	Slot        int       `json:"slot"`  // the first of Slots; -1: no lease record (keys edited by hand)
 	Slots       []int     `json:"slots"` // every slot the lease holds
 	Owner       string    `json:"owner"` // Options.Owner of the process that acquired it
 	Token       int64     `json:"token"`
@@ -236,6 +236,18 @@ func (ss *session) read(ctx context.Context, leaseTTL time.Duration) (*snapshot,
 		}
 		s.Holders = append(s.Holders, hi)
 	}
+	// Status lists a holder only with its lease record: a holder whose
+	// record is gone (keys edited by hand) is read here, shown with slot
+	// -1, and warned of (check).
+	extra, err := unrecordedHolders.Run(ctx, client, []string{keys.List[core.KeyHolders], keys.List[core.KeyMeta]}, core.Sentinel).Slice()
+	if err != nil {
+		return nil, err
+	}
+	for i := 0; i+1 < len(extra); i += 2 {
+		id, _ := extra[i].(string)
+		ms, _ := extra[i+1].(int64)
+		s.Holders = append(s.Holders, holderInfo{ID: id, Slot: -1, Slots: []int{}, Deadline: time.UnixMilli(ms).UTC(), ExpiresInMs: ms - nowMs})
+	}
 	for _, w := range st.Waiters {
 		s.Waiters = append(s.Waiters, waiterInfo{ID: w.ID, Position: w.Position, Weight: w.Weight, Owner: w.Owner, EvictDeadline: w.Deadline.UTC(), EvictInMs: w.Deadline.UnixMilli() - nowMs})
 	}
@@ -253,6 +265,31 @@ func (ss *session) read(ctx context.Context, leaseTTL time.Duration) (*snapshot,
 	s.check(leaseTTL)
 	return s, nil
 }
+
+// unrecordedHolders returns the live holders (deadline after the server's
+// clock) of a semaphore's holders set (KEYS[1]) that have no lease record
+// in its meta hash (KEYS[2]), as id, deadline (server ms) pairs; ARGV[1] is
+// the sets' sentinel member. Every grant writes a holder's entry and its
+// record in one script, and every release or prune removes both, so only
+// keys edited by hand leave an entry without a record; Status skips such
+// an entry. One script, so that a lease granted or released while status
+// reads is never taken for one.
+var unrecordedHolders = redis.NewScript(`
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local hs = redis.call('ZRANGEBYSCORE', KEYS[1], '(' .. now, '+inf', 'WITHSCORES')
+local out = {}
+for i = 1, #hs, 2 do
+  local id = hs[i]
+  if id ~= ARGV[1] then
+    local rec = redis.call('HGET', KEYS[2], id)
+    if not rec or string.sub(rec, 1, 1) ~= 'L' then
+      out[#out + 1] = id
+      out[#out + 1] = tonumber(hs[i + 1])
+    end
+  end
+end
+return out`)
 
 func (s *snapshot) warn(format string, args ...any) {
 	s.Warnings = append(s.Warnings, fmt.Sprintf(format, args...))
