@@ -334,13 +334,25 @@ func TestMiddlewareRedisUnreachable(t *testing.T) {
 		t.Fatal("fail closed: handler called")
 	}
 
-	open := redsemhttp.Middleware(redsemhttp.Options{Semaphore: fixed(sem), MaxWait: 300 * time.Millisecond, FailOpen: true})(handler)
-	rec := serve(open, ctx)
-	if rec.Code != http.StatusOK || rec.Body.String() != "served" {
-		t.Fatalf("fail open: %d %q", rec.Code, rec.Body)
+	// FailOpen: the first request finds Redis unreachable at MaxWait; the
+	// ones after it are served at once while it stays so (before issue 44,
+	// each waited MaxWait: 200 requests in 0.30 s with a 200 ms MaxWait
+	// and a 100 ms handler).
+	const maxWait = time.Second
+	open := redsemhttp.Middleware(redsemhttp.Options{Semaphore: fixed(sem), MaxWait: maxWait, FailOpen: true})(handler)
+	for i := range 5 {
+		start := time.Now()
+		rec := serve(open, ctx)
+		took := time.Since(start)
+		if rec.Code != http.StatusOK || rec.Body.String() != "served" {
+			t.Fatalf("fail open: %d %q", rec.Code, rec.Body)
+		}
+		if i > 0 && took >= maxWait/2 {
+			t.Fatalf("fail open: request %d served after %v while Redis refuses connections (MaxWait %v): it waited again", i, took, maxWait)
+		}
 	}
-	if calls.Load() != 1 || withLease.Load() != 0 {
-		t.Fatalf("fail open: %d calls, %d with a lease; want 1, 0", calls.Load(), withLease.Load())
+	if calls.Load() != 5 || withLease.Load() != 0 {
+		t.Fatalf("fail open: %d calls, %d with a lease; want 5, 0", calls.Load(), withLease.Load())
 	}
 }
 
