@@ -171,11 +171,11 @@ func (m *totalMachine) collect(rt *rapid.T) {
 	m.waiters = kept
 }
 
-// idleLong (one draw in four): nothing happens for longer than the keys of
+// idleLong (one draw in eight): nothing happens for longer than the keys of
 // a member that holds nothing live (2 s) and than the queue TTL: waiters
 // must keep their places (checked by the layout, and by drainWaiters).
 func (m *totalMachine) idleLong(rt *rapid.T) {
-	if len(m.waiters) == 0 || rapid.IntRange(0, 3).Draw(rt, "idle_long") != 0 {
+	if len(m.waiters) == 0 || rapid.IntRange(0, 7).Draw(rt, "idle_long") != 0 {
 		rt.Skip("no long idle")
 	}
 	time.Sleep(2*time.Second + 300*time.Millisecond)

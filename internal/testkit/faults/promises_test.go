@@ -82,10 +82,10 @@ func (h *scriptCalls) since(t time.Time) []time.Time {
 // moves on, and no other client gets the slot.
 func TestPromiseRenewalRetriedThroughOutage(t *testing.T) {
 	const (
-		ttl         = 6 * time.Second
+		ttl         = 3 * time.Second
 		retry       = ttl / 10 // min(LeaseTTL/10, 1 s)
-		readTimeout = 200 * time.Millisecond
-		outage      = 4 * time.Second
+		readTimeout = 100 * time.Millisecond
+		outage      = 2200 * time.Millisecond
 	)
 	for _, v := range variants {
 		t.Run(v.name, func(t *testing.T) {
