@@ -3,8 +3,9 @@
 -- in Redis as it is written here: it names lib.lua and stays so), prune
 -- (tombstones past their time, dead sessions and their waiters) and
 -- tombstone, which writes one.
--- Uses from lib_args.lua: the key names, BATCH, CHUNK, fmt; from
--- lib_records.lua: get, num, next_expiry, set, put, del, records, extend;
+-- Uses from lib_args.lua: the key names, argv, BATCH, CHUNK, TOMB_MS, fmt,
+-- int_arg, clock; from lib_records.lua: get, num, next_expiry, set, put,
+-- del, records, extend, start_call, finish;
 -- from lib_slots.lua: parse_waiter, drop_holders.
 
 -- expire removes holders past their deadline, once the earliest deadline
@@ -112,4 +113,36 @@ local function tombstone(id, kind, now, until_ms)
   put(id, kind)
   redis.call('ZADD', ended_key, fmt(until_ms), id)
   extend(now, until_ms)
+end
+
+-- start_setting begins a SetLimit or SetRate call whose id is call_id:
+-- ARGV[i] is its optional refuse_after (server ms after which its caller
+-- has certainly given up: the call then writes nothing and replies {-1,
+-- now}), ARGV[i+1] its optional "cancel" (the caller gave up without a
+-- deadline: only the call's record is written, so that the call, should it
+-- run later, changes nothing). It returns now, now_us and the reply to
+-- return at once (refused, run already, cancelled, or a bad argument), or
+-- nil to go on.
+local function start_setting(call_id, i)
+  local refuse_after = 0
+  if argv[i] ~= nil then
+    local err
+    refuse_after, err = int_arg(i, 'refuse_after', 0)
+    if err then return nil, nil, err end
+  end
+  if refuse_after > 0 then
+    local t = clock()
+    if t > refuse_after then
+      return nil, nil, {-1, t} -- its caller gave up: nothing is written
+    end
+  end
+  local now, now_us, ran = start_call(call_id)
+  if ran then
+    return now, now_us, ran
+  end
+  if argv[i + 1] == 'cancel' then
+    tombstone(call_id, 'S', now, now + TOMB_MS)
+    return now, now_us, finish({now})
+  end
+  return now, now_us, nil
 end

@@ -23,21 +23,8 @@ local limit, err = client_arg()
 if err then return err end
 local call_id; call_id, err = id_arg(4, 'call id')
 if err then return err end
-local refuse_after = 0
-if ARGV[5] ~= nil then
-  refuse_after, err = int_arg(5, 'refuse_after', 0)
-  if err then return err end
-end
-if refuse_after > 0 then
-  local t = clock()
-  if t > refuse_after then return {-1, t} end -- its caller gave up: nothing is written
-end
-local now, now_us, ran = start_call(call_id)
-if ran then return ran end
-if ARGV[6] == 'cancel' then
-  tombstone(call_id, 'S', now, now + TOMB_MS)
-  return finish({now})
-end
+local now, now_us, done = start_setting(call_id, 5)
+if done then return done end
 -- The record keeps every key alive as long as itself (tombstone extends the
 -- horizon): a copy re-sent within TOMB_MS always finds it, even on an idle
 -- semaphore whose keys would otherwise have expired, and so never undoes a

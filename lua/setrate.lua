@@ -25,21 +25,8 @@ local rl, rp = parse_rate((ARGV[5] or '') .. '/' .. (ARGV[6] or ''), '/')
 if not rl then
   return fail('bad rate: ' .. tostring(ARGV[5]) .. '/' .. tostring(ARGV[6]))
 end
-local refuse_after = 0
-if ARGV[7] ~= nil then
-  refuse_after, err = int_arg(7, 'refuse_after', 0)
-  if err then return err end
-end
-if refuse_after > 0 then
-  local t = clock()
-  if t > refuse_after then return {-1, t} end -- its caller gave up: nothing is written
-end
-local now, now_us, ran = start_call(call_id)
-if ran then return ran end
-if ARGV[8] == 'cancel' then
-  tombstone(call_id, 'S', now, now + TOMB_MS)
-  return finish({now})
-end
+local now, now_us, done = start_setting(call_id, 7)
+if done then return done end
 rate_load(true)
 tombstone(call_id, 'S', now, now + TOMB_MS)
 local v = fmt(rl) .. '/' .. fmt(rp)
