@@ -235,7 +235,14 @@ func TestResumeNoLease(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		<-l.Done() // not renewed: given up at its deadline
+		<-l.Done() // not renewed: lost at its deadline, then given up in Redis
+		// Done says "stop", not "gone from Redis": the give-up runs right
+		// after it, in the background (until then another process could
+		// still resume the lease, as a renewal of it).
+		redistest.WaitFor(t, 5*time.Second, "the expired lease gone from Redis", func() (bool, error) {
+			st, err := b.Status(ctx)
+			return err == nil && len(st.Holders) == 0, err
+		})
 		if _, err := b.Resume(ctx, l.ID()); !errors.Is(err, redsem.ErrLeaseLost) {
 			t.Errorf("Resume of an expired lease: %v, want ErrLeaseLost", err)
 		}
