@@ -273,7 +273,7 @@ func (l *Lease) endRenew(octx context.Context, r renewReply, err error, auto boo
 	switch {
 	case l.state != held:
 		err = l.stateErr()
-	case !time.Now().Before(l.deadline):
+	case l.overdue():
 		// The reply came at or after the deadline: the lease was lost
 		// then, whatever Redis did meanwhile (giveUp undoes a renewal).
 		ev = l.lose(time.Now())

@@ -632,20 +632,19 @@ func decodeStatus(v []any) (redsem.Status, error) {
 // ARGV[4] the call's id (a call re-sent after a lost reply runs once). Its
 // reply is now and the grants it made.
 func (e *Engine) setLimit(ctx context.Context, limit int) error {
-	id := uuid.NewString()
-	return e.setCall(ctx, "setlimit", lua.SetLimit, limit, []any{id}, nil)
+	return e.setCall(ctx, "setlimit", lua.SetLimit, limit, []any{uuid.NewString()})
 }
 
 // setCall runs a setting script s (setlimit, setrate, settotal) whose
 // own arguments are args (its call id among them), then its refuse_after
 // bound (the caller's deadline in server time, plus a margin: a request
-// held in the network that reaches Redis after that changes nothing), then
-// tail. When the call gives up with its context before a reply, the script
+// held in the network that reaches Redis after that changes nothing). When
+// the call gives up with its context before a reply, the script
 // is run again at once, in the background, in its "cancel" mode (same call
 // id: only the call's record is written), so that the request, should it
 // run after that, changes nothing either: a setting whose caller gave up
 // does not undo one made after, unless it reached Redis before its cancel.
-func (e *Engine) setCall(ctx context.Context, script string, s lua.Script, limit int, args, tail []any) error {
+func (e *Engine) setCall(ctx context.Context, script string, s lua.Script, limit int, args []any) error {
 	var v []any
 	var sent time.Time
 	var err error
@@ -654,7 +653,7 @@ func (e *Engine) setCall(ctx context.Context, script string, s lua.Script, limit
 		if refuseAfter, err = e.refuseAfterMargin(ctx, settingMargin); err != nil {
 			return e.callErr(ctx, err)
 		}
-		argv := append(append(append([]any{}, args...), refuseAfter), tail...)
+		argv := append(append([]any{}, args...), refuseAfter)
 		if v, sent, err = e.run(ctx, e.cfg.Client, s, limit, argv...); err != nil {
 			break
 		}
@@ -676,7 +675,7 @@ func (e *Engine) setCall(ctx context.Context, script string, s lua.Script, limit
 	}
 	if err != nil {
 		if ctx.Err() != nil {
-			cancelArgv := append(append(append([]any{}, args...), 0), append(tail, "cancel")...)
+			cancelArgv := append(append([]any{}, args...), 0, "cancel")
 			bctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cancelCallBound)
 			e.background(bctx, cancel, func(ctx context.Context) {
 				_, _, _ = e.run(ctx, e.cfg.Client, s, limit, cancelArgv...)
@@ -695,7 +694,7 @@ const cancelCallBound = 5 * time.Second
 // rate's limit and period in ms (0 and 0: no rate). Its reply is now and
 // the grants it made.
 func (e *Engine) setRate(ctx context.Context, rate redsem.Rate) error {
-	return e.setCall(ctx, "setrate", lua.SetRate, e.cfg.Limit, []any{uuid.NewString(), rate.Limit, ms(rate.Per)}, nil)
+	return e.setCall(ctx, "setrate", lua.SetRate, e.cfg.Limit, []any{uuid.NewString(), rate.Limit, ms(rate.Per)})
 }
 
 // grantsReply decodes a reply of now followed by a grant list and hands
@@ -1258,7 +1257,7 @@ func Unreachable(err error) bool {
 // none). Its reply is now and the grants it made.
 func (f *Family) setTotal(ctx context.Context, total int) error {
 	e := f.famEng
-	return e.setCall(ctx, "settotal", lua.SetTotal, e.cfg.Limit, []any{total, uuid.NewString()}, nil)
+	return e.setCall(ctx, "settotal", lua.SetTotal, e.cfg.Limit, []any{total, uuid.NewString()})
 }
 
 // status runs famstatus.lua (read-only) on the family's keys: total in
