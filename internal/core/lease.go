@@ -531,10 +531,11 @@ func (l *Lease) finishLocked(st leaseState, at time.Time) func() {
 	if st == lost {
 		cause = redsem.ErrLeaseLost
 	}
-	// The state first, then Context: whoever the cancellation wakes (an
-	// AfterFunc, as redsem.Do's) reads Err as lost already.
-	l.cancel(cause)
+	// The state and Done first, then Context: whoever the cancellation
+	// wakes (an AfterFunc, as redsem.Do's, and the code under fn's context)
+	// finds Done closed and Err lost already.
 	close(l.done)
+	l.cancel(cause)
 	if l.op != opNone {
 		l.cancelOp(cause)
 	}
