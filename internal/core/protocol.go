@@ -112,8 +112,14 @@ func (e *Engine) run(ctx context.Context, c redis.Scripter, s lua.Script, limit 
 				// SHA1, a small command, gets the server's reply (the
 				// authentication error; or NOSCRIPT, then EVAL). Not after
 				// a failed dial: nothing was written, and go-redis's
-				// retries would only run again.
-				cmd = script.Run(ctx, c, keys, argv...)
+				// retries would only run again. The pool may hand out
+				// another connection the server closed the same way (it
+				// replied, then closed): each try drops one, so a few tries
+				// reach a live connection or a failed dial.
+				_ = onLiveConn(ctx, func() error {
+					cmd = script.Run(ctx, c, keys, argv...)
+					return cmd.Err()
+				})
 			}
 		} else {
 			cmd = script.Run(ctx, c, keys, argv...)
@@ -853,7 +859,11 @@ func (f *Family) checkShards(ctx context.Context) error {
 func (e *Engine) readClock(ctx context.Context) error {
 	sent := time.Now()
 	v, err := bounded(ctx, func() ([]any, error) {
-		t, err := e.cfg.Client.Time(ctx).Result()
+		var t time.Time
+		err := onLiveConn(ctx, func() (err error) {
+			t, err = e.cfg.Client.Time(ctx).Result()
+			return err
+		})
 		if err != nil {
 			return nil, err
 		}
@@ -1215,6 +1225,23 @@ func Transient(err error) bool {
 		}
 	}
 	return false
+}
+
+// onLiveConn runs send, a request safe to send twice (TIME, a script's
+// SHA1 after its body was cut off), again while it fails on a connection
+// the server had closed (EOF or a reset, not a failed dial) and ctx lives:
+// go-redis's pool may hand out such a connection once (a server that
+// replied to an unauthenticated client, then closed its connection), and
+// each failure drops one. Three tries at most; a client with MaxRetries
+// set already retries these itself.
+func onLiveConn(ctx context.Context, send func() error) error {
+	var err error
+	for try := 0; try < 3; try++ {
+		if err = send(); !Unreachable(err) || dialFailed(err) || ctx.Err() != nil {
+			break
+		}
+	}
+	return err
 }
 
 // dialFailed reports whether err is a failed dial (nothing was sent).

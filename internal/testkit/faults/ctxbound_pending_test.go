@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/redis/go-redis/v9"
 	"github.com/redsem/redsem"
 	"github.com/redsem/redsem/internal/core"
 	"github.com/redsem/redsem/internal/testkit/redistest"
@@ -64,8 +65,30 @@ func TestReleaseDuringStuckRenewalBounded(t *testing.T) {
 			// that the renewal below is the one request the hole swallows
 			// (on a pooled connection, not a new one stuck in its handshake).
 			_ = e.MaxMemoryPolicy()
+			// Idle connections in the pool, so that the renewal does not
+			// dial one whose handshake the hole would swallow before the
+			// renewal is written (the fair session's heartbeat may hold one).
+			var conns []*redis.Conn
+			for i := 0; i < 4; i++ {
+				cn := c.Conn()
+				if err := cn.Ping(ctx).Err(); err != nil {
+					t.Fatal(err)
+				}
+				conns = append(conns, cn)
+			}
+			for _, cn := range conns {
+				_ = cn.Close()
+			}
+			// The hole opens right after a renewal was answered, so that
+			// none is in flight (one sent before it opens would be stuck,
+			// and the lease lost before another is sent).
+			d0 := l.Deadline()
 			p.Watch([]byte(l.ID())) // only the watchdog's renewal carries it now
+			redistest.WaitFor(t, 5*time.Second, "a renewal answered", func() (bool, error) {
+				return p.Watched() >= 1 && l.Deadline().After(d0), nil
+			})
 			p.SetBlackhole(true)
+			p.Watch([]byte(l.ID()))
 			defer p.SetBlackhole(false)
 			redistest.WaitFor(t, 5*time.Second, "the watchdog's renewal sent", func() (bool, error) {
 				return p.Watched() >= 1, nil
