@@ -7,7 +7,6 @@ import (
 	"math"
 	"net/http"
 	"strconv"
-	"sync"
 	"time"
 
 	"github.com/redsem/redsem"
@@ -44,10 +43,13 @@ type Options struct {
 	// default) fails closed: the request is answered 503 with Retry-After,
 	// as if no slot were free. True fails open: the handler runs without a
 	// lease (LeaseFromContext reports none), so the limit does not hold
-	// while Redis is down, but the service stays up. Once an Acquire found
-	// Redis unreachable, the requests that follow try once (TryAcquire,
-	// which fails with the first failed dial) and are served at once while
-	// it stays so, instead of each waiting MaxWait. It never applies to a
+	// while Redis is down, but the service stays up. With FailOpen each
+	// request tries once first (TryAcquire, which fails with the first
+	// failed dial), so that it is served at once while Redis refuses
+	// connections, the first request after Redis went away included; a
+	// request that finds no slot free (or the rate's window full) then
+	// waits with Acquire up to MaxWait, as without FailOpen: one more call
+	// to Redis for a request that must wait. It never applies to a
 	// healthy Redis: a reply slower than MaxWait, a request whose context
 	// ended, a full queue, a closed semaphore or a limit mismatch are
 	// answered 503 whatever FailOpen says.
@@ -121,11 +123,6 @@ func Middleware(opts Options) func(http.Handler) http.Handler {
 	if releaseTimeout <= 0 {
 		releaseTimeout = defaultReleaseTimeout
 	}
-	// down holds, with FailOpen, the semaphores whose latest Acquire found
-	// Redis unreachable: while it stays so, a request tries once
-	// (TryAcquire, which fails with the first failed dial) and is served
-	// at once, instead of waiting MaxWait like the request that found out.
-	var down sync.Map // redsem.Semaphore -> struct{}
 	onError := opts.ErrorHandler
 	if onError == nil {
 		onError = func(w http.ResponseWriter, _ *http.Request, _ error) {
@@ -158,21 +155,15 @@ func Middleware(opts Options) func(http.Handler) http.Handler {
 				defer cancel()
 			}
 			var lease redsem.Lease
-			if _, isDown := down.Load(sem); isDown && opts.FailOpen {
+			if opts.FailOpen {
 				lease, err = sem.TryAcquire(waitCtx)
-				switch {
-				case err != nil && errors.Is(err, redsem.ErrUnavailable):
-					next.ServeHTTP(w, r) // still unreachable: fail open at once
+				if err != nil && errors.Is(err, redsem.ErrUnavailable) {
+					next.ServeHTTP(w, r) // unreachable: fail open at once
 					return
-				case err == nil || errors.Is(err, redsem.ErrNoSlot):
-					down.Delete(sem) // Redis answers again
 				}
 			}
-			if lease == nil {
+			if lease == nil && (!opts.FailOpen || errors.Is(err, redsem.ErrNoSlot) || isRateLimited(err)) {
 				lease, err = sem.Acquire(waitCtx)
-			}
-			if opts.FailOpen && err != nil && errors.Is(err, redsem.ErrUnavailable) {
-				down.Store(sem, struct{}{})
 			}
 			var rl *redsem.RateLimitedError
 			switch {
@@ -203,4 +194,10 @@ func Middleware(opts Options) func(http.Handler) http.Handler {
 			next.ServeHTTP(w, r.WithContext(context.WithValue(ctx, leaseKey{}, lease)))
 		})
 	}
+}
+
+// isRateLimited reports whether err is a *redsem.RateLimitedError.
+func isRateLimited(err error) bool {
+	var rl *redsem.RateLimitedError
+	return errors.As(err, &rl)
 }
