@@ -395,8 +395,12 @@ func TestResumeOutlivesFirstHandle(t *testing.T) {
 					t.Fatal("the first handle did not end after its deadline")
 				}
 				// Its holder's time is up at its Deadline: the handle ends
-				// lost (one moment for Err, Context and the event), while
-				// the lease lives on for the process that resumed it.
+				// lost (Err with Done; the event right after, outside the
+				// lease's lock), while the lease lives on for the process
+				// that resumed it.
+				redistest.WaitFor(t, time.Second, "EventLeaseLost", func() (bool, error) {
+					return evA.count(redsem.EventLeaseLost, la.ID()) > 0, nil
+				})
 				if !errors.Is(la.Err(), redsem.ErrLeaseLost) || evA.count(redsem.EventLeaseLost, la.ID()) != 1 {
 					t.Errorf("first handle: Err %v, %d EventLeaseLost; want ErrLeaseLost, once", la.Err(), evA.count(redsem.EventLeaseLost, la.ID()))
 				}

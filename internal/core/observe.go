@@ -117,6 +117,11 @@ type dialWatch struct {
 	err error
 	at  time.Time // of err
 	ok  time.Time // the latest dial that succeeded
+	// probe dials the client's address without go-redis (nil: a client of
+	// another type than *redis.Client); probing is closed when the probe
+	// in flight ends (nil: none). See ready.
+	probe   *dialProbe
+	probing chan struct{}
 	// giveUp holds what to call at the next dial that fails (refused, or
 	// timed out: not one abandoned by its caller), by onFailure's id.
 	giveUp map[uint64]func(error)
@@ -134,20 +139,123 @@ func (d *dialWatch) DialHook(next redis.DialHook) redis.DialHook {
 		}
 		// go-redis dials on a context of its own, which ends early only
 		// by DialTimeout (a deadline) or when nobody waits any more.
-		failed := ctx.Err() == nil || errors.Is(ctx.Err(), context.DeadlineExceeded)
-		d.mu.Lock()
-		if ctx.Err() == nil {
-			d.err, d.at = err, time.Now()
-		}
-		var giveUp map[uint64]func(error)
-		if failed && len(d.giveUp) > 0 {
-			giveUp, d.giveUp = d.giveUp, nil
-		}
-		d.mu.Unlock()
-		for _, f := range giveUp {
-			f(err) // before go-redis sees the error, so that it retries nothing for them
-		}
+		d.failed(ctx, err)
 		return c, err
+	}
+}
+
+// failed records err, a dial made on ctx that failed, and calls the
+// functions given to onFailure when it failed on its own (refused, or
+// timed out: not abandoned by its caller).
+func (d *dialWatch) failed(ctx context.Context, err error) {
+	failed := ctx.Err() == nil || errors.Is(ctx.Err(), context.DeadlineExceeded)
+	d.mu.Lock()
+	if ctx.Err() == nil {
+		d.err, d.at = err, time.Now()
+	}
+	var giveUp map[uint64]func(error)
+	if failed && len(d.giveUp) > 0 {
+		giveUp, d.giveUp = d.giveUp, nil
+	}
+	d.mu.Unlock()
+	for _, f := range giveUp {
+		f(err) // before go-redis sees the error, so that it retries nothing for them
+	}
+}
+
+// probeShare is how long the result of a failed dial answers the calls
+// that come after it (ready) without a dial of their own.
+const probeShare = 20 * time.Millisecond
+
+// dialProbe dials a *redis.Client's address as its pool would (its
+// options' Dialer, which TLS included), without the pool: go-redis logs
+// every request whose dials all failed ("failed to dial after 5
+// attempts"), and its logger is the user's.
+type dialProbe struct {
+	dial          func(ctx context.Context, network, addr string) (net.Conn, error)
+	network, addr string
+	timeout       time.Duration
+}
+
+func probeOf(c redis.UniversalClient) *dialProbe {
+	rc, ok := c.(*redis.Client)
+	if !ok {
+		return nil
+	}
+	o := rc.Options()
+	if o.Dialer == nil {
+		return nil
+	}
+	return &dialProbe{dial: o.Dialer, network: o.Network, addr: o.Addr, timeout: o.DialTimeout}
+}
+
+func (p *dialProbe) try(ctx context.Context) error {
+	if p.timeout > 0 {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, p.timeout)
+		defer cancel()
+	}
+	c, err := p.dial(ctx, p.network, p.addr)
+	if err != nil {
+		return err
+	}
+	return c.Close()
+}
+
+// ready says whether a request may go to go-redis now. While the client's
+// dials fail (the latest one failed, none succeeded since), it dials the
+// address itself first (one probe at a time; the calls that come while it
+// runs wait for it, within their ctx, and those within probeShare after a
+// failure take its error): a request goes to go-redis only once a dial
+// got through, and otherwise fails at once with the dial's error (which
+// matches Unreachable), as go-redis would have failed it after dialing and
+// logging. So redsem's retries and background work during an outage (a
+// lease renewing, a release given up to the background, waiters asking
+// again) do not flood go-redis's log. A client of another type than
+// *redis.Client is always ready (its dials go to several nodes).
+func (d *dialWatch) ready(ctx context.Context) error {
+	if d == nil || d.probe == nil {
+		return nil
+	}
+	for {
+		d.mu.Lock()
+		if d.err == nil || !d.at.After(d.ok) {
+			d.mu.Unlock()
+			return nil
+		}
+		if time.Since(d.at) < probeShare {
+			err := d.err
+			d.mu.Unlock()
+			return err
+		}
+		if ch := d.probing; ch != nil {
+			d.mu.Unlock()
+			select {
+			case <-ch:
+				continue
+			case <-ctx.Done():
+				return ctx.Err()
+			}
+		}
+		ch := make(chan struct{})
+		d.probing = ch
+		d.mu.Unlock()
+		err := d.probe.try(ctx)
+		if err == nil {
+			d.mu.Lock()
+			d.ok = time.Now()
+			d.mu.Unlock()
+		} else {
+			d.failed(ctx, err)
+		}
+		d.mu.Lock()
+		d.probing = nil
+		d.mu.Unlock()
+		close(ch)
+		if err != nil && ctx.Err() != nil {
+			return ctx.Err()
+		}
+		return err
 	}
 }
 
@@ -259,7 +367,7 @@ func alertsByKey(key any, c redis.UniversalClient, slot int) (a *alerts, added b
 	d, ok := dialsByClient.Load(key)
 	if !ok {
 		var loaded bool
-		if d, loaded = dialsByClient.LoadOrStore(key, &dialWatch{}); !loaded {
+		if d, loaded = dialsByClient.LoadOrStore(key, &dialWatch{probe: probeOf(c)}); !loaded {
 			c.AddHook(d.(*dialWatch))
 			added = true
 		}
@@ -458,4 +566,12 @@ func (e *Engine) MaxMemoryPolicy() string {
 	root.policyMu.Lock()
 	defer root.policyMu.Unlock()
 	return root.policy
+}
+
+// ready is the client's dialWatch.ready (always ready without alerts).
+func (a *alerts) ready(ctx context.Context) error {
+	if a == nil {
+		return nil
+	}
+	return a.dials.ready(ctx)
 }

@@ -126,6 +126,9 @@ func (e *Engine) run(ctx context.Context, c redis.Scripter, s lua.Script, limit 
 		}
 		return cmd.Slice()
 	}
+	if err := e.alerts.ready(ctx); err != nil {
+		return nil, sent, err
+	}
 	v, err := bounded(ctx, call)
 	if err == nil {
 		e.reached(sent)
@@ -858,6 +861,9 @@ func (f *Family) checkShards(ctx context.Context) error {
 // are raw (the acquire call classifies them).
 func (e *Engine) readClock(ctx context.Context) error {
 	sent := time.Now()
+	if err := e.alerts.ready(ctx); err != nil {
+		return err
+	}
 	v, err := bounded(ctx, func() ([]any, error) {
 		var t time.Time
 		err := onLiveConn(ctx, func() (err error) {

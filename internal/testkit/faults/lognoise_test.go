@@ -1,0 +1,98 @@
+package faults_test
+
+import (
+	"context"
+	"fmt"
+	"log"
+	"os"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/redsem/redsem/internal/testkit/redistest"
+)
+
+// goRedisLog counts the lines go-redis logs that name one address, and
+// writes every line to stderr as go-redis's default logger does.
+type goRedisLog struct {
+	mu    sync.Mutex
+	addr  string
+	lines []string
+	out   *log.Logger
+}
+
+func (l *goRedisLog) Printf(_ context.Context, format string, v ...any) {
+	s := fmt.Sprintf(format, v...)
+	l.mu.Lock()
+	if l.addr != "" && strings.Contains(s, l.addr) {
+		l.lines = append(l.lines, s)
+	}
+	l.mu.Unlock()
+	_ = l.out.Output(2, s)
+}
+
+func (l *goRedisLog) count() int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return len(l.lines)
+}
+
+// During an outage, redsem's own work (leases renewing, a release given
+// up to the background, fair waiters and their session, the subscription)
+// does not flood go-redis's log: go-redis logs a line for each request
+// whose dials all failed ("failed to dial after 5 attempts"), and the
+// logger is the user's. redsem tries the address itself, without a log,
+// while the client's dials fail, and hands a request to go-redis only once
+// a dial got through (issue 44: 43 lines in a 6 s outage from two
+// processes). The caller's own calls still fail with the dial's error
+// (ErrUnavailable).
+func TestOutageDoesNotFloodGoRedisLog(t *testing.T) {
+	srv := redistest.Start(t)
+	logger := &goRedisLog{addr: srv.Addr, out: log.New(os.Stderr, "redis: ", log.LstdFlags|log.Lshortfile)}
+	redis.SetLogger(logger)
+	t.Cleanup(func() {
+		redis.SetLogger(&goRedisLog{out: log.New(os.Stderr, "redis: ", log.LstdFlags|log.Lshortfile)})
+	})
+	c := redis.NewClient(&redis.Options{Addr: srv.Addr}) // go-redis's defaults: 5 dials per connection, 3 retries
+	t.Cleanup(func() { _ = c.Close() })
+	ctx := redistest.Ctx(t, 60*time.Second)
+	var held []interface{ Release(context.Context) error }
+	var waiting sync.WaitGroup
+	wctx, stopWaiting := context.WithCancel(ctx)
+	defer func() { stopWaiting(); waiting.Wait() }()
+	for _, v := range variants {
+		s := v.new(t, c, redistest.Name(t)+"-"+v.name, 3, opts{LeaseTTL: 1500 * time.Millisecond, QueueTTL: time.Second})
+		for range 3 {
+			l, err := s.Acquire(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			held = append(held, l)
+		}
+		for range 2 { // waiters, retrying through the outage
+			waiting.Add(1)
+			go func() {
+				defer waiting.Done()
+				if l, err := s.Acquire(wctx); err == nil {
+					_ = l.Release(ctx)
+				}
+			}()
+		}
+	}
+	time.Sleep(200 * time.Millisecond) // the waiters queued
+	srv.Kill(t)
+	time.Sleep(300 * time.Millisecond)
+	// A release given up to the background while Redis is away.
+	rctx, cancel := context.WithTimeout(ctx, 50*time.Millisecond)
+	_ = held[0].Release(rctx)
+	cancel()
+	time.Sleep(2700 * time.Millisecond) // leases renewing and lost, waiters retrying
+	lines := logger.count()
+	srv.Restart(t)
+	t.Logf("go-redis logged %d lines naming %s in a 3 s outage", lines, srv.Addr)
+	if lines > 4 {
+		t.Errorf("go-redis logged %d lines naming %s in a 3 s outage of 6 leases, 4 waiters and a background release; want at most 4 (requests in flight when it began)", lines, srv.Addr)
+	}
+}
