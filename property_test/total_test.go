@@ -182,7 +182,9 @@ func (m *totalMachine) idleLong(rt *rapid.T) {
 }
 
 // drainWaiters ends a check: every lease released, every waiter must then
-// be granted (none lost its place), each released at once.
+// be granted (none lost its place), each released as soon as it is: in the
+// order the grants come, not the order of the list (a waiter granted later
+// in the list may hold what an earlier one waits for).
 func (m *totalMachine) drainWaiters(rt *rapid.T) {
 	for _, l := range m.leases {
 		if l.l != nil {
@@ -190,19 +192,32 @@ func (m *totalMachine) drainWaiters(rt *rapid.T) {
 		}
 	}
 	m.leases = nil
-	for _, w := range m.waiters {
-		select {
-		case r := <-w.done:
-			if errors.Is(r.err, redsem.ErrWeight) && w.n > w.low {
-				break // SetTotal lowered the total below its weight while it waited
+	deadline := time.Now().Add(crashTTL + 10*time.Second)
+	for pending := m.waiters; len(pending) > 0; {
+		kept := pending[:0]
+		for _, w := range pending {
+			select {
+			case r := <-w.done:
+				w.cancel()
+				if errors.Is(r.err, redsem.ErrWeight) && w.n > w.low {
+					continue // SetTotal lowered the total below its weight while it waited
+				}
+				if r.err != nil {
+					rt.Fatalf("%s's waiter of %d: %v", w.tenant, w.n, r.err)
+				}
+				_ = r.l.Release(context.Background())
+			default:
+				kept = append(kept, w)
 			}
-			if r.err != nil {
-				rt.Fatalf("%s's waiter of %d: %v", w.tenant, w.n, r.err)
-			}
-			_ = r.l.Release(context.Background())
-		case <-time.After(crashTTL + 10*time.Second):
-			rt.Fatalf("%s's waiter of %d not granted with nothing held: it lost its place", w.tenant, w.n)
 		}
+		pending = kept
+		if len(pending) > 0 && time.Now().After(deadline) {
+			w := pending[0]
+			rt.Fatalf("%s's waiter of %d not granted with nothing else held: it lost its place", w.tenant, w.n)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	for _, w := range m.waiters {
 		w.cancel()
 	}
 	m.waiters = nil
