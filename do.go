@@ -3,14 +3,9 @@ package redsem
 import (
 	"context"
 	"errors"
-	"time"
 
 	"github.com/redsem/redsem/internal/detach"
 )
-
-// releaseTimeout bounds the release that Do makes after fn returns: within
-// ctx while it runs, detached from it once it ended (internal/detach).
-const releaseTimeout = 5 * time.Second
 
 // Do acquires a slot, runs fn with a context that is cancelled if the lease
 // is lost, and always releases the slot afterwards (also when fn panics or
@@ -45,7 +40,7 @@ func Do(ctx context.Context, s Semaphore, fn func(ctx context.Context, l Lease) 
 	defer func() {
 		stop()
 		cancel(context.Canceled)
-		relErr := detach.Release(ctx, l, releaseTimeout)
+		relErr := detach.Release(ctx, l, detach.Timeout) // within ctx while it runs, detached once it ended
 		if r := recover(); r != nil {
 			panic(r)
 		}

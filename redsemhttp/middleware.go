@@ -13,9 +13,6 @@ import (
 	"github.com/redsem/redsem/internal/detach"
 )
 
-// defaultReleaseTimeout bounds a release when no ReleaseTimeout is set.
-const defaultReleaseTimeout = 5 * time.Second
-
 // defaultRetryAfter is the Retry-After of a 503 when Options.RetryAfter is
 // zero.
 const defaultRetryAfter = time.Second
@@ -121,7 +118,7 @@ func Middleware(opts Options) func(http.Handler) http.Handler {
 	retryAfterHeader := strconv.FormatInt(int64(math.Ceil(retryAfter.Seconds())), 10)
 	releaseTimeout := opts.ReleaseTimeout
 	if releaseTimeout <= 0 {
-		releaseTimeout = defaultReleaseTimeout
+		releaseTimeout = detach.Timeout
 	}
 	onError := opts.ErrorHandler
 	if onError == nil {

@@ -75,7 +75,7 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 	}
 	timeout := t.ReleaseTimeout
 	if timeout <= 0 {
-		timeout = defaultReleaseTimeout
+		timeout = detach.Timeout
 	}
 	ctx := req.Context()
 	var once sync.Once

@@ -74,9 +74,6 @@ type Options struct {
 	MinHold time.Duration
 }
 
-// releaseTimeout bounds the Release made when a connection closes.
-const releaseTimeout = 5 * time.Second
-
 // closeWait bounds how long Close waits for the demand subscription to end.
 const closeWait = 100 * time.Millisecond
 
@@ -586,7 +583,7 @@ func (s *Slot) Closed() (wasGivenBack bool) {
 func (s *Slot) release() {
 	s.once.Do(func() {
 		// On failure the slot comes back after the lease TTL.
-		_ = detach.Release(context.Background(), s.lease, releaseTimeout)
+		_ = detach.Release(context.Background(), s.lease, detach.Timeout)
 	})
 }
 

@@ -159,7 +159,7 @@ type call struct {
 	rateRoom time.Time
 	rate     redsem.Rate
 
-	backoff time.Duration
+	backoff backoff
 	timer   *time.Timer // the call's one timer (retry pauses, unfair waits)
 	w       *waiter     // registered with the hub once the call waits
 }
@@ -189,12 +189,8 @@ func (c *call) retry(err error) error {
 	if c.ctx.Err() != nil || !Transient(err) {
 		return err
 	}
-	c.lastErr = err
-	if Unreachable(err) {
-		c.e.unreachable(err) // a Warn once a minute, while the call retries
-	}
-	c.backoff = min(max(2*c.backoff, 20*time.Millisecond), time.Second)
-	if !c.sleep(jitter(c.backoff)) {
+	c.lastErr = err // the request that learnt it raised the alert (answered)
+	if !c.sleep(c.backoff.next()) {
 		return c.ctx.Err()
 	}
 	return nil
@@ -313,7 +309,7 @@ func (c *call) classify(err error) error {
 		if c.lastErr != nil && (err == nil || !errors.Is(err, c.lastErr)) {
 			// Redis failed transiently and did not answer since: say how,
 			// and (only if it could not be reached) that it was unavailable
-			// (retry raised the alert when it saw the error).
+			// (the request raised the alert: answered).
 			if Unreachable(c.lastErr) {
 				out = joinLine(out, fmt.Errorf("%w: %w", redsem.ErrUnavailable, c.lastErr))
 			} else {
@@ -333,19 +329,6 @@ func (c *call) classify(err error) error {
 	}
 	return e.wrap(err) // the library's own errors (own) come back as they are
 }
-
-// needsUndo reports whether a call that failed with err may have left a
-// grant or a queue entry in Redis: not when acquire.lua refused before
-// writing, nor when the call got a definite "no" without writing.
-func needsUndo(err error) bool {
-	return !(errors.Is(err, redsem.ErrLimitMismatch) || errors.Is(err, redsem.ErrWeight) ||
-		errors.Is(err, redsem.ErrQueueFull) || errors.Is(err, redsem.ErrNoSlot) || errors.Is(err, errCancelled))
-}
-
-// closeUndoBound bounds the undo that a fair waiter ended by Close runs
-// before its call returns (a Redis that does not answer leaves the entry to
-// be evicted with the session, which the closed hub no longer renews).
-const closeUndoBound = 250 * time.Millisecond
 
 // undo removes what the call's requests may have left: a fair waiter that
 // Close ended leaves the queue at once, within the caller's context (Close
@@ -381,40 +364,16 @@ func (c *call) undo() {
 func (e *Engine) undo(ctx context.Context, id string) {
 	uctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), e.cfg.LeaseTTL)
 	e.background(uctx, cancel, func(ctx context.Context) {
-		for wait := 20 * time.Millisecond; ; wait = min(2*wait, time.Second) {
+		var b backoff
+		for {
 			if _, err := e.release(ctx, id, "undo"); err == nil || !Transient(err) {
 				return
 			}
-			if !sleepCtx(ctx, jitter(wait)) {
+			if !sleepCtx(ctx, b.next()) {
 				return
 			}
 		}
 	})
-}
-
-// sleepCtx waits d, or until ctx ends; false when ctx ended first.
-func sleepCtx(ctx context.Context, d time.Duration) bool {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-t.C:
-		return true
-	case <-ctx.Done():
-		return false
-	}
-}
-
-// releaseBound bounds a release that ends a lease the client gave up
-// (MaxHold, or its deadline passed without renewal): Done waits for it
-// that long at most.
-func (e *Engine) releaseBound() time.Duration {
-	return min(100*time.Millisecond, max(e.cfg.LeaseTTL/10, time.Millisecond))
-}
-
-// jitter spreads d over [0.5d, 1.5d) so that clients that failed together do
-// not retry together.
-func jitter(d time.Duration) time.Duration {
-	return time.Duration(float64(d) * (0.5 + rand.Float64()))
 }
 
 // attempt runs acquire.lua once in mode ("try", "wait" or "queue") with
@@ -457,7 +416,7 @@ func (c *call) attempt(mode, sid string) (acquireReply, error) {
 	}
 	if err == nil || !Transient(err) {
 		if err == nil || !errors.Is(err, c.ctx.Err()) {
-			c.replied, c.lastErr, c.backoff = true, nil, 0
+			c.replied, c.lastErr, c.backoff = true, nil, backoff{}
 		}
 	}
 	return a, err
@@ -472,11 +431,11 @@ func (c *call) attempt(mode, sid string) (acquireReply, error) {
 // attempt it made last (its session and its floor, see acquireReply.floor). A
 // waiter is, in turn:
 //
-//	asking   acquire.lua runs (queue mode)         granted: done; queued: waiting; session died: renew it, ask again
+//	asking   acquire.lua runs (queue mode)         granted: done; queued: waiting; session died: replace it, ask again
 //	waiting  a grant for the last attempt          done (unless its deadline passed: ask again)
 //	waiting  a grant from an older attempt         ask again (a delayed message, or from before a data loss)
 //	waiting  "evicted as too heavy"                ask again: the reply says ErrWeight if it still is
-//	waiting  resync, session renewed, removed      ask again
+//	waiting  resync, session replaced, removed     ask again
 //
 // So only a reply to the latest attempt, or a grant that Redis made after
 // it (its token above the attempt's floor, on the attempt's session), ends
@@ -501,7 +460,7 @@ func (fairWait) next(c *call) (grant, bool, error) {
 	case errors.Is(err, errSessionDied):
 		// Its session expired (the process was paused, or cut off): a new
 		// one, and every waiter of the process queues again.
-		return grant{}, false, s.renew(c.ctx, sid)
+		return grant{}, false, s.replace(c.ctx, sid)
 	case err != nil:
 		return grant{}, false, err
 	}

@@ -33,10 +33,6 @@ import (
 	"github.com/redsem/redsem/lua"
 )
 
-// cleanupTimeout bounds the best-effort release that undoes an acquire which
-// failed or was cancelled; it runs on a context detached from the caller's.
-const cleanupTimeout = 2 * time.Second
-
 // Engine implements redsem.Semaphore for both variants.
 type Engine struct {
 	cfg  Config
@@ -233,6 +229,7 @@ func (e *Engine) failFast(ctx context.Context, call func(ctx context.Context) er
 	err := call(cctx)
 	if err != nil && ctx.Err() == nil && cctx.Err() != nil {
 		if cause := context.Cause(cctx); cause != nil && cause != cctx.Err() {
+			e.unreachable(cause)
 			return e.wrap(cause)
 		}
 	}

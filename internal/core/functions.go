@@ -46,14 +46,6 @@ const (
 	libRefused               // the server refused FUNCTION: EVALSHA for good
 )
 
-// libRetry is how long a client waits before trying to load the library
-// again after a load failed for a reason other than a refusal (Redis
-// unreachable, a timeout).
-const libRetry = 10 * time.Second
-
-// libLoadTimeout bounds a background FUNCTION LOAD.
-const libLoadTimeout = 5 * time.Second
-
 type libState struct {
 	mode   atomic.Uint32
 	mu     sync.Mutex

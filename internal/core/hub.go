@@ -16,7 +16,7 @@ type evKind int
 const (
 	evFree    evKind = iota // unfair: slots may be free, try again
 	evGrant                 // fair: this waiter was granted its slots
-	evRequeue               // fair: ask Redis again (session renewed under a new id, or messages may have been lost)
+	evRequeue               // fair: ask Redis again (session replaced under a new id, or messages may have been lost)
 	evWeight                // fair: SetLimit (SetRate) made the limit (the rate's) smaller than this waiter's weight
 	evWake                  // fair: the rate lets this head waiter in after a delay: beat then (handled by the session)
 )
@@ -206,12 +206,6 @@ func (h *hub) stopIfIdle() {
 		h.shutdown()
 	}
 }
-
-// shutdownBound bounds how long shutdown (and so Close) waits for the hub's
-// goroutines: a subscription that go-redis is still setting up against a
-// Redis that does not answer ignores its context until the client's read
-// timeout; it then finds the hub closed and ends on its own.
-const shutdownBound = 250 * time.Millisecond
 
 // shutdown stops the hub's goroutines and waits for them, at most
 // shutdownBound.

@@ -479,8 +479,9 @@ func (l *Lease) releaseLater() {
 	l.mu.Unlock()
 	ctx, cancel := context.WithDeadline(context.Background(), deadline)
 	l.e.background(ctx, cancel, func(ctx context.Context) {
-		for wait := 20 * time.Millisecond; ; wait = min(2*wait, time.Second) {
-			if !sleepCtx(ctx, jitter(wait)) {
+		var b backoff
+		for {
+			if !sleepCtx(ctx, b.next()) {
 				return
 			}
 			octx, err := l.beginOp(ctx, opRelease)

@@ -163,10 +163,6 @@ func (d *dialWatch) failed(ctx context.Context, err error) {
 	}
 }
 
-// probeShare is how long the result of a failed dial answers the calls
-// that come after it (ready) without a dial of their own.
-const probeShare = 20 * time.Millisecond
-
 // dialProbe dials a *redis.Client's address as its pool would (its
 // options' Dialer, which TLS included), without the pool: go-redis logs
 // every request whose dials all failed ("failed to dial after 5
@@ -284,13 +280,6 @@ func (d *dialWatch) ProcessHook(next redis.ProcessHook) redis.ProcessHook { retu
 func (d *dialWatch) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
 	return next
 }
-
-// dialStale is how long before a call a failed dial still says that Redis
-// cannot be reached during it, when no dial succeeded since: once its dials
-// keep failing, go-redis stops dialing for each command (it hands back the
-// last dial error) and dials again in the background, about once a second,
-// so a short call may see no dial of its own.
-const dialStale = 2 * time.Second
 
 // lastFailure returns when the client's latest dial failed, and whether a
 // dial succeeded after it.
@@ -482,6 +471,20 @@ func (e *Engine) unreachable(err error) {
 // reached records that a request sent at sent got an answer from Redis.
 func (e *Engine) reached(sent time.Time) {
 	e.clear(condUnreachable, sent, "redsem: Redis reachable again")
+}
+
+// answered records what a request sent at sent learnt of Redis: that it
+// answered (err nil, or an error of the request), or that it could not be
+// reached (an error that matches Unreachable). Called where requests leave
+// (run, readClock, the shard record, the replicas' WAIT), so that
+// classifying an error (wrap) has no side effect.
+func (e *Engine) answered(sent time.Time, err error) {
+	switch {
+	case err == nil:
+		e.reached(sent)
+	case Unreachable(err):
+		e.unreachable(err)
+	}
 }
 
 // EvictingPolicy reports whether a maxmemory-policy may evict keys that have

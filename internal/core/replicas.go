@@ -3,6 +3,7 @@ package core
 import (
 	"context"
 	"fmt"
+	"time"
 
 	"github.com/redis/go-redis/v9"
 	"github.com/redsem/redsem"
@@ -30,7 +31,7 @@ func (e *Engine) confirmReplicas(ctx context.Context, l *Lease) error {
 	// Hand the slots back: within the caller's context while it runs,
 	// detached (bounded) once it ended; a release that cannot run leaves a
 	// grant that expires.
-	_ = detach.Release(ctx, l, cleanupTimeout)
+	_ = detach.Release(ctx, l, replicaUndoBound)
 	return err
 }
 
@@ -42,6 +43,7 @@ func (e *Engine) waitReplicas(ctx context.Context, l *Lease) error {
 	case *redis.ClusterClient:
 		var err error
 		if node, err = c.MasterForKey(ctx, e.keys.List[0]); err != nil {
+			e.answered(time.Now(), err)
 			return e.wrap(err)
 		}
 	default: // rejected by validate
@@ -59,6 +61,7 @@ func (e *Engine) waitReplicas(ctx context.Context, l *Lease) error {
 	}
 	n, err := conn.Wait(ctx, e.cfg.MinReplicas, e.cfg.ReplicaTimeout).Result()
 	if err != nil {
+		e.answered(time.Now(), err)
 		return e.wrap(err)
 	}
 	if int(n) < e.cfg.MinReplicas {

@@ -29,8 +29,8 @@ type session struct {
 	// into that holder's slots).
 	due map[*Engine]time.Time
 
-	renewing sync.Mutex    // one renewal at a time
-	kick     chan struct{} // a new hint: the heartbeat loop looks at due again
+	replacing sync.Mutex    // one replacement at a time
+	kick      chan struct{} // a new hint: the heartbeat loop looks at due again
 }
 
 func newSession(h *hub) *session {
@@ -277,7 +277,7 @@ func (s *session) run(quit <-chan struct{}) {
 			id := s.ID()
 			switch err := s.beat(ctx, target, id, "old"); {
 			case err == errSessionDied:
-				_ = s.renew(ctx, id)
+				_ = s.replace(ctx, id)
 			case err != nil && early:
 				// A failed early beat is not run again at once (a refusing
 				// Redis would have it spin): the periodic one follows.
@@ -318,16 +318,16 @@ func (s *session) beat(ctx context.Context, e *Engine, id, age string) error {
 	return err
 }
 
-// renew replaces the session dead, which died (its heartbeats did not
+// replace replaces the session dead, which died (its heartbeats did not
 // reach Redis for QueueTTL: the process was paused or cut off), with a new
 // one: it subscribes to the new session's channel, makes the session, and
 // has every waiter queue again under it (their old places are forfeit, as
 // for any process that missed its heartbeats for QueueTTL; each reports
 // its eviction). It does nothing when the session is no longer dead (a
 // waiter and the heartbeat may both find it dead: one renews it).
-func (s *session) renew(ctx context.Context, dead string) error {
-	s.renewing.Lock()
-	defer s.renewing.Unlock()
+func (s *session) replace(ctx context.Context, dead string) error {
+	s.replacing.Lock()
+	defer s.replacing.Unlock()
 	h := s.h
 	h.mu.Lock()
 	if s.id != dead {

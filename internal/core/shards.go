@@ -6,6 +6,7 @@ import (
 	"hash/fnv"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/redis/go-redis/v9"
 )
@@ -119,4 +120,89 @@ func Slot(key string) int {
 		}
 	}
 	return int(CRC16(key) % clusterSlots)
+}
+
+// ---- the family's shard record ----
+
+// A family's processes must spread its members over the same shards; the
+// first to use the family records its count in Redis (ShardsKey), the
+// others compare theirs (family.go).
+
+// compareShards is checkShards for calls that change a member's limit or
+// rate (SetLimit, SetRate, and so the CLI's): it reads the record and
+// refuses a count other than ours, but writes none (a tool must not fix
+// the layout of a family that no client used yet).
+func (f *Family) compareShards(ctx context.Context) error {
+	if f.shardsOK.Load() {
+		return nil
+	}
+	var n int
+	var ok bool
+	sent := time.Now()
+	err := boundedErr(ctx, func() (err error) {
+		n, ok, err = ReadShards(ctx, f.root.cfg.Client, f.root.cfg.Prefix, f.root.cfg.Name)
+		return err
+	})
+	f.root.answered(sent, err)
+	if err != nil {
+		return err
+	}
+	if ok && n != len(f.shards) {
+		return f.shardsMismatch(strconv.Itoa(n))
+	}
+	return nil
+}
+
+// shardsMismatch is the error of a client whose shard count is not the
+// one recorded in Redis.
+func (f *Family) shardsMismatch(recorded string) error {
+	built := strconv.Itoa(len(f.shards))
+	if f.defaulted {
+		built += " (Shards zero: the default, " + strconv.Itoa(DefaultShards) + " on every client)"
+	}
+	return cfgErr("FamilyOptions.Shards", "family %q spreads its members over %s shards (recorded in Redis by its first user, key %s); "+
+		"this client was built with %s: give every client of the family the same Shards", f.root.cfg.Name, recorded,
+		ShardsKey(f.root.cfg.Prefix, f.root.cfg.Name), built)
+}
+
+// checkShards makes sure that every process of the family spreads its
+// members over the same shards (else one key would be two semaphores,
+// each with the whole limit): the first to use the family records its
+// shard count (SET NX, no expiry), the others compare theirs, once per
+// Family. A mismatch is a *redsem.ConfigError; a failure to reach Redis
+// is returned raw (the acquire rides it out) and the check runs again at
+// the next call.
+//
+// Processes of a version before shards write no record and never read
+// one; they use the one-shard layout, which is why the default is one
+// shard (DefaultShards): a default client records "1" where they run, and
+// a client built with more shards then gets the mismatch error instead of
+// splitting the family. Only a client built with Shards > 1 that records
+// first can split a family with such processes; that is documented (set
+// Shards only once every process of the family has this version).
+func (f *Family) checkShards(ctx context.Context) error {
+	if f.shardsOK.Load() {
+		return nil
+	}
+	key := ShardsKey(f.root.cfg.Prefix, f.root.cfg.Name)
+	want := strconv.Itoa(len(f.shards))
+	var got string
+	sent := time.Now()
+	err := boundedErr(ctx, func() error {
+		pipe := f.root.cfg.Client.Pipeline()
+		pipe.SetNX(ctx, key, want, 0)
+		get := pipe.Get(ctx, key)
+		_, err := pipe.Exec(ctx)
+		got = get.Val()
+		return err
+	})
+	f.root.answered(sent, err)
+	if err != nil {
+		return err
+	}
+	if got != want {
+		return f.shardsMismatch(got)
+	}
+	f.shardsOK.Store(true)
+	return nil
 }

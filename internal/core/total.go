@@ -3,9 +3,12 @@ package core
 import (
 	"context"
 	"sync"
+	"time"
 
+	"github.com/google/uuid"
 	"github.com/redis/go-redis/v9"
 	"github.com/redsem/redsem"
+	"github.com/redsem/redsem/lua"
 )
 
 // A family's total (FamilyOptions.Total): the slots held across all of its
@@ -84,6 +87,7 @@ func (f *Family) scanStatus(ctx context.Context) (redsem.FamilyStatus, error) {
 		// Bounded by ctx, as every call is (a client without
 		// ContextTimeoutEnabled reads on until its own timeout); the
 		// masters of a cluster are scanned at once (ForEachMaster).
+		sent := time.Now()
 		found, err := bounded(ctx, func() ([]any, error) {
 			var mu sync.Mutex
 			var found []any
@@ -100,6 +104,7 @@ func (f *Family) scanStatus(ctx context.Context) (redsem.FamilyStatus, error) {
 			defer mu.Unlock()
 			return found, err
 		})
+		f.root.answered(sent, err)
 		if err != nil {
 			return st, f.root.callErr(ctx, err)
 		}
@@ -155,4 +160,30 @@ func ReadFamilyTotal(ctx context.Context, client redis.UniversalClient, prefix, 
 	defer f.Close()
 	st, err := f.status(ctx)
 	return st, err == nil, err
+}
+
+// ---- settotal.lua, famstatus.lua: a family's total ----
+
+// setTotal runs settotal.lua on the family's keys: ARGV[4] the total (0:
+// none). Its reply is now and the grants it made.
+func (f *Family) setTotal(ctx context.Context, total int) error {
+	e := f.famEng
+	return e.setCall(ctx, "settotal", lua.SetTotal, e.cfg.Limit, []any{total, uuid.NewString()})
+}
+
+// status runs famstatus.lua (read-only) on the family's keys: total in
+// force, slots held, queue entries, now.
+func (f *Family) status(ctx context.Context) (redsem.FamilyStatus, error) {
+	e := f.famEng
+	v, _, err := e.run(ctx, e.cfg.Client, lua.FamilyStatus, e.cfg.Limit)
+	if err != nil {
+		return redsem.FamilyStatus{}, e.callErr(ctx, err)
+	}
+	r := reader{script: "famstatus", v: v}
+	st := redsem.FamilyStatus{Total: int(r.int()), Held: int(r.int()), Waiting: int(r.int())}
+	r.int() // now
+	if r.err != nil {
+		return redsem.FamilyStatus{}, e.wrap(r.err)
+	}
+	return st, nil
 }

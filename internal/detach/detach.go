@@ -14,6 +14,11 @@ import (
 	"time"
 )
 
+// Timeout is the bound of every such release that its caller does not set
+// (Do, the middleware's and the transport's default ReleaseTimeout, a pool
+// connection that closes): the one place where it is said.
+const Timeout = 5 * time.Second
+
 // Releaser is what can be released: a redsem.Lease.
 type Releaser interface {
 	Release(ctx context.Context) error

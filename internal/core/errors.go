@@ -1,0 +1,373 @@
+package core
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/redsem/redsem"
+	"github.com/redsem/redsem/internal/human"
+)
+
+// The texts of the library's errors say what happened once, as a person
+// writes it: one "redsem: " prefix, the semaphore named once (a family
+// member by its family's name and its key: who), durations and rates
+// without zero units (package human). A sentinel matched by an error whose
+// text says it all is matched (sentinelErr) but not repeated; one that is
+// the error's headline is said without its own prefix (bare).
+
+// familyName is the name of e's family for a member of a family, whose
+// name is its key; "" for a semaphore of its own, and for the family's own
+// engines (root, famEng), whose name is the family's.
+func (e *Engine) familyName() string {
+	if e.fam == nil || e == e.fam.famEng {
+		return ""
+	}
+	return e.fam.Name()
+}
+
+// who names e in an error: its quoted name, or for a member of a family
+// the family's name with the member's key (human.Semaphore).
+func (e *Engine) who() string { return human.Semaphore(e.familyName(), e.cfg.Name) }
+
+// sentinelErr is an error whose text says it all that also matches a
+// sentinel, without the sentinel's text after it (`... limit in force is
+// 2`, not `... limit in force is 2: redsem: weight outside [1, limit]`).
+type sentinelErr struct {
+	err      error // the text, and what it wraps
+	sentinel error
+}
+
+func (e *sentinelErr) Error() string   { return e.err.Error() }
+func (e *sentinelErr) Unwrap() []error { return []error{e.err, e.sentinel} }
+
+// errorf formats an error (as fmt.Errorf: %w wraps) that matches sentinel
+// too, without its text.
+func errorf(sentinel error, format string, args ...any) error {
+	return &sentinelErr{err: fmt.Errorf(format, args...), sentinel: sentinel}
+}
+
+// bareErr is a sentinel said inside a text that has the prefix already:
+// its text without "redsem: " (`redsem: "db": Redis unavailable: ...`);
+// it matches the sentinel.
+type bareErr struct{ sentinel error }
+
+func (e bareErr) Error() string { return strings.TrimPrefix(e.sentinel.Error(), "redsem: ") }
+func (e bareErr) Unwrap() error { return e.sentinel }
+
+// bare is sentinel for a text that says "redsem: " already.
+func bare(sentinel error) error { return bareErr{sentinel} }
+
+// leadName returns the name at the start of s with the ": " after it, as
+// who writes it (`"db": `, `family "t", key "k": `), or "".
+func leadName(s string) string {
+	family := strings.HasPrefix(s, "family ")
+	rest := strings.TrimPrefix(s, "family ")
+	q, err := strconv.QuotedPrefix(rest)
+	if err != nil {
+		return ""
+	}
+	rest = rest[len(q):]
+	if after, ok := strings.CutPrefix(rest, ", key "); ok && family {
+		k, err := strconv.QuotedPrefix(after)
+		if err != nil {
+			return ""
+		}
+		rest = after[len(k):]
+	}
+	if !strings.HasPrefix(rest, ": ") {
+		return ""
+	}
+	return s[:len(s)-len(rest)+2]
+}
+
+// retold is err said in other words (msg): a script's refusal without
+// its "ERR redsem: ", which wrap's prefix says already. It matches what err
+// matches (a redis.Error).
+type retold struct {
+	msg string
+	err error
+}
+
+func (e *retold) Error() string { return e.msg }
+func (e *retold) Unwrap() error { return e.err }
+
+// duration formats d for an error's text ("1m", not "1m0s").
+func duration(d time.Duration) string { return human.Duration(d) }
+
+// ---- errors ----
+
+// Errors, classified in one place: what a failed call to Redis means
+// (Transient: worth another try; Unreachable: Redis could not be reached,
+// ErrUnavailable), how the library names the semaphore in an error (wrap,
+// ctxErr), and which errors are its own (own). The reply codes and the
+// errors they mean are declared with each script's call (protocol.go).
+
+// scriptRefusals are how the scripts' error replies begin after
+// "ERR redsem: " (the Lua library's fail): a bad argument (a bug of this client,
+// or of another version sharing the semaphore), a stored value that is not
+// what the scripts write (a damaged key), or the wrong number of keys. All
+// are final: Transient is false for them. protocol_test.go holds every
+// fail(...) of the scripts to this list.
+var scriptRefusals = []string{"bad ", "the stored ", "want "}
+
+// callErr is the error of a call to Redis that failed: the context's when
+// it ended, else err wrapped with the semaphore's name.
+func (e *Engine) callErr(ctx context.Context, err error) error {
+	if ctx.Err() != nil {
+		return e.ctxErr(ctx, err)
+	}
+	return e.wrap(err)
+}
+
+// ctxErr is the error of a call that ctx ended: it matches ctx.Err() and the
+// context's cause, and keeps err (what the call itself reported, if any).
+func (e *Engine) ctxErr(ctx context.Context, err error) error {
+	base := ctx.Err()
+	cause := context.Cause(ctx)
+	var out error
+	if cause != nil && cause != base {
+		out = &namedError{fmt.Errorf("redsem: %s: gave up: %w (%w)", e.who(), base, cause)}
+	} else {
+		out = &namedError{fmt.Errorf("redsem: %s: gave up: %w", e.who(), base)}
+	}
+	if err != nil && !errors.Is(err, base) {
+		out = joinLine(out, err)
+	}
+	return out
+}
+
+// wrap names the semaphore in err (once: an error of the library's own
+// names it already), and does nothing else (the alert that Redis cannot be
+// reached is raised where a request learnt it: answered); an error that says Redis could not be reached matches
+// redsem.ErrUnavailable too, and one that says the connection lacks
+// authentication, or that its credentials are wrong, says which and
+// matches redsem.ErrInvalidConfig (the client's options are wrong).
+func (e *Engine) wrap(err error) error {
+	if own(err) {
+		return err
+	}
+	switch {
+	case Unreachable(err):
+		return &namedError{fmt.Errorf("redsem: %s: %w: %w", e.who(), bare(redsem.ErrUnavailable), err)}
+	case strings.Contains(err.Error(), "WRONGPASS"):
+		return &namedError{errorf(redsem.ErrInvalidConfig, "redsem: %s: Redis refused the client's credentials: wrong password, or wrong or disabled user (check them in the client's options): %w", e.who(), err)}
+	case authError(err):
+		return &namedError{errorf(redsem.ErrInvalidConfig, "redsem: %s: Redis refused the request without authentication (set the password, and the user, in the client's options): %w", e.who(), err)}
+	}
+	if msg, ok := strings.CutPrefix(err.Error(), "ERR redsem: "); ok {
+		// A script's refusal (the Lua library's fail): said after one prefix.
+		err = &retold{msg: msg, err: err}
+	}
+	return &namedError{fmt.Errorf("redsem: %s: %w", e.who(), err)}
+}
+
+// joinLine is errors.Join on one line: the errors' texts separated by
+// "; " (errors.Join puts a newline between them, which breaks one-line
+// logs), with one prefix: after the first, a text loses its "redsem: "
+// and the semaphore's name if the first said it (`redsem: "db": gave up:
+// context deadline exceeded; Redis unavailable: dial tcp ...`). It matches
+// (errors.Is, errors.As) whatever any of them matches.
+func joinLine(errs ...error) error {
+	var j lineErrors
+	for _, err := range errs {
+		if err != nil {
+			j = append(j, err)
+		}
+	}
+	if len(j) == 0 {
+		return nil
+	}
+	return j
+}
+
+type lineErrors []error
+
+func (j lineErrors) Error() string {
+	parts := make([]string, len(j))
+	lead := "" // the first text's name: `"db": `, `family "t", key "k": `
+	for i, err := range j {
+		s := err.Error()
+		if i == 0 {
+			if rest, ok := strings.CutPrefix(s, "redsem: "); ok {
+				lead = leadName(rest)
+			}
+		} else if rest, ok := strings.CutPrefix(s, "redsem: "); ok {
+			if lead != "" {
+				rest = strings.TrimPrefix(rest, lead)
+			}
+			s = rest
+		}
+		parts[i] = s
+	}
+	return strings.Join(parts, "; ")
+}
+
+func (j lineErrors) Unwrap() []error { return j }
+
+// namedError is an error that wrap or ctxErr made: it names the semaphore
+// already, and wrap leaves it as it is.
+type namedError struct{ err error }
+
+func (e *namedError) Error() string { return e.err.Error() }
+func (e *namedError) Unwrap() error { return e.err }
+
+// ownSentinels are the errors that only the library makes (with its own
+// text, naming the semaphore where it has one): an error that matches one
+// is the library's, never the client's.
+var ownSentinels = []error{
+	redsem.ErrNoSlot, redsem.ErrLeaseLost, redsem.ErrReleased, redsem.ErrLimitMismatch, redsem.ErrInvalidConfig,
+	redsem.ErrClosed, redsem.ErrNotReplicated, redsem.ErrWeight, redsem.ErrRateLimited, redsem.ErrUnavailable,
+	redsem.ErrQueueFull, errCancelled, errSessionDied, errReleasing,
+}
+
+// own reports whether err is one the library made (by its type or the
+// sentinel it matches, never by its text): the acquire path's
+// classification and wrap add nothing to it.
+func own(err error) bool {
+	var n *namedError
+	var r *ReplyError
+	if errors.As(err, &n) || errors.As(err, &r) {
+		return true
+	}
+	for _, s := range ownSentinels {
+		if errors.Is(err, s) {
+			return true
+		}
+	}
+	return false
+}
+
+// authError reports whether err is Redis refusing a connection that is not
+// authenticated: NOAUTH, WRONGPASS (the client's credentials are wrong),
+// or the "unauthenticated multibulk length" with which it closes one that
+// sent a long request first.
+func authError(err error) bool {
+	msg := err.Error()
+	return strings.Contains(msg, "NOAUTH") || strings.Contains(msg, "WRONGPASS") ||
+		strings.Contains(msg, "unauthenticated")
+}
+
+// ReplyError reports a script reply that does not have the expected shape
+// (a server that is not Redis, or scripts of another version).
+type ReplyError struct {
+	Script string
+	Reply  []any
+	Reason string
+}
+
+func (e *ReplyError) Error() string {
+	return fmt.Sprintf("redsem: unexpected %s reply (%s): %.200v", e.Script, e.Reason, e.Reply)
+}
+
+// Transient reports whether err is worth trying again after a pause: the
+// server could not be reached or answered that it cannot serve now. These
+// are retried by Acquire (until its context ends) and by undo:
+//
+//   - network errors: refused or reset connections, timeouts, EOF, and
+//     go-redis's pool timeout;
+//   - replies of a server in transition: LOADING (loading its data after a
+//     restart), READONLY (a replica, e.g. during a failover), MASTERDOWN,
+//     TRYAGAIN, CLUSTERDOWN, and MOVED/ASK that go-redis did not follow.
+//
+// Everything else is final: script errors ("ERR redsem: ..."), replies of
+// unexpected shape, limit mismatches, weights above the limit.
+func Transient(err error) bool {
+	if err == nil {
+		return false
+	}
+	if lostConn(err) || errors.Is(err, redis.ErrPoolTimeout) {
+		return true
+	}
+	var ne net.Error
+	return errors.As(err, &ne) || replyIs(err, inTransition)
+}
+
+// connLost are the errors of a connection refused, reset, closed (EOF) or
+// with no route: the list that Transient and Unreachable share.
+var connLost = []error{io.EOF, io.ErrUnexpectedEOF, syscall.ECONNREFUSED, syscall.ECONNRESET, syscall.EPIPE,
+	syscall.EHOSTUNREACH, syscall.ENETUNREACH}
+
+// notServing are the replies of a server that cannot serve at all now;
+// inTransition adds those of a server (or cluster) changing roles, worth
+// another try too.
+var (
+	notServing   = []string{"LOADING", "MASTERDOWN"}
+	inTransition = append([]string{"READONLY", "TRYAGAIN", "CLUSTERDOWN", "MOVED", "ASK"}, notServing...)
+)
+
+// lostConn reports whether err is one of connLost.
+func lostConn(err error) bool {
+	for _, target := range connLost {
+		if errors.Is(err, target) {
+			return true
+		}
+	}
+	return false
+}
+
+// replyIs reports whether err is a Redis error reply that begins with one
+// of prefixes.
+func replyIs(err error, prefixes []string) bool {
+	var re redis.Error
+	if !errors.As(err, &re) {
+		return false
+	}
+	msg := re.Error()
+	for _, p := range prefixes {
+		if strings.HasPrefix(msg, p) {
+			return true
+		}
+	}
+	return false
+}
+
+// onLiveConn runs send, a request safe to send twice (TIME, a script's
+// SHA1 after its body was cut off), again while it fails on a connection
+// the server had closed (EOF or a reset, not a failed dial) and ctx lives:
+// go-redis's pool may hand out such a connection once (a server that
+// replied to an unauthenticated client, then closed its connection), and
+// each failure drops one. Three tries at most; a client with MaxRetries
+// set already retries these itself.
+func onLiveConn(ctx context.Context, send func() error) error {
+	var err error
+	for try := 0; try < 3; try++ {
+		if err = send(); !Unreachable(err) || dialFailed(err) || ctx.Err() != nil {
+			break
+		}
+	}
+	return err
+}
+
+// dialFailed reports whether err is a failed dial (nothing was sent).
+func dialFailed(err error) bool {
+	var op *net.OpError
+	return errors.As(err, &op) && op.Op == "dial"
+}
+
+// Unreachable reports whether err says that Redis could not be reached or
+// will not serve now, as opposed to a slow reply, an ended context or an
+// error of the request: a failed dial, a connection refused, reset or
+// closed (EOF), and the replies of a server that cannot serve at all
+// (LOADING, MASTERDOWN). Errors that match it also match
+// redsem.ErrUnavailable, and only those: a reply that did not come before
+// the context ended is a timeout, never "unavailable" (Redis may have run
+// the request).
+func Unreachable(err error) bool {
+	return err != nil && (lostConn(err) || dialFailed(err) || replyIs(err, notServing))
+}
+
+// needsUndo reports whether a call that failed with err may have left a
+// grant or a queue entry in Redis: not when acquire.lua refused before
+// writing, nor when the call got a definite "no" without writing.
+func needsUndo(err error) bool {
+	return !(errors.Is(err, redsem.ErrLimitMismatch) || errors.Is(err, redsem.ErrWeight) ||
+		errors.Is(err, redsem.ErrQueueFull) || errors.Is(err, redsem.ErrNoSlot) || errors.Is(err, errCancelled))
+}
