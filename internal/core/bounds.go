@@ -32,10 +32,6 @@ const cancelCallBound = 5 * time.Second
 // runs, detached once it ended.
 const replicaUndoBound = 2 * time.Second
 
-// probeShare is how long the result of a failed dial answers the calls
-// that come after it (ready) without a dial of their own.
-const probeShare = 20 * time.Millisecond
-
 // dialStale is how long before a call a failed dial still says that Redis
 // cannot be reached during it, when no dial succeeded since: once its dials
 // keep failing, go-redis stops dialing for each command (it hands back the

@@ -4,21 +4,28 @@
 //
 // Files, from the caller down to Redis:
 //
-//	engine.go     the Engine: construction, Close, SetLimit, SetRate, Status
-//	acquire.go    one Acquire or TryAcquire call: its loop, its two ways of
-//	              waiting (fairWait, unfairWait), its requests (attempt),
-//	              retries, the undo of what a failed call left, and the
-//	              classification of its error
-//	hub.go        the per-process subscription of a semaphore (or family
-//	              shard), its local waiters, the unfair wake list and gate
-//	session.go    the fair queue session: its id, its heartbeat, its renewal
-//	lease.go      a granted lease: one owner for its state, its watchdog
-//	resume.go     Resume: a lease granted elsewhere, by its id
-//	protocol.go   every script as one typed call (arguments, reply, reply
-//	              codes and the errors they mean), their decoding, the
-//	              server's clock, and what every error means
-//	functions.go  the FUNCTION library: when a client's calls use FCALL
-//	family.go, shards.go, keys.go   keyed families and the key layout
+//	engine.go       the Engine: construction, Close, SetLimit, SetRate, Status
+//	acquire.go      one Acquire or TryAcquire call: its loop, its requests
+//	                (attempt), retries, the undo of what a failed call left,
+//	                and the classification of its error
+//	session.go      the fair waiting room: fairWait, and the queue session
+//	                (its id, its heartbeat, its replacement)
+//	unfairwait.go   the unfair waiting room: unfairWait, the wake list and
+//	                the rate's gate
+//	hub.go          the per-process subscription of a semaphore (or family
+//	                shard) and the registry of its local waiters
+//	lease.go        a granted lease: one owner for its state, its watchdog
+//	resume.go       Resume: a lease granted elsewhere, by its id
+//	protocol.go     every script as one typed call (arguments, reply, reply
+//	                codes and the errors they mean)
+//	send.go         the one door to Redis: run (FCALL, EVALSHA or EVAL),
+//	                the dial gate, the bound of the caller's context
+//	decode.go       reading a script's reply
+//	clock.go        the server's clock, and requests bounded in server time
+//	errors.go       what every error means (Transient, Unreachable, wrap)
+//	bounds.go       every time bound, and the retries' backoff
+//	functions.go    the FUNCTION library: when a client's calls use FCALL
+//	family.go, shards.go, total.go, keys.go   keyed families and the key layout
 //	config.go, observe.go, replicas.go, demand.go, inspect.go
 package core
 

@@ -2,8 +2,6 @@ package core
 
 import (
 	"context"
-	"slices"
-	"strings"
 	"sync"
 	"time"
 
@@ -45,8 +43,9 @@ type waiter struct {
 // the subscription carries is its listener's business, chosen by variant
 // when the hub starts: the fair session (session.go: one channel per
 // session, grants and requeues, and the heartbeat that keeps all of this
-// process's waiters alive), or the unfair wake list (below: freed-slot
-// notices, handed to the oldest waiters that fit, and the rate's gate).
+// process's waiters alive), or the unfair wake list (unfairwait.go:
+// freed-slot notices, handed to the oldest waiters that fit, and the
+// rate's gate).
 //
 // The members of a keyed family share one hub per shard: their keys share
 // the family's sessions key and channel base, so one subscription (and for
@@ -73,14 +72,6 @@ type hub struct {
 	idle   *time.Timer
 	closed bool
 
-	// unfair wake list: unfair waiters, oldest first; and gate, per
-	// engine, the one unfair waiter of this process that sleeps until the
-	// rate's window has room (takeGate, passGate): the others wait for it,
-	// or for a freed slot, instead of all trying at the moment the window
-	// frees one slot.
-	unfair []*waiter
-	gate   map[*Engine]*waiter
-
 	quit      chan struct{}
 	wg        sync.WaitGroup
 	closeOnce sync.Once
@@ -101,9 +92,10 @@ type listener interface {
 	// resync makes every local waiter ask Redis again: messages may have
 	// been lost (the subscription was made again).
 	resync()
-	// joined is called (under h.mu) when w registered; left when e has no
-	// waiter left in the hub.
+	// joined is called (under h.mu) when w registered, dropped when it
+	// unregistered; left when e has no waiter left in the hub.
 	joined(w *waiter)
+	dropped(w *waiter)
 	left(e *Engine)
 }
 
@@ -181,12 +173,7 @@ func (h *hub) unregister(w *waiter) {
 		delete(h.count, w.e)
 		h.l.left(w.e)
 	}
-	for i, u := range h.unfair {
-		if u == w {
-			h.unfair = append(h.unfair[:i], h.unfair[i+1:]...)
-			break
-		}
-	}
+	h.l.dropped(w)
 	if len(h.waiters) == 0 && !h.closed {
 		h.idle = time.AfterFunc(max(h.e.heartbeatEvery(), 500*time.Millisecond), h.stopIfIdle)
 	}
@@ -393,103 +380,10 @@ func (h *hub) allWaiting(def *Engine) []*Engine {
 	return out
 }
 
-// unfairWake is the unfair variant's listener: freed-slot notices on the
-// semaphore's (the family's) free channel wake the oldest local waiters
-// that fit.
-type unfairWake struct{ h *hub }
-
-func (u unfairWake) channel() string                 { return u.h.e.keys.Free }
-func (u unfairWake) start(ctx context.Context) error { return nil }
-func (u unfairWake) run(quit <-chan struct{})        {}
-func (u unfairWake) joined(w *waiter)                { u.h.unfair = append(u.h.unfair, w) }
-func (u unfairWake) left(e *Engine)                  {}
-func (u unfairWake) resync()                         { u.h.broadcast(event{kind: evFree}) }
-
-// handle takes "n meta-key" (the Lua library's notify_free): n slots free in the
-// semaphore whose meta key that is; a bare "n" (an older version) wakes
-// waiters of any.
-func (u unfairWake) handle(m *redis.Message) {
-	count, meta, _ := strings.Cut(m.Payload, " ")
-	if count == "0" {
-		// "0 META ms": slots are free but the rate's window holds the
-		// next grant back for ms: nobody is woken; the waiters of that
-		// semaphore that give up meanwhile were held by the rate.
-		meta, wait, _ := strings.Cut(meta, " ")
-		u.h.rateHeldOf(meta, time.Duration(max(toInt(wait), 0)+1)*time.Millisecond)
-		return
+// listener returns h's listener; nil for a nil hub.
+func (h *hub) listener() listener {
+	if h == nil {
+		return nil
 	}
-	u.h.wakeUnfairOf(meta, max(int(toInt(count)), 1))
-}
-
-// rateHeldOf records that the rate's window holds back the next grant of
-// the semaphore whose meta key is meta for d (Engine.rateHeld).
-func (h *hub) rateHeldOf(meta string, d time.Duration) {
-	at := time.Now().Add(d)
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	for _, w := range h.unfair {
-		if w.e.keys.List[KeyMeta] == meta {
-			w.e.holdByRate(at)
-		}
-	}
-}
-
-// wakeUnfair wakes local unfair waiters, oldest first, that fit in free
-// slots: as many as the slots allow, never all of them for one slot.
-func (h *hub) wakeUnfair(free int) { h.wakeUnfairOf("", free) }
-
-// wakeUnfairOf is wakeUnfair for the waiters of the semaphore whose meta
-// key is meta (of any, if meta is ""): the members of an unfair family
-// share one freed-slot channel. A notice that names a family's total
-// (its f:tot key: leases left the total) wakes the waiters of every
-// member of that family.
-func (h *hub) wakeUnfairOf(meta string, free int) {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	for _, w := range h.unfair {
-		if free <= 0 {
-			return
-		}
-		if w.n > free || (meta != "" && w.e.keys.List[KeyMeta] != meta && !w.e.totalKey(meta)) {
-			continue
-		}
-		select {
-		case w.events <- event{kind: evFree}:
-			free -= w.n
-		default: // already woken
-		}
-	}
-}
-
-// takeGate makes w the waiter of its engine that waits for the rate's
-// window, unless another one is; it reports whether w is (now) that one.
-func (h *hub) takeGate(w *waiter) bool {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	if g := h.gate[w.e]; g != nil && g != w {
-		return false
-	}
-	if h.gate == nil {
-		h.gate = map[*Engine]*waiter{}
-	}
-	h.gate[w.e] = w
-	return true
-}
-
-// passGate ends w's wait for the rate's window, if it was the one waiting
-// (granted, gone, or now held back by the slots): the next unfair waiter
-// of its engine in this process is woken to try at once (the window may
-// have more room, and someone must wait for it next).
-func (h *hub) passGate(w *waiter) {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	if h.gate[w.e] == w {
-		delete(h.gate, w.e)
-		if i := slices.IndexFunc(h.unfair, func(u *waiter) bool { return u != w && u.e == w.e }); i >= 0 {
-			select {
-			case h.unfair[i].events <- event{kind: evFree}:
-			default: // already woken
-			}
-		}
-	}
+	return h.l
 }

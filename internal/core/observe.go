@@ -118,10 +118,8 @@ type dialWatch struct {
 	at  time.Time // of err
 	ok  time.Time // the latest dial that succeeded
 	// probe dials the client's address without go-redis (nil: a client of
-	// another type than *redis.Client); probing is closed when the probe
-	// in flight ends (nil: none). See ready.
-	probe   *dialProbe
-	probing chan struct{}
+	// another type than *redis.Client). See ready.
+	probe *dialProbe
 	// giveUp holds what to call at the next dial that fails (refused, or
 	// timed out: not one abandoned by its caller), by onFailure's id.
 	giveUp map[uint64]func(error)
@@ -199,60 +197,37 @@ func (p *dialProbe) try(ctx context.Context) error {
 }
 
 // ready says whether a request may go to go-redis now. While the client's
-// dials fail (the latest one failed, none succeeded since), it dials the
-// address itself first (one probe at a time; the calls that come while it
-// runs wait for it, within their ctx, and those within probeShare after a
-// failure take its error): a request goes to go-redis only once a dial
+// dials fail (the latest one failed, none succeeded since), the request
+// dials the address itself first: it goes to go-redis only once that dial
 // got through, and otherwise fails at once with the dial's error (which
 // matches Unreachable), as go-redis would have failed it after dialing and
 // logging. So redsem's retries and background work during an outage (a
 // lease renewing, a release given up to the background, waiters asking
-// again) do not flood go-redis's log. A client of another type than
-// *redis.Client is always ready (its dials go to several nodes).
+// again) do not flood go-redis's log, and a request made once Redis is
+// back is never refused by an older failure. A client of another type
+// than *redis.Client is always ready (its dials go to several nodes).
 func (d *dialWatch) ready(ctx context.Context) error {
 	if d == nil || d.probe == nil {
 		return nil
 	}
-	for {
-		d.mu.Lock()
-		if d.err == nil || !d.at.After(d.ok) {
-			d.mu.Unlock()
-			return nil
-		}
-		if time.Since(d.at) < probeShare {
-			err := d.err
-			d.mu.Unlock()
-			return err
-		}
-		if ch := d.probing; ch != nil {
-			d.mu.Unlock()
-			select {
-			case <-ch:
-				continue
-			case <-ctx.Done():
-				return ctx.Err()
-			}
-		}
-		ch := make(chan struct{})
-		d.probing = ch
-		d.mu.Unlock()
-		err := d.probe.try(ctx)
-		if err == nil {
-			d.mu.Lock()
-			d.ok = time.Now()
-			d.mu.Unlock()
-		} else {
-			d.failed(ctx, err)
-		}
-		d.mu.Lock()
-		d.probing = nil
-		d.mu.Unlock()
-		close(ch)
-		if err != nil && ctx.Err() != nil {
-			return ctx.Err()
-		}
-		return err
+	d.mu.Lock()
+	failing := d.err != nil && d.at.After(d.ok)
+	d.mu.Unlock()
+	if !failing {
+		return nil
 	}
+	err := d.probe.try(ctx)
+	if err == nil {
+		d.mu.Lock()
+		d.ok = time.Now()
+		d.mu.Unlock()
+		return nil
+	}
+	d.failed(ctx, err)
+	if ctx.Err() != nil {
+		return ctx.Err()
+	}
+	return err
 }
 
 // onFailure calls f (at once: it must not block) with the error of the

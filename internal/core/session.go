@@ -2,13 +2,21 @@ package core
 
 import (
 	"context"
+	"errors"
+	"log/slog"
 	"strings"
 	"sync"
 	"time"
 
 	"github.com/google/uuid"
 	"github.com/redis/go-redis/v9"
+	"github.com/redsem/redsem"
 )
+
+// The fair variant's waiting room: how a call waits (fairWait, at the end
+// of the file: queue under the session, then wait for a grant addressed to
+// that attempt) and the session that keeps its place and hands it its grant.
+// The unfair variant's room is unfairwait.go.
 
 // session is a fair semaphore's queue session in this process (one per
 // semaphore, or per family shard): its id, under which every waiter of the
@@ -16,14 +24,14 @@ import (
 // (heartbeat.lua, at a cost that grows with processes, not waiters). It
 // lives as long as its hub. When Redis says the
 // session died (the process paused or was cut off for longer than
-// QueueTTL), renew replaces its id and every waiter queues again under the
+// QueueTTL), replace gives it a new id and every waiter queues again under the
 // new one. It is the listener of its hub's subscription: its id's channel
 // carries its waiters' grants and requeues.
 type session struct {
 	h *hub
 
 	// Under h.mu:
-	id string // replaced by renew when the session died
+	id string // replaced by replace when the session died
 	// due is, per engine with waiters, when to beat early on its keys:
 	// just after its earliest holder may expire (the beat admits waiters
 	// into that holder's slots).
@@ -69,7 +77,8 @@ func (s *session) start(ctx context.Context) error {
 
 func (s *session) joined(w *waiter) {}
 
-func (s *session) left(e *Engine) { delete(s.due, e) }
+func (s *session) left(e *Engine)    { delete(s.due, e) }
+func (s *session) dropped(w *waiter) {}
 
 // resync makes every local waiter re-run its acquire (which reports a
 // grant or its place, or queues it again).
@@ -366,4 +375,100 @@ func afterClose(ch <-chan struct{}, f func()) (stop func()) {
 		}
 	}()
 	return func() { close(done) }
+}
+
+// ---- the fair call's wait ----
+
+// fairWait is the fair strategy: the call registers with the hub (whose
+// session keeps its queue entry alive), queues, and waits for its grant,
+// delivered by the hub from a release reply or a session message.
+//
+// The call's goroutine is the one owner of its waiter's state: the hub only
+// hands it events, and it decides what each means against the queue
+// attempt it made last (its session and its floor, see acquireReply.floor). A
+// waiter is, in turn:
+//
+//	asking   acquire.lua runs (queue mode)         granted: done; queued: waiting; session died: replace it, ask again
+//	waiting  a grant for the last attempt          done (unless its deadline passed: ask again)
+//	waiting  a grant from an older attempt         ask again (a delayed message, or from before a data loss)
+//	waiting  "evicted as too heavy"                ask again: the reply says ErrWeight if it still is
+//	waiting  resync, session replaced, removed     ask again
+//
+// So only a reply to the latest attempt, or a grant that Redis made after
+// it (its token above the attempt's floor, on the attempt's session), ends
+// the call with a lease: a message that answers an earlier attempt can
+// never hand out a slot that Redis no longer gives this waiter.
+type fairWait struct{}
+
+func (fairWait) next(c *call) (grant, bool, error) {
+	if c.w == nil {
+		w, err := c.e.register(c.ctx, c.id, c.n)
+		if err != nil {
+			return grant{}, false, err
+		}
+		c.w = w
+	}
+	s := c.w.h.session()
+	sid := s.ID()
+	a, err := c.attempt("queue", sid)
+	switch {
+	case err == nil && a.code == codeGranted:
+		return a.grant(), true, nil
+	case errors.Is(err, errSessionDied):
+		// Its session expired (the process was paused, or cut off): a new
+		// one, and every waiter of the process queues again.
+		return grant{}, false, s.replace(c.ctx, sid)
+	case err != nil:
+		return grant{}, false, err
+	}
+	s.queued(c.e, a.hint)
+	return c.awaitGrant(c.w, sid, a.floor)
+}
+
+func (fairWait) listener(h *hub) listener { return newSession(h) }
+
+func (fairWait) done(c *call) {
+	if c.w != nil {
+		c.w.h.unregister(c.w)
+	}
+}
+
+// awaitGrant waits for w's grant after a queue attempt under session sid
+// whose floor was floor. It returns the grant (ok), or ok false when the
+// waiter must ask Redis again (an event that this attempt cannot settle).
+func (c *call) awaitGrant(w *waiter, sid string, floor int64) (g grant, ok bool, err error) {
+	for {
+		select {
+		case ev := <-w.events:
+			switch ev.kind {
+			case evGrant:
+				g := ev.grant
+				if g.token <= floor || (g.sid != "" && g.sid != sid) {
+					// Made before this attempt ran: a delayed message, or one
+					// from before a data loss. Redis says what holds now.
+					c.e.logger().LogAttrs(context.Background(), slog.LevelDebug, "redsem: a grant older than the queue attempt refused",
+						slog.String("semaphore", c.e.cfg.Name), slog.String("waiter", c.id), slog.Int64("token", g.token))
+					return grant{}, false, nil
+				}
+				if !time.Now().Before(g.deadline) {
+					// Granted, but this process learned too late, or cannot
+					// tell when the grant ends (grantDeadline): ask again.
+					return grant{}, false, nil
+				}
+				return g, true, nil
+			case evWeight:
+				// SetLimit or SetRate made this waiter too heavy, or did so to
+				// an earlier queue entry of it: the reply to asking again is
+				// ErrWeight if it still is (and then nothing is left queued).
+				return grant{}, false, nil
+			case evRequeue:
+				if ev.evicted {
+					c.e.emit(redsem.Event{Kind: redsem.EventWaiterEvicted, LeaseID: c.id})
+				}
+				return grant{}, false, nil
+			}
+		case <-c.ctx.Done():
+			return grant{}, false, c.ctx.Err()
+		}
+	}
 }

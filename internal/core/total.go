@@ -65,10 +65,8 @@ func (f *Family) localWaiters() int {
 		sh.mu.Lock()
 		h := sh.hub
 		sh.mu.Unlock()
-		if h != nil {
-			h.mu.Lock()
-			n += len(h.unfair)
-			h.mu.Unlock()
+		if u, ok := h.listener().(*unfairWake); ok {
+			n += u.count()
 		}
 	}
 	return n

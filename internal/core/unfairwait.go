@@ -1,0 +1,229 @@
+package core
+
+import (
+	"context"
+	"math/rand/v2"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// The unfair variant's waiting room: how a call waits (unfairWait: sleep
+// until a freed-slot notice, the rate's window or the fallback poll, then
+// ask again) and the listener that wakes it (unfairWake: the local wake
+// list and the rate's gate). The fair variant's room is session.go.
+
+// unfairWait is the unfair strategy: the call tries; once refused it
+// subscribes to freed-slot notices (and tries again at once, so that a slot
+// freed meanwhile is not missed), then tries on each notice, or when the
+// earliest holder may have expired, or after the fallback interval.
+type unfairWait struct{}
+
+func (unfairWait) next(c *call) (grant, bool, error) {
+	mode := "try"
+	if c.w != nil {
+		mode = "wait"
+	}
+	a, err := c.attempt(mode, "")
+	switch {
+	case err != nil:
+		return grant{}, false, err
+	case a.code == codeGranted:
+		return a.grant(), true, nil
+	case c.w == nil:
+		w, err := c.e.register(c.ctx, c.id, c.n)
+		c.w = w
+		return grant{}, false, err // registered: try again at once
+	}
+	w, e := c.w, c.e
+	// When the rate's window holds it back, one waiter of this process
+	// (per semaphore) sleeps until the window has room and, once granted,
+	// wakes the next; the others sleep as if the slots held them back. So
+	// the moment the window frees a slot costs one try per process, not one
+	// per waiter.
+	d := e.waitFor(a.hint, a.rateMs)
+	if a.rateMs < 0 {
+		wakeOf(w).passGate(w)
+	} else if !wakeOf(w).takeGate(w) {
+		// The hint is the sooner of a holder's expiry and the window's
+		// room: only the former, if sooner, wakes it.
+		hint := a.hint
+		if hint >= a.rateMs {
+			hint = -1
+		}
+		d = e.waitFor(hint, -1)
+	}
+	c.timer.Reset(d)
+	defer c.timer.Stop()
+	select {
+	case <-w.events: // evFree
+	case <-c.timer.C:
+	case <-c.ctx.Done():
+		// A wake-up received but not used goes to the next waiter.
+		select {
+		case ev := <-w.events:
+			if ev.kind == evFree {
+				wakeOf(w).wake(1)
+			}
+		default:
+		}
+		return grant{}, false, c.ctx.Err()
+	}
+	return grant{}, false, nil
+}
+
+func (unfairWait) listener(h *hub) listener { return &unfairWake{h: h} }
+
+func (unfairWait) done(c *call) {
+	if c.w != nil {
+		wakeOf(c.w).passGate(c.w)
+		c.w.h.unregister(c.w)
+	}
+}
+
+// waitFor is how long an unfair waiter sleeps without a message: until just
+// after the earliest holder deadline, at most Fallback, with ±20% jitter;
+// or, when the rate held it back (rateMs >= 0, a slot was free) and its
+// window has room before Fallback, exactly until then (and a millisecond),
+// so that the grant comes when the rate allows it.
+func (e *Engine) waitFor(hint, rateMs int64) time.Duration {
+	d := e.cfg.Fallback
+	if r := time.Duration(rateMs+1) * time.Millisecond; rateMs >= 0 && r <= d {
+		return r
+	}
+	if hint >= 0 {
+		if h := time.Duration(hint+1) * time.Millisecond; h < d {
+			d = h
+		}
+	}
+	return time.Duration(float64(d) * (0.8 + 0.4*rand.Float64()))
+}
+
+// wakeOf is the wake list of w's hub (an unfair one).
+func wakeOf(w *waiter) *unfairWake { return w.h.l.(*unfairWake) }
+
+// unfairWake is the unfair variant's listener: freed-slot notices on the
+// semaphore's (the family's) free channel wake the oldest local waiters
+// that fit.
+//
+// Its state is guarded by the hub's mu: list, the local waiters oldest
+// first; and gate, per engine, the one waiter of this process that sleeps
+// until the rate's window has room (takeGate, passGate): the others wait
+// for it, or for a freed slot, instead of all trying at the moment the
+// window frees one slot.
+type unfairWake struct {
+	h    *hub
+	list []*waiter
+	gate map[*Engine]*waiter
+}
+
+func (u *unfairWake) channel() string                 { return u.h.e.keys.Free }
+func (u *unfairWake) start(ctx context.Context) error { return nil }
+func (u *unfairWake) run(quit <-chan struct{})        {}
+func (u *unfairWake) joined(w *waiter)                { u.list = append(u.list, w) }
+func (u *unfairWake) left(e *Engine)                  {}
+func (u *unfairWake) resync()                         { u.h.broadcast(event{kind: evFree}) }
+
+func (u *unfairWake) dropped(w *waiter) {
+	if i := slices.Index(u.list, w); i >= 0 {
+		u.list = slices.Delete(u.list, i, i+1)
+	}
+}
+
+// count returns how many local waiters it holds.
+func (u *unfairWake) count() int {
+	u.h.mu.Lock()
+	defer u.h.mu.Unlock()
+	return len(u.list)
+}
+
+// handle takes "n meta-key" (the Lua library's notify_free): n slots free in the
+// semaphore whose meta key that is; a bare "n" (an older version) wakes
+// waiters of any.
+func (u *unfairWake) handle(m *redis.Message) {
+	count, meta, _ := strings.Cut(m.Payload, " ")
+	if count == "0" {
+		// "0 META ms": slots are free but the rate's window holds the
+		// next grant back for ms: nobody is woken; the waiters of that
+		// semaphore that give up meanwhile were held by the rate.
+		meta, wait, _ := strings.Cut(meta, " ")
+		u.rateHeldOf(meta, time.Duration(max(toInt(wait), 0)+1)*time.Millisecond)
+		return
+	}
+	u.wakeOf(meta, max(int(toInt(count)), 1))
+}
+
+// rateHeldOf records that the rate's window holds back the next grant of
+// the semaphore whose meta key is meta for d (Engine.rateHeld).
+func (u *unfairWake) rateHeldOf(meta string, d time.Duration) {
+	at := time.Now().Add(d)
+	u.h.mu.Lock()
+	defer u.h.mu.Unlock()
+	for _, w := range u.list {
+		if w.e.keys.List[KeyMeta] == meta {
+			w.e.holdByRate(at)
+		}
+	}
+}
+
+// wake wakes local unfair waiters, oldest first, that fit in free slots:
+// as many as the slots allow, never all of them for one slot.
+func (u *unfairWake) wake(free int) { u.wakeOf("", free) }
+
+// wakeOf is wake for the waiters of the semaphore whose meta
+// key is meta (of any, if meta is ""): the members of an unfair family
+// share one freed-slot channel. A notice that names a family's total
+// (its f:tot key: leases left the total) wakes the waiters of every
+// member of that family.
+func (u *unfairWake) wakeOf(meta string, free int) {
+	u.h.mu.Lock()
+	defer u.h.mu.Unlock()
+	for _, w := range u.list {
+		if free <= 0 {
+			return
+		}
+		if w.n > free || (meta != "" && w.e.keys.List[KeyMeta] != meta && !w.e.totalKey(meta)) {
+			continue
+		}
+		select {
+		case w.events <- event{kind: evFree}:
+			free -= w.n
+		default: // already woken
+		}
+	}
+}
+
+// takeGate makes w the waiter of its engine that waits for the rate's
+// window, unless another one is; it reports whether w is (now) that one.
+func (u *unfairWake) takeGate(w *waiter) bool {
+	u.h.mu.Lock()
+	defer u.h.mu.Unlock()
+	if g := u.gate[w.e]; g != nil && g != w {
+		return false
+	}
+	if u.gate == nil {
+		u.gate = map[*Engine]*waiter{}
+	}
+	u.gate[w.e] = w
+	return true
+}
+
+// passGate ends w's wait for the rate's window, if it was the one waiting
+// (granted, gone, or now held back by the slots): the next unfair waiter
+// of its engine in this process is woken to try at once (the window may
+// have more room, and someone must wait for it next).
+func (u *unfairWake) passGate(w *waiter) {
+	u.h.mu.Lock()
+	defer u.h.mu.Unlock()
+	if u.gate[w.e] == w {
+		delete(u.gate, w.e)
+		if i := slices.IndexFunc(u.list, func(o *waiter) bool { return o != w && o.e == w.e }); i >= 0 {
+			select {
+			case u.list[i].events <- event{kind: evFree}:
+			default: // already woken
+			}
+		}
+	}
+}
