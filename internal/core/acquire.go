@@ -78,6 +78,16 @@ type waiting interface {
 	// listener is what the variant's hub subscription serves: the fair
 	// session, or the unfair wake list.
 	listener(h *hub) listener
+	// leaveAtClose removes, within closeUndoBound, what a call that Close
+	// ended left queued in Redis; false if it leaves that to Engine.undo
+	// (fair: its entry would hold up the queue until its session expired;
+	// unfair: nothing queues).
+	leaveAtClose(c *call) bool
+	// tag is the variant as the scripts name it in ARGV[3] ("f" or "u").
+	tag() string
+	// localQueue reports that the variant's waiters are known only to
+	// their process (unfair), not recorded in Redis (fair).
+	localQueue() bool
 }
 
 // TryAcquire makes one attempt and never waits.
@@ -334,13 +344,8 @@ func (c *call) classify(err error) error {
 // session expired); anything else, or if that failed, on a detached
 // goroutine (Engine.undo), so that no caller waits for it.
 func (c *call) undo() {
-	if c.e.cfg.Fair && c.parent.Err() == nil && context.Cause(c.ctx) == redsem.ErrClosed {
-		ctx, cancel := context.WithTimeout(c.parent, closeUndoBound)
-		_, err := c.e.release(ctx, c.id, "undo")
-		cancel()
-		if err == nil {
-			return
-		}
+	if c.parent.Err() == nil && context.Cause(c.ctx) == redsem.ErrClosed && c.e.waiting.leaveAtClose(c) {
+		return
 	}
 	c.e.undo(c.parent, c.id)
 }

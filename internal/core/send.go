@@ -155,11 +155,7 @@ func (e *Engine) limitArg(limit int) any {
 	}
 	if e.keys.Fam != nil {
 		// A member of a family with a total: its client's total and variant.
-		v := ":u"
-		if e.cfg.Fair {
-			v = ":f"
-		}
-		s += "+" + strconv.Itoa(e.fam.total) + v
+		s += "+" + strconv.Itoa(e.fam.total) + ":" + e.waiting.tag()
 	}
 	return s
 }

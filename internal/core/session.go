@@ -472,3 +472,13 @@ func (c *call) awaitGrant(w *waiter, sid string, floor int64) (g grant, ok bool,
 		}
 	}
 }
+
+func (fairWait) leaveAtClose(c *call) bool {
+	ctx, cancel := context.WithTimeout(c.parent, closeUndoBound)
+	defer cancel()
+	_, err := c.e.release(ctx, c.id, "undo")
+	return err == nil
+}
+
+func (fairWait) tag() string      { return "f" }
+func (fairWait) localQueue() bool { return false }

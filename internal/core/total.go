@@ -50,7 +50,7 @@ func (f *Family) Status(ctx context.Context) (st redsem.FamilyStatus, err error)
 			return err
 		}
 		st, err = f.status(ctx)
-		if err == nil && !f.root.cfg.Fair {
+		if err == nil && f.root.waiting.localQueue() {
 			st.Waiting = f.localWaiters()
 		}
 		return err
@@ -109,7 +109,7 @@ func (f *Family) scanStatus(ctx context.Context) (redsem.FamilyStatus, error) {
 		for _, v := range found {
 			meta := v.(string)
 			keys := memberKeys(f.root.cfg.Prefix, tag, memberKeyOf(f.root.cfg.Prefix, meta))
-			e := &Engine{cfg: f.root.cfg, keys: keys, pub: f.root.pub, lib: f.root.lib, alerts: f.root.alerts, stopped: f.root.stopped}
+			e := &Engine{cfg: f.root.cfg, keys: keys, pub: f.root.pub, lib: f.root.lib, alerts: f.root.alerts, stopped: f.root.stopped, waiting: f.root.waiting}
 			ms, err := e.status(ctx)
 			if err != nil {
 				return st, err
@@ -120,7 +120,7 @@ func (f *Family) scanStatus(ctx context.Context) (redsem.FamilyStatus, error) {
 			st.Waiting += len(ms.Waiters)
 		}
 	}
-	if !f.root.cfg.Fair {
+	if f.root.waiting.localQueue() {
 		st.Waiting = f.localWaiters()
 	}
 	return st, nil

@@ -101,6 +101,10 @@ func (e *Engine) waitFor(hint, rateMs int64) time.Duration {
 	return time.Duration(float64(d) * (0.8 + 0.4*rand.Float64()))
 }
 
+func (unfairWait) leaveAtClose(*call) bool { return false }
+func (unfairWait) tag() string             { return "u" }
+func (unfairWait) localQueue() bool        { return true }
+
 // wakeOf is the wake list of w's hub (an unfair one).
 func wakeOf(w *waiter) *unfairWake { return w.h.l.(*unfairWake) }
 
