@@ -45,7 +45,7 @@ func TestMainUsage(t *testing.T) {
 }
 
 // result is the part of a --json line the tests read; the field names are
-// those that shared/bench/peers.sh reads too.
+// those that the peer comparison (peers/summary.py) reads too.
 type result struct {
 	Variant         string   `json:"variant"`
 	Procs           int      `json:"procs"`
