@@ -396,8 +396,16 @@ func (c *call) attempt(mode, sid string) (acquireReply, error) {
 	if err != nil {
 		return acquireReply{}, err // nothing sent that writes
 	}
+	sentBefore := c.sent
 	c.sent = true
 	a, err := c.e.acquire(c.ctx, acquireArgs{id: c.id, n: c.n, mode: mode, sid: sid, refuseAfter: refuseAfter})
+	if neverSent(err) {
+		// The dial gate refused it: it never left, and an undo for it
+		// would only wait for Redis to come back (while Redis refuses
+		// connections, callers that try again and again would leave one
+		// each, to run all at once on its return).
+		c.sent = sentBefore
+	}
 	if errors.Is(err, errCancelled) && refuseAfter > 0 && a.now > refuseAfter && c.ctx.Err() == nil {
 		// Refused by refuse_after while the caller still waits: the bound
 		// came from an older reply, and the server's clock has since

@@ -21,7 +21,7 @@ const closeUndoBound = 250 * time.Millisecond
 // goroutines: a subscription that go-redis is still setting up against a
 // Redis that does not answer ignores its context until the client's read
 // timeout; it then finds the hub closed and ends on its own.
-const shutdownBound = 250 * time.Millisecond
+const shutdownBound = 200 * time.Millisecond
 
 // cancelCallBound bounds the background run that cancels a setting whose
 // caller gave up without a deadline (setCall).

@@ -368,6 +368,24 @@ func Unreachable(err error) bool {
 // grant or a queue entry in Redis: not when acquire.lua refused before
 // writing, nor when the call got a definite "no" without writing.
 func needsUndo(err error) bool {
+	if neverSent(err) {
+		return false
+	}
 	return !(errors.Is(err, redsem.ErrLimitMismatch) || errors.Is(err, redsem.ErrWeight) ||
 		errors.Is(err, redsem.ErrQueueFull) || errors.Is(err, redsem.ErrNoSlot) || errors.Is(err, errCancelled))
+}
+
+// notSent is the error of a request that never left: the dial gate
+// (dialWatch.ready) refused it before go-redis saw it, so Redis cannot have
+// run it and nothing needs undoing. It matches what it wraps (a failed
+// dial: Unreachable, ErrUnavailable once wrapped).
+type notSent struct{ err error }
+
+func (e notSent) Error() string { return e.err.Error() }
+func (e notSent) Unwrap() error { return e.err }
+
+// neverSent reports whether err says its request never left (notSent).
+func neverSent(err error) bool {
+	var n notSent
+	return errors.As(err, &n)
 }

@@ -207,7 +207,10 @@ func (h *hub) shutdown() {
 		h.mu.Unlock()
 		close(h.quit)
 		if ps != nil {
-			_ = ps.Close()
+			// Not waited for: go-redis's PubSub.Close takes a lock that its
+			// own reconnect holds while it says HELLO to a Redis that does
+			// not answer (until the client's read timeout, and its retries).
+			go func() { _ = ps.Close() }()
 		}
 	})
 	done := make(chan struct{})

@@ -223,10 +223,10 @@ func (d *dialWatch) ready(ctx context.Context) error {
 		d.mu.Unlock()
 		return nil
 	}
-	d.failed(ctx, err)
 	if ctx.Err() != nil {
-		return ctx.Err()
+		return ctx.Err() // the caller gave up: its dial proves nothing
 	}
+	d.failed(ctx, err)
 	return err
 }
 

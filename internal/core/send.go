@@ -102,7 +102,7 @@ func (e *Engine) run(ctx context.Context, c redis.Scripter, s lua.Script, limit 
 	}
 	if err := e.alerts.ready(ctx); err != nil {
 		e.answered(sent, err)
-		return nil, sent, err
+		return nil, sent, notSent{err}
 	}
 	v, err := bounded(ctx, call)
 	e.answered(sent, err)

@@ -106,3 +106,64 @@ func TestOutageDoesNotFloodGoRedisLog(t *testing.T) {
 		t.Errorf("go-redis logged %d lines naming %s in a 3 s outage of 6 leases, 4 waiters and a background release; want at most 4 (requests in flight when it began)", lines, srv.Addr)
 	}
 }
+
+// Callers that try again and again while Redis refuses connections (20
+// goroutines, a TryAcquire every 5 ms for 1.5 s) leave nothing behind
+// that competes with the calls made once Redis is back: a request that
+// the dial gate refused never left, so no undo runs for it. Found from
+// outside: each refused TryAcquire started an undo that retried for
+// LeaseTTL, thousands of them ran at once when Redis came back, and 10 of
+// 10 Acquire calls on a semaphore with free slots timed out (1 s).
+func TestRetryStormLeavesNothingForRecovery(t *testing.T) {
+	for _, v := range variants {
+		t.Run(v.name, func(t *testing.T) {
+			srv := redistest.Start(t)
+			c := redis.NewClient(&redis.Options{Addr: srv.Addr})
+			t.Cleanup(func() { _ = c.Close() })
+			ctx := redistest.Ctx(t, 60*time.Second)
+			busy := v.new(t, c, redistest.Name(t)+"-busy", 1, opts{})
+			free := v.new(t, c, redistest.Name(t)+"-free", 10, opts{})
+			if _, err := free.Status(ctx); err != nil { // scripts loaded
+				t.Fatal(err)
+			}
+			if _, err := busy.Status(ctx); err != nil {
+				t.Fatal(err)
+			}
+			srv.Kill(t)
+			stop := time.Now().Add(1500 * time.Millisecond)
+			var wg sync.WaitGroup
+			for range 20 {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					for time.Now().Before(stop) {
+						tctx, cancel := context.WithTimeout(ctx, 100*time.Millisecond)
+						if l, err := busy.TryAcquire(tctx); err == nil {
+							_ = l.Release(tctx)
+						}
+						cancel()
+						time.Sleep(5 * time.Millisecond)
+					}
+				}()
+			}
+			wg.Wait()
+			srv.Restart(t)
+			var slow []string
+			for i := range 10 {
+				actx, cancel := context.WithTimeout(ctx, time.Second)
+				start := time.Now()
+				l, err := free.Acquire(actx)
+				cancel()
+				if err != nil {
+					slow = append(slow, fmt.Sprintf("#%d after %v: %v", i, time.Since(start).Round(time.Millisecond), err))
+					continue
+				}
+				_ = l.Release(ctx)
+			}
+			if len(slow) > 0 {
+				t.Fatalf("Acquire (1 s, free slots) right after Redis came back, behind a storm of refused calls: %d of 10 failed: %s",
+					len(slow), strings.Join(slow, "; "))
+			}
+		})
+	}
+}
