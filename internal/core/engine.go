@@ -84,7 +84,7 @@ type Engine struct {
 	// background work ends with it, and no hub is started once it ended.
 	stopped context.Context
 	stop    context.CancelFunc
-	undos   sync.WaitGroup
+	bg      sync.WaitGroup // background work (background): undos, give-ups, release retries
 
 	// A member of a keyed family shares the family's hub (hubMu and hub
 	// above are unused) and is dropped from the family's map once
@@ -178,13 +178,13 @@ func (e *Engine) Close() error {
 // work that no caller waits for (an undo, a release retried, a library
 // load). fn's context keeps ctx's values and ends at ctx's deadline (every
 // piece of background work has one) or when the semaphore is closed;
-// cancel (ctx's own) is called when fn returns. WaitUndos waits for it.
+// cancel (ctx's own) is called when fn returns. WaitBackground waits for it.
 // What such work leaves unfinished must be harmless by design: Close never
 // waits for a Redis that does not answer.
 func (e *Engine) background(ctx context.Context, cancel context.CancelFunc, fn func(ctx context.Context)) {
-	e.undos.Add(1)
+	e.bg.Add(1)
 	go func() {
-		defer e.undos.Done()
+		defer e.bg.Done()
 		defer cancel()
 		stop := context.AfterFunc(e.stopped, cancel)
 		defer stop()
@@ -192,9 +192,10 @@ func (e *Engine) background(ctx context.Context, cancel context.CancelFunc, fn f
 	}()
 }
 
-// WaitUndos waits until no undo runs (for tests that check what is left in
-// Redis after an abandoned call).
-func (e *Engine) WaitUndos() { e.undos.Wait() }
+// WaitBackground waits until no background work runs (undos, give-ups,
+// release retries: background), for tests that check what is left in Redis
+// after an abandoned call.
+func (e *Engine) WaitBackground() { e.bg.Wait() }
 
 // isClosed reports whether Close (the family's, for a member) was called.
 func (e *Engine) isClosed() bool { return e.stopped.Err() != nil }

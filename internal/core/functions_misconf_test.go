@@ -157,7 +157,7 @@ func TestLibraryAfterMisconf(t *testing.T) {
 	if _, err := e.Status(ctx); err != nil {
 		t.Fatal(err)
 	}
-	e.WaitUndos() // the load has ended
+	e.WaitBackground() // the load has ended
 	if m := e.ScriptMode(); m != "pending" {
 		t.Fatalf("script mode %q after a FUNCTION LOAD answered MISCONF, want pending (tried again later)", m)
 	}
@@ -174,7 +174,7 @@ func TestLibraryAfterMisconf(t *testing.T) {
 	if _, err := e.Status(ctx); err != nil {
 		t.Fatal(err)
 	}
-	e.WaitUndos()
+	e.WaitBackground()
 	if m := e.ScriptMode(); m != "fcall" {
 		t.Fatalf("script mode %q once writes are allowed again, want fcall", m)
 	}

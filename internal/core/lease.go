@@ -77,7 +77,7 @@ type Lease struct {
 	mu       sync.Mutex
 	state    leaseState
 	deadline time.Time
-	released bool // Release was answered (a second call returns nil)
+	answered bool // Redis answered that the lease was released (by this handle or another); a later Release returns nil, whatever the state (it may be lost)
 
 	// The operation in flight (opNone: none); opDone is closed when it
 	// ends; cancelOp ends it (Release ends a renewal with errReleasing).
@@ -284,7 +284,7 @@ func (l *Lease) endRenew(octx context.Context, r renewReply, err error, auto boo
 	case err == nil && r.released:
 		// A holder released it: another handle of the lease (Resume), in
 		// this process or another. It ends quietly, as released.
-		l.released = true
+		l.answered = true
 		ev = l.finishLocked(released, time.Now())
 		err = fmt.Errorf("%w (by another holder of the lease)", redsem.ErrReleased)
 	case err == nil:
@@ -378,11 +378,11 @@ func (l *Lease) giveUp() {
 func (l *Lease) Release(ctx context.Context) error {
 	l.mu.Lock()
 	switch {
-	case l.released:
+	case l.answered:
 		l.mu.Unlock()
 		return nil
 	case l.state == lost:
-		l.released = true // a second call returns nil
+		l.answered = true // a second call returns nil
 		l.mu.Unlock()
 		return redsem.ErrLeaseLost
 	}
@@ -399,10 +399,10 @@ func (l *Lease) Release(ctx context.Context) error {
 		l.arm()
 		if l.state != held {
 			err = nil
-			if l.state == lost && !l.released {
+			if l.state == lost && !l.answered {
 				err = redsem.ErrLeaseLost
 			}
-			l.released = true
+			l.answered = true
 		}
 		l.mu.Unlock()
 		return err
@@ -414,7 +414,7 @@ func (l *Lease) Release(ctx context.Context) error {
 	if l.state != held || l.overdue() {
 		// The deadline passed while the release ran: the lease was lost
 		// then, whatever the reply (giveUp frees the slots).
-		l.released = true
+		l.answered = true
 		return l.endLate()
 	}
 	if err != nil {
@@ -456,7 +456,7 @@ func (l *Lease) endLate() error {
 // released, or lost when Redis held nothing for it (ErrLeaseLost). It ends
 // the op, unlocks mu and reports the end.
 func (l *Lease) endRelease(kind int, called time.Time) error {
-	l.released = true
+	l.answered = true
 	st, err := released, error(nil)
 	if kind != ReleasedLease {
 		st, err = lost, redsem.ErrLeaseLost

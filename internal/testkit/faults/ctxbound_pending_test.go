@@ -204,7 +204,7 @@ func TestAcquireDelayedPastCancellationRecord(t *testing.T) {
 				if _, err := e.Acquire(actx); !errors.Is(err, context.DeadlineExceeded) {
 					t.Fatalf("Acquire: %v, want the deadline", err)
 				}
-				e.WaitUndos() // the undo's release is not held: it ran, and left "C"
+				e.WaitBackground() // the undo's release is not held: it ran, and left "C"
 				// Other clients' scripts prune the record once it is due.
 				redistest.WaitFor(t, 5*time.Second, "the cancellation record pruned", func() (bool, error) {
 					l, err := check.TryAcquire(ctx)

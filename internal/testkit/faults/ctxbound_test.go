@@ -48,7 +48,7 @@ func defaultClient(t testing.TB, addr string) *redis.Client {
 
 // engine builds variant v on core.Engine directly (what fair.New and
 // unfair.New wrap, with the same defaults), so that a test can wait for
-// the engine's detached undos (WaitUndos).
+// the engine's detached undos (WaitBackground).
 func (v variant) engine(t testing.TB, c redis.UniversalClient, name string, limit int) *core.Engine {
 	t.Helper()
 	e, err := core.New(core.Config{Client: c, Name: name, Limit: limit, Fair: v.fair})
@@ -173,7 +173,7 @@ func (r *boundRig) round(t testing.TB) ([]callResult, []core.Raw) {
 		for _, l := range leases[i] {
 			_ = l.Release(ctx) // may find it gone (a restart)
 		}
-		e.WaitUndos()
+		e.WaitBackground()
 		raw, err := core.Inspect(ctx, r.c, e.Keys())
 		if err != nil {
 			t.Fatalf("%s: inspect: %v", r.f.name, err)
@@ -497,7 +497,7 @@ func abandonAcquire(t *testing.T, v variant, srv *redistest.Server, p *redistest
 		})
 		p.SetBlackhole(false)
 	}
-	e.WaitUndos()
+	e.WaitBackground()
 	if got := raw(); got.Holders != want.Holders || got.Leases != want.Leases || got.Queue != want.Queue || got.Waiters != want.Waiters {
 		t.Fatalf("after the undo: %+v, want holders %d, queue %d (the abandoned Acquire left something)", got, want.Holders, want.Queue)
 	}
@@ -520,7 +520,7 @@ func abandonAcquire(t *testing.T, v variant, srv *redistest.Server, p *redistest
 		case <-time.After(10 * time.Second):
 			t.Fatal("the waiter did not return")
 		}
-		e.WaitUndos()
+		e.WaitBackground()
 		if err := holder.Release(ctx); err != nil {
 			t.Fatal(err)
 		}

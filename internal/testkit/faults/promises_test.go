@@ -332,7 +332,7 @@ func (r *promiseRig) round(t *testing.T) ([]callResult, []core.Raw) {
 			_ = l.Release(ctx) // may find it gone (a restart)
 		}
 		for _, s := range []redsem.Semaphore{r.sems[i], r.others[i]} {
-			core.EngineOf(s).WaitUndos()
+			core.EngineOf(s).WaitBackground()
 		}
 		raw, err := core.Inspect(ctx, r.c, core.EngineOf(r.sems[i]).Keys())
 		if err != nil {
@@ -429,7 +429,7 @@ func TestPromiseSlowRedisIsATimeout(t *testing.T) {
 					t.Logf("%s/%s: %v", v.name, call, err)
 				}
 				heal()
-				core.EngineOf(s).WaitUndos()
+				core.EngineOf(s).WaitBackground()
 				mu.Lock()
 				got := slices.Clone(kinds)
 				mu.Unlock()
