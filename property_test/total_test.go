@@ -3,8 +3,10 @@ package property_test
 import (
 	"context"
 	"errors"
+	"flag"
 	"fmt"
 	"math"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -69,7 +71,18 @@ type totalMachine struct {
 	waiters []*totalWaiter // fair: Acquire calls not yet granted
 }
 
+// totalChecks is the total machines' budget in CI (the fair one takes
+// about 3 s a check: its waiters wait out crashed leases and long idles);
+// REDSEM_SOAK=1 runs soakChecks, and the command line or RAPID_CHECKS
+// decide when set.
+const totalChecks = 12
+
 func runTotalMachine(t *testing.T, isFair bool) {
+	if !userChecks && !soak() {
+		old := flag.Lookup("rapid.checks").Value.String()
+		_ = flag.Set("rapid.checks", strconv.Itoa(totalChecks))
+		defer func() { _ = flag.Set("rapid.checks", old) }()
+	}
 	srv := redistest.Start(t)
 	rdb := srv.Client(t)
 	rapid.Check(t, func(rt *rapid.T) {
