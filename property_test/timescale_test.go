@@ -154,7 +154,7 @@ type tsProc struct {
 	sem     redsem.Semaphore
 	close   func() error
 	evicted atomic.Int64 // EventWaiterEvicted seen
-	failed  atomic.Int64 // dials and commands that failed (but for redis.Nil), counted by a hook
+	failed  atomic.Int64 // dials and commands that failed (but for redis.Nil), counted by a hook and the client's Dialer
 }
 
 // tsHook counts the dials and commands of a client that fail (pub/sub
@@ -241,7 +241,21 @@ func newTSMachine(t *testing.T, rt *rapid.T, srv *redistest.Server, admin *redis
 }
 
 func (m *tsMachine) newProc(rt *rapid.T, label string, ttl, maxHold time.Duration, noRenew bool) *tsProc {
-	p := &tsProc{label: label, rdb: redis.NewClient(m.srv.Options())}
+	p := &tsProc{label: label}
+	opt := m.srv.Options()
+	// Dials counted where every dial of the client ends up, the engine's
+	// own included: while dials fail, redsem dials the address itself
+	// before it hands a request to go-redis, so its retries reach neither
+	// go-redis's hooks nor the server.
+	opt.Dialer = func(ctx context.Context, network, addr string) (net.Conn, error) {
+		var d net.Dialer
+		c, err := d.DialContext(ctx, network, addr)
+		if err != nil {
+			p.failed.Add(1)
+		}
+		return c, err
+	}
+	p.rdb = redis.NewClient(opt)
 	p.rdb.AddHook(tsHook{p})
 	obs := func(ev redsem.Event) {
 		if ev.Kind == redsem.EventWaiterEvicted {
@@ -1234,7 +1248,7 @@ func (m *tsMachine) closeWhileRetrying(rt *rapid.T) {
 		l, err := p.sem.Acquire(context.Background())
 		res <- goResult{l, err}
 	}()
-	// It retries: its client sees failed commands.
+	// It retries: its client sees failed commands, or failed dials.
 	for deadline := time.Now().Add(waitBound); p.failed.Load() < base+2; time.Sleep(2 * time.Millisecond) {
 		select {
 		case r := <-res:
@@ -1242,7 +1256,7 @@ func (m *tsMachine) closeWhileRetrying(rt *rapid.T) {
 		default:
 		}
 		if time.Now().After(deadline) {
-			tsFatalf(rt, "close: no failed call within %v of killing Redis", waitBound)
+			tsFatalf(rt, "close: no failed call within %v of killing Redis (%d failed since)", waitBound, p.failed.Load()-base)
 		}
 	}
 	closed := time.Now()
