@@ -18,7 +18,7 @@ import (
 // real Redis on a small machine. Unless the command line or the RAPID_*
 // environment sets them, CI runs a few checks; REDSEM_SOAK=1 runs many.
 const (
-	ciChecks   = "30"
+	ciChecks   = "25"
 	soakChecks = "300"
 )
 
