@@ -157,6 +157,20 @@ func (m *totalMachine) enqueue(rt *rapid.T) {
 	m.waiters = append(m.waiters, w)
 }
 
+// granted takes the result r of waiter w's call (its context ends): true
+// with a lease, false if SetTotal lowered the total below its weight while
+// it waited; any other error fails the check.
+func (w *totalWaiter) granted(rt *rapid.T, r goResult) bool {
+	w.cancel()
+	if errors.Is(r.err, redsem.ErrWeight) && w.n > w.low {
+		return false // SetTotal lowered the total below its weight while it waited
+	}
+	if r.err != nil {
+		rt.Fatalf("%s's waiter of %d: %v", w.tenant, w.n, r.err)
+	}
+	return true
+}
+
 // collect takes the leases of the waiters granted since: each must fit in
 // its member's limit and in the total counting what is certainly held.
 func (m *totalMachine) collect(rt *rapid.T) {
@@ -164,12 +178,8 @@ func (m *totalMachine) collect(rt *rapid.T) {
 	for _, w := range m.waiters {
 		select {
 		case r := <-w.done:
-			w.cancel()
-			if errors.Is(r.err, redsem.ErrWeight) && w.n > w.low {
-				continue // SetTotal lowered the total below its weight while it waited
-			}
-			if r.err != nil {
-				rt.Fatalf("%s's waiter of %d: %v", w.tenant, w.n, r.err)
+			if !w.granted(rt, r) {
+				continue
 			}
 			allC, _, memC, _ := m.counts(w.tenant)
 			if memC+w.n > m.limit || allC+w.n > w.bound {
@@ -211,14 +221,9 @@ func (m *totalMachine) drainWaiters(rt *rapid.T) {
 		for _, w := range pending {
 			select {
 			case r := <-w.done:
-				w.cancel()
-				if errors.Is(r.err, redsem.ErrWeight) && w.n > w.low {
-					continue // SetTotal lowered the total below its weight while it waited
+				if w.granted(rt, r) {
+					_ = r.l.Release(context.Background())
 				}
-				if r.err != nil {
-					rt.Fatalf("%s's waiter of %d: %v", w.tenant, w.n, r.err)
-				}
-				_ = r.l.Release(context.Background())
 			default:
 				kept = append(kept, w)
 			}
