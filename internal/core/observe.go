@@ -210,11 +210,8 @@ func (d *dialWatch) ready(ctx context.Context) error {
 	if d == nil || d.probe == nil {
 		return nil
 	}
-	d.mu.Lock()
-	failing := d.err != nil && d.at.After(d.ok)
-	d.mu.Unlock()
-	if !failing {
-		return nil
+	if at, okSince := d.lastFailure(); at.IsZero() || okSince {
+		return nil // no dial failed, or one succeeded since
 	}
 	err := d.probe.try(ctx)
 	if err == nil {
