@@ -86,12 +86,21 @@ func TestPromiseCoreRequiresOnlyGoRedisAndUUID(t *testing.T) {
 // brings (README §Install). A scratch module in a temporary directory
 // requires this tree (a replace line) and imports fair; go mod tidy and go
 // list run offline (GOPROXY=off, outside the workspace), from the module
-// cache that building this module filled, with this module's go.sum.
+// cache that tidying this module fills, with this module's go.sum.
 // (-e: offline, a module whose .info the cache lacks still lists its path).
 func TestPromiseServiceModuleGraph(t *testing.T) {
 	root, err := filepath.Abs(".")
 	if err != nil {
 		t.Fatal(err)
+	}
+	// The cache holds what go mod tidy of this module needs (go-redis's
+	// test dependencies included) once tidy ran here, online as a user's
+	// does; on a new machine nothing may have run it yet.
+	tidy := exec.Command(goTool(t), "mod", "tidy", "-diff")
+	tidy.Dir = root
+	tidy.Env = append(os.Environ(), "GOWORK=off", "GOTOOLCHAIN=local")
+	if out, err := tidy.CombinedOutput(); err != nil {
+		t.Fatalf("go mod tidy -diff in %s (fills the module cache): %v\n%s", root, err, out)
 	}
 	dir := t.TempDir()
 	gomod := "module example.com/service\n\ngo 1.26.0\n\nrequire github.com/redsem/redsem v0.0.0\n\nreplace github.com/redsem/redsem => " + root + "\n"

@@ -47,6 +47,8 @@ var (
 	acquireSrc string
 	//go:embed renew.lua
 	renewSrc string
+	//go:embed renewmany.lua
+	renewManySrc string
 	//go:embed release.lua
 	releaseSrc string
 	//go:embed heartbeat.lua
@@ -109,11 +111,16 @@ const (
 	// FamilyStatus reads a keyed family's total and its use without
 	// writing (FCALL_RO or EVALSHA_RO), on the family's keys.
 	FamilyStatus
+	// RenewMany is Renew for many leases of one semaphore in one call: a
+	// process's watchdog renews all its leases that are due together.
+	RenewMany
+
+	lastScript = RenewMany
 )
 
 // Scripts lists every script, in the order of their constants.
 func Scripts() []Script {
-	return []Script{Acquire, Renew, Release, Heartbeat, Status, SetLimit, Fence, FenceSet, SetRate, SetTotal, FamilyStatus}
+	return []Script{Acquire, Renew, Release, Heartbeat, Status, SetLimit, Fence, FenceSet, SetRate, SetTotal, FamilyStatus, RenewMany}
 }
 
 type script struct {
@@ -135,6 +142,7 @@ var bodies = []struct {
 }{
 	{Acquire, "acquire.lua", acquireSrc, "acquire", false, false},
 	{Renew, "renew.lua", renewSrc, "renew", false, false},
+	{RenewMany, "renewmany.lua", renewManySrc, "renewmany", false, false},
 	{Release, "release.lua", releaseSrc, "release", false, false},
 	{Heartbeat, "heartbeat.lua", heartbeatSrc, "heartbeat", false, false},
 	{Status, "status.lua", statusSrc, "status", true, false},
@@ -198,8 +206,8 @@ func (s Script) Function() string {
 	return ""
 }
 
-var table = func() [FamilyStatus + 1]script {
-	var t [FamilyStatus + 1]script
+var table = func() [lastScript + 1]script {
+	var t [lastScript + 1]script
 	add := func(s Script, file, src string) {
 		sum := sha1.Sum([]byte(src))
 		t[s] = script{file: file, src: src, sha: hex.EncodeToString(sum[:])}
@@ -229,7 +237,7 @@ func (s Script) Source() string { return s.entry().src }
 func (s Script) Hash() string { return s.entry().sha }
 
 func (s Script) entry() script {
-	if s < Acquire || s > FamilyStatus {
+	if s < Acquire || s > lastScript {
 		return script{}
 	}
 	return table[s]

@@ -65,7 +65,7 @@ type Engine struct {
 	alerts *alerts   // conditions logged at Warn (shared by every engine of the client)
 	lib    *libState // whether the client's calls use FCALL (functions.go)
 
-	sent [lua.FamilyStatus + 1]atomic.Bool // scripts sent whole once (see loaded)
+	sent [lua.RenewMany + 1]atomic.Bool // scripts sent whole once (see loaded), by Script (RenewMany is the last)
 
 	waiting waiting // the variant's waiting strategy
 
@@ -78,6 +78,7 @@ type Engine struct {
 	// which is taken after a lease's mu, never before it.
 	leasesMu sync.Mutex
 	leases   map[string]*Lease
+	renewals renewals // the watchdog renewals of leases, batched (renewals.go)
 
 	// stopped ends on Close (a family's, for its members): the one place
 	// that says the semaphore is closed. Calls bind their context to it,

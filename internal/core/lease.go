@@ -94,6 +94,10 @@ type Lease struct {
 	timer   *time.Timer
 	renewAt time.Time
 	noRenew bool
+	// due: the watchdog found the renewal due and left it to the engine's
+	// batch (renewals.go), which clears it; meanwhile the timer waits for
+	// the deadline only.
+	due bool
 }
 
 var _ redsem.Lease = (*Lease)(nil)
@@ -193,7 +197,7 @@ func (l *Lease) arm() {
 		return
 	}
 	at := l.deadline
-	if l.op == opNone && !l.noRenew && l.releasing == 0 && l.renewAt.Before(at) {
+	if l.op == opNone && !l.noRenew && l.releasing == 0 && !l.due && l.renewAt.Before(at) {
 		at = l.renewAt
 	}
 	l.timer.Reset(max(time.Until(at), 0))
@@ -308,8 +312,9 @@ func (l *Lease) endRenew(octx context.Context, r renewReply, err error, auto boo
 }
 
 // fire is the timer: it ends the lease once its deadline passed (lose),
-// and renews it when a renewal is due and no operation runs (a running one
-// re-arms the timer when it ends).
+// and has it renewed, with the engine's other leases that are due, when a
+// renewal is due and no operation runs (a running one re-arms the timer
+// when it ends).
 func (l *Lease) fire() {
 	l.mu.Lock()
 	if l.state != held {
@@ -323,18 +328,25 @@ func (l *Lease) fire() {
 		ev()
 		return
 	}
-	if max := l.e.cfg.MaxHold; max > 0 && now.Sub(l.granted) >= max {
-		l.noRenew = true // held for MaxHold: no more renewals
-	}
-	if l.op != opNone || l.noRenew || l.releasing > 0 || now.Before(l.renewAt) {
+	l.capHold(now)
+	if l.op != opNone || l.noRenew || l.releasing > 0 || l.due || now.Before(l.renewAt) {
 		l.arm()
 		l.mu.Unlock()
 		return
 	}
-	octx := l.startOp(context.Background(), opRenew)
+	// Due: the engine renews it with the rest of its leases that are due
+	// (renewals.go).
+	l.due = true
+	l.arm()
 	l.mu.Unlock()
-	r, err := l.e.renew(octx, l.e.cfg.Client, l.id, false)
-	_ = l.endRenew(octx, r, err, true)
+	l.e.renewDue()
+}
+
+// capHold stops the renewals of a lease held for MaxHold (under mu).
+func (l *Lease) capHold(now time.Time) {
+	if max := l.e.cfg.MaxHold; max > 0 && now.Sub(l.granted) >= max {
+		l.noRenew = true
+	}
 }
 
 // lose ends a held lease whose deadline passed unrenewed (under mu), and

@@ -24,6 +24,7 @@ import (
 //	script          call          reply (after decoding)
 //	acquire.lua     e.acquire     acquireReply: granted (slots, token, deadline) or not (hint, place, rate wait, floor); codes below
 //	renew.lua       e.renew       renewReply: renewed with a new deadline (and, for Resume, the lease's token and slots), gone, or released by a holder
+//	renewmany.lua   e.renewMany   a renewReply per lease id: the watchdog's renewals of many leases in one call (renewals.go)
 //	release.lua     e.release     releaseReply: what was released, how many waiters it admitted
 //	                e.releaseExpired   the same, for a lease given up at its deadline
 //	heartbeat.lua   e.heartbeat   heartbeatReply: session alive, expiry hint
@@ -259,6 +260,41 @@ func (e *Engine) renew(ctx context.Context, c redis.Scripter, id string, resume 
 	if out.ok {
 		out.deadline = expiresBy(sent, out.until-now)
 	}
+	return out, nil
+}
+
+// ---- renewmany.lua ----
+
+// renewMany runs renewmany.lua: renew (without resume) for each of ids
+// (ARGV[5..]) with the lease TTL (ARGV[4]), in one call. The replies come
+// in the order of ids.
+func (e *Engine) renewMany(ctx context.Context, ids []string) ([]renewReply, error) {
+	args := make([]any, 0, 1+len(ids))
+	args = append(args, ms(e.cfg.LeaseTTL))
+	for _, id := range ids {
+		args = append(args, id)
+	}
+	v, sent, err := e.run(ctx, e.cfg.Client, lua.RenewMany, e.cfg.Limit, args...)
+	if err != nil {
+		return nil, e.callErr(ctx, err)
+	}
+	r := reader{script: "renewmany", v: v}
+	now := r.int()
+	out := make([]renewReply, len(ids))
+	for i := range out {
+		switch d := r.int(); {
+		case d > 0:
+			out[i] = renewReply{ok: true, until: d, deadline: expiresBy(sent, d-now)}
+		case d == -1:
+			out[i].released = true
+		case d != 0:
+			r.fail("unknown code")
+		}
+	}
+	if r.err != nil {
+		return nil, e.wrap(r.err)
+	}
+	e.clock.observe(sent, now)
 	return out, nil
 }
 

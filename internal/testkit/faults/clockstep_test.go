@@ -145,7 +145,7 @@ func TestServerClockSteps(t *testing.T) {
 			holders := v.new(t, srv.Client(t), name, limit, o) // one process
 			wc := srv.Client(t)
 			refused := &replies{script: lua.Acquire, code: 0}
-			renewed := &replies{script: lua.Renew, code: 1}
+			renewed := renewals()
 			wc.AddHook(refused)
 			wc.AddHook(renewed)
 			waiters := v.new(t, wc, name, limit, o) // another
@@ -310,14 +310,30 @@ type replies struct {
 	n      atomic.Int64
 }
 
+// renewals counts the leases renewed, by renew.lua (code 1, a lease the
+// user renewed) or by renewmany.lua (each positive deadline in its reply:
+// the watchdog's renewals, several leases a call).
+func renewals() *replies { return &replies{script: lua.Renew, code: 1} }
+
 func (r *replies) DialHook(next redis.DialHook) redis.DialHook { return next }
 
 func (r *replies) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 	return func(ctx context.Context, cmd redis.Cmder) error {
 		err := next(ctx, cmd)
-		if a := cmd.Args(); len(a) > 1 && (a[1] == r.script.Function() || a[1] == r.script.Hash()) {
-			if c, ok := cmd.(*redis.Cmd); ok {
-				if v, _ := c.Slice(); len(v) > 0 && v[0] == r.code {
+		a := cmd.Args()
+		c, ok := cmd.(*redis.Cmd)
+		if len(a) < 2 || !ok {
+			return err
+		}
+		v, _ := c.Slice()
+		switch {
+		case a[1] == r.script.Function() || a[1] == r.script.Hash():
+			if len(v) > 0 && v[0] == r.code {
+				r.n.Add(1)
+			}
+		case r.script == lua.Renew && r.code == 1 && (a[1] == lua.RenewMany.Function() || a[1] == lua.RenewMany.Hash()):
+			for _, d := range v[min(len(v), 1):] {
+				if d, ok := d.(int64); ok && d > 0 {
 					r.n.Add(1)
 				}
 			}

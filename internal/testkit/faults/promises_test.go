@@ -24,6 +24,10 @@ import (
 	"github.com/redsem/redsem/unfair"
 )
 
+// watchdogRenewals selects the calls of renewmany.lua: the watchdog renews
+// a process's leases of a semaphore that are due together, in one call.
+var watchdogRenewals = redistest.MatchScript(lua.RenewMany.Hash(), lua.RenewMany.Function())
+
 // scriptCalls is a go-redis hook that records when each call of one script
 // started and how it ended.
 type scriptCalls struct {
@@ -92,7 +96,7 @@ func TestPromiseRenewalRetriedThroughOutage(t *testing.T) {
 			ctx := redistest.Ctx(t, 60*time.Second)
 			name := redistest.Name(t)
 			p := redistest.StartProxy(t, redistest.Shared(t).Addr)
-			renews := &scriptCalls{match: redistest.MatchScript(lua.Renew.Hash(), lua.Renew.Function())}
+			renews := &scriptCalls{match: watchdogRenewals}
 			c := redis.NewClient(&redis.Options{Addr: p.Addr, DialTimeout: time.Second,
 				ReadTimeout: readTimeout, WriteTimeout: readTimeout, MaxRetries: -1})
 			t.Cleanup(func() { _ = c.Close() })

@@ -1,0 +1,95 @@
+package redsem_test
+
+import (
+	"context"
+	"fmt"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/redsem/redsem"
+	"github.com/redsem/redsem/internal/testkit/redistest"
+)
+
+// scriptCalls counts the script calls a server ran (FCALL, EVALSHA, EVAL,
+// and their read-only forms), from INFO commandstats.
+func scriptCalls(ctx context.Context, t testing.TB, c *redis.Client) int {
+	t.Helper()
+	info, err := c.Info(ctx, "commandstats").Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := 0
+	for _, line := range strings.Split(info, "\n") {
+		name, rest, ok := strings.Cut(strings.TrimSpace(line), ":")
+		if !ok {
+			continue
+		}
+		switch name {
+		case "cmdstat_fcall", "cmdstat_fcall_ro", "cmdstat_evalsha", "cmdstat_evalsha_ro", "cmdstat_eval", "cmdstat_eval_ro":
+			calls, _, _ := strings.Cut(strings.TrimPrefix(rest, "calls="), ",")
+			v, err := strconv.Atoi(calls)
+			if err != nil {
+				t.Fatalf("commandstats line %q: %v", line, err)
+			}
+			n += v
+		}
+	}
+	return n
+}
+
+// A process renews all its leases of a semaphore together: one script call
+// per renewal interval, however many leases it holds, with every lease kept
+// (none lost, every Deadline moved on). Many leases held for long are the
+// case where renewals were most of Redis's work (1 000 leases of 30 s,
+// renewed every 10 s, were 100 calls a second).
+func TestRenewalsOneCallPerInterval(t *testing.T) {
+	const leases = 1000
+	const ttl = 600 * time.Millisecond // renewed every 200 ms
+	const hold = 6 * ttl / 3           // six intervals
+	for _, variant := range []string{"unfair", "fair"} {
+		t.Run(variant, func(t *testing.T) {
+			ctx := redistest.Ctx(t, 60*time.Second)
+			srv := redistest.Start(t)
+			c := srv.Client(t)
+			s := newPrefixed(t, variant, c, redistest.Name(t), leases, prefixed{Prefix: uniquePrefix(), LeaseTTL: ttl})
+			held := make([]redsem.Lease, 0, leases)
+			defer func() {
+				for _, l := range held {
+					_ = l.Release(ctx)
+				}
+			}()
+			for range leases {
+				l, err := s.TryAcquire(ctx)
+				if err != nil {
+					t.Fatal(err)
+				}
+				held = append(held, l)
+			}
+			first := make([]time.Time, leases)
+			for i, l := range held {
+				first[i] = l.Deadline()
+			}
+			before := scriptCalls(ctx, t, c)
+			time.Sleep(hold)
+			calls := scriptCalls(ctx, t, c) - before
+			for i, l := range held {
+				if err := l.Err(); err != nil {
+					t.Fatalf("lease %d: %v after %v of renewals", i, err, hold)
+				}
+				if !l.Deadline().After(first[i]) {
+					t.Fatalf("lease %d: Deadline %v not moved on from %v", i, l.Deadline(), first[i])
+				}
+			}
+			perLease := leases * int(hold/(ttl/3))
+			if calls*10 > perLease {
+				t.Errorf("%d script calls while %d leases were renewed for %v: want at most a tenth of one call per lease and renewal (%d)",
+					calls, leases, hold, perLease/10)
+			}
+			t.Logf("%d leases, TTL %v, %v: %d script calls (one call per lease and renewal would be %d): %s per second",
+				leases, ttl, hold, calls, perLease, fmt.Sprintf("%.1f", float64(calls)/hold.Seconds()))
+		})
+	}
+}
