@@ -107,6 +107,21 @@ func (e *Engine) activeHub() *hub {
 	return *slot
 }
 
+// listening reports whether e's hub runs and is subscribed: a waiter that
+// registers now is served at once, without waiting for a subscription.
+func listening(e *Engine) bool {
+	h := e.activeHub()
+	if h == nil {
+		return false
+	}
+	select {
+	case <-h.readyCh:
+		return h.readyErr == nil
+	default:
+		return false
+	}
+}
+
 // register adds a waiter for id (n slots) to the hub, starting the hub if
 // needed, and returns once the hub is ready. Its errors are raw (the
 // acquire call classifies them).

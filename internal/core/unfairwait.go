@@ -22,6 +22,18 @@ import (
 type unfairWait struct{}
 
 func (unfairWait) next(c *call) (grant, bool, error) {
+	if c.w == nil && !c.tried && listening(c.e) {
+		// Other calls of this process wait on the semaphore: its hub
+		// listens already. Joined first, the call's first attempt asks
+		// for notices ("wait"), so that a call that must wait costs one
+		// refused attempt, not two (the one before subscribing and the
+		// one after).
+		w, err := c.e.register(c.ctx, c.id, c.n)
+		if err != nil {
+			return grant{}, false, err
+		}
+		c.w = w
+	}
 	mode := "try"
 	if c.w != nil {
 		mode = "wait"
