@@ -151,8 +151,8 @@ func TestLoggerDocsSayNilIsNotSilent(t *testing.T) {
 	}
 	logs, _, _ := strings.Cut(string(ops[strings.Index(string(ops), "## 2. Metrics and logs"):]), "\n## 3.")
 	docs := map[string]string{
-		"fair.Options.Logger":   fieldDocs(t, "fair/fair.go", "Options")["Logger"],
-		"unfair.Options.Logger": fieldDocs(t, "unfair/unfair.go", "Options")["Logger"],
+		"fair.Options.Logger":   fieldDocs(t, "fair/semaphore.go", "Options")["Logger"],
+		"unfair.Options.Logger": fieldDocs(t, "unfair/semaphore.go", "Options")["Logger"],
 		"docs/operations.md, 2": logs,
 	}
 	for where, doc := range docs {

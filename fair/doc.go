@@ -16,3 +16,5 @@
 // per API key) whose members share that one session, heartbeat and
 // subscription per process, and forgets members nobody uses.
 package fair
+
+//go:generate go run ../internal/variantgen fair

@@ -8,3 +8,5 @@
 // trip, with a bounded fallback in case a notice is lost. Choose package
 // fair when arrival order matters.
 package unfair
+
+//go:generate go run ../internal/variantgen unfair
