@@ -1,11 +1,15 @@
 #!/usr/bin/env python3
 """The sorted-set baseline (Python), driven by the peers.sh workload.
 
-The baseline is the semaphore most write first: one sorted set per semaphore, a
-member per holder scored with the client's clock in ms. One Lua script drops
-the members older than the lease (by the caller's clock), counts the rest
-(ZCARD) and adds the caller (ZADD) when the count is under the limit; release
-is a ZREM. A refused acquire sleeps RETRY_S and tries again.
+The baseline is the semaphore most write first. It follows the algorithm of
+the textbook lesson on distributed semaphores (its DistributedSemaphore class
+and acquire script), in code of our own: one sorted set per semaphore, a
+member per holder (a fresh UUID per acquire) scored with the client's clock in
+ms. One Lua script drops the members older than the lease (by the caller's
+clock), counts the rest (ZCARD) and, when the count is under the limit, adds
+the caller (ZADD) and sets the key to expire a second after the lease; release
+is a ZREM of the holder. A refused acquire sleeps RETRY_S (the lesson's retry
+interval is 100 ms) and tries again.
 
 usage: sortedset_peer.py PORT LIMIT WORKERS HOLD_MS DURATION_S RETRY_S
 
