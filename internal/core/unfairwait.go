@@ -33,6 +33,16 @@ func (unfairWait) next(c *call) (grant, bool, error) {
 			return grant{}, false, err
 		}
 		c.w = w
+		if c.e.cfg.Rate.IsZero() && c.e.rateHeld.Load() == 0 && wakeOf(w).behind(w) {
+			// An older call of this process waits for as many slots: the
+			// next freed slot wakes it first. This call waits behind it
+			// instead of trying for that slot too (a try that one of the
+			// two would have made in vain): woken by a notice that has
+			// room for it as well, or at the fallback poll. Not under a
+			// rate: a call that ends waiting says when the window has room
+			// (RateLimitedError), which only an attempt's reply tells.
+			return grant{}, false, sleep(c, w, c.e.waitFor(-1, -1))
+		}
 	}
 	mode := "try"
 	if c.w != nil {
@@ -67,6 +77,15 @@ func (unfairWait) next(c *call) (grant, bool, error) {
 		}
 		d = e.waitFor(hint, -1)
 	}
+	return grant{}, false, sleep(c, w, d)
+}
+
+// sleep waits for a freed-slot notice to w, for d, or for the call's end
+// (its error).
+func sleep(c *call, w *waiter, d time.Duration) error {
+	u := wakeOf(w)
+	u.asleep(w, true)
+	defer u.asleep(w, false)
 	c.timer.Reset(d)
 	defer c.timer.Stop()
 	select {
@@ -81,9 +100,9 @@ func (unfairWait) next(c *call) (grant, bool, error) {
 			}
 		default:
 		}
-		return grant{}, false, c.ctx.Err()
+		return c.ctx.Err()
 	}
-	return grant{}, false, nil
+	return nil
 }
 
 func (unfairWait) listener(h *hub) listener { return &unfairWake{h: h} }
@@ -125,14 +144,15 @@ func wakeOf(w *waiter) *unfairWake { return w.h.l.(*unfairWake) }
 // that fit.
 //
 // Its state is guarded by the hub's mu: list, the local waiters oldest
-// first; and gate, per engine, the one waiter of this process that sleeps
+// first; sleeping, those that sleep until a notice; and gate, per engine, the one waiter of this process that sleeps
 // until the rate's window has room (takeGate, passGate): the others wait
 // for it, or for a freed slot, instead of all trying at the moment the
 // window frees one slot.
 type unfairWake struct {
-	h    *hub
-	list []*waiter
-	gate map[*Engine]*waiter
+	h        *hub
+	list     []*waiter
+	gate     map[*Engine]*waiter
+	sleeping map[*waiter]bool // the waiters in sleep, until a notice (behind)
 }
 
 func (u *unfairWake) channel() string                 { return u.h.e.keys.Free }
@@ -209,6 +229,39 @@ func (u *unfairWake) wakeOf(meta string, free int) {
 		default: // already woken
 		}
 	}
+}
+
+// behind reports whether an older local waiter of w's engine, refused as
+// many slots as w wants, sleeps until a notice (none pending): the oldest
+// that fit are woken first (wakeOf), so a slot freed from now on that w
+// could take goes to it. One awake (trying, or woken by a notice not yet
+// taken) may leave slots free that no notice will announce: w tries then.
+func (u *unfairWake) behind(w *waiter) bool {
+	u.h.mu.Lock()
+	defer u.h.mu.Unlock()
+	for _, o := range u.list {
+		if o == w {
+			return false
+		}
+		if o.e == w.e && o.n == w.n && u.sleeping[o] && len(o.events) == 0 {
+			return true
+		}
+	}
+	return false
+}
+
+// asleep records whether w sleeps until a notice (sleep).
+func (u *unfairWake) asleep(w *waiter, on bool) {
+	u.h.mu.Lock()
+	defer u.h.mu.Unlock()
+	if !on {
+		delete(u.sleeping, w)
+		return
+	}
+	if u.sleeping == nil {
+		u.sleeping = map[*waiter]bool{}
+	}
+	u.sleeping[w] = true
 }
 
 // takeGate makes w the waiter of its engine that waits for the rate's
