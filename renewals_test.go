@@ -5,12 +5,14 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/redis/go-redis/v9"
 	"github.com/redsem/redsem"
 	"github.com/redsem/redsem/internal/testkit/redistest"
+	"github.com/redsem/redsem/lua"
 )
 
 // scriptCalls counts the script calls a server ran (FCALL, EVALSHA, EVAL,
@@ -90,6 +92,83 @@ func TestRenewalsOneCallPerInterval(t *testing.T) {
 			}
 			t.Logf("%d leases, TTL %v, %v: %d script calls (one call per lease and renewal would be %d): %s per second",
 				leases, ttl, hold, calls, perLease, fmt.Sprintf("%.1f", float64(calls)/hold.Seconds()))
+		})
+	}
+}
+
+// holdFirstReply is a go-redis hook that holds back the reply of the first
+// call that match selects (Redis ran it) until the caller gives up on it:
+// a connection gone dead after the request went out.
+type holdFirstReply struct {
+	match redistest.Match
+	held  atomic.Bool
+	ended chan time.Duration // how long the held call waited
+}
+
+func (h *holdFirstReply) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (h *holdFirstReply) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		err := next(ctx, cmd)
+		if h.match(cmd) && h.held.CompareAndSwap(false, true) {
+			start := time.Now()
+			<-ctx.Done()
+			h.ended <- time.Since(start)
+			return ctx.Err()
+		}
+		return err
+	}
+}
+func (h *holdFirstReply) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
+}
+
+// One renewal call that Redis never answers (its reply lost on a dead
+// connection, with no ReadTimeout to end it) neither holds up the renewal
+// of the process's other leases of the semaphore, which fall due while it
+// waits, nor costs its own leases: it is given up after a third of the
+// TTL, and they are renewed again in a new call before their deadline.
+// (Before: while one call waited, the other leases' renewals waited for it
+// and were lost at their deadline, as were the leases of the call.)
+func TestRenewalsOutliveOneUnansweredCall(t *testing.T) {
+	const ttl = 900 * time.Millisecond // renewed every 300 ms, together within 150 ms
+	for _, variant := range []string{"unfair", "fair"} {
+		t.Run(variant, func(t *testing.T) {
+			ctx := redistest.Ctx(t, 30*time.Second)
+			hold := &holdFirstReply{match: redistest.MatchScript(lua.RenewMany.Hash(), lua.RenewMany.Function()), ended: make(chan time.Duration, 1)}
+			c := redistest.Client(t)
+			c.AddHook(hold)
+			s := newPrefixed(t, variant, c, redistest.Name(t), 100, prefixed{Prefix: uniquePrefix(), LeaseTTL: ttl})
+			var leases []redsem.Lease
+			defer func() {
+				for _, l := range leases {
+					_ = l.Release(ctx)
+				}
+			}()
+			// Two groups, 200 ms apart: each renewed in calls of its own.
+			for group := range 2 {
+				if group == 1 {
+					time.Sleep(200 * time.Millisecond)
+				}
+				for range 20 {
+					l, err := s.TryAcquire(ctx)
+					if err != nil {
+						t.Fatal(err)
+					}
+					leases = append(leases, l)
+				}
+			}
+			time.Sleep(4 * ttl)
+			select {
+			case d := <-hold.ended:
+				t.Logf("the unanswered renewal call was given up after %v", d)
+			default:
+				t.Fatal("no renewal call was held: the test did not reach its state")
+			}
+			for i, l := range leases {
+				if err := l.Err(); err != nil {
+					t.Fatalf("lease %d (group %d): %v, after one renewal call went unanswered", i, i/20, err)
+				}
+			}
 		})
 	}
 }

@@ -78,7 +78,6 @@ type Engine struct {
 	// which is taken after a lease's mu, never before it.
 	leasesMu sync.Mutex
 	leases   map[string]*Lease
-	renewals renewals // the watchdog renewals of leases, batched (renewals.go)
 
 	// stopped ends on Close (a family's, for its members): the one place
 	// that says the semaphore is closed. Calls bind their context to it,

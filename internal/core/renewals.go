@@ -2,7 +2,6 @@ package core
 
 import (
 	"context"
-	"sync"
 	"time"
 )
 
@@ -24,15 +23,8 @@ import (
 // it comes, is not applied to it: no lease waits on the others.
 
 // renewBatchMax is the most lease ids in one renewmany.lua call (the script
-// takes up to 4096); a batch of more is sent in several calls.
+// takes up to 4096); a batch of more is sent in several calls at once.
 const renewBatchMax = 1000
-
-// renewals is an engine's batching of its leases' renewals.
-type renewals struct {
-	mu    sync.Mutex
-	busy  bool // a batch runs, on the goroutine of the fire that started it
-	again bool // a renewal fell due while it ran: look again once it ended
-}
 
 // renewWindow is how early a lease is renewed together with others: those
 // whose renewal falls due within it (half the renewal interval of a third
@@ -40,35 +32,20 @@ type renewals struct {
 // renewed are not due again at once.
 func (e *Engine) renewWindow() time.Duration { return e.cfg.LeaseTTL / 6 }
 
-// renewDue renews every lease of e that is due (or soon due), in one call
-// per renewBatchMax leases. A fire that finds a batch running asks it to
-// look again when it ends (its lease waits with due set), and returns.
+// renewDue renews every lease of e that is due (or soon due) and has no
+// operation in flight, in one call per renewBatchMax leases, sent at once.
+// Batches do not wait for each other: a lease that falls due while a call
+// runs (one Redis has not answered, on a connection gone dead) goes in a
+// call of its own, on another connection, and the leases in that call are
+// not held up by it beyond renewCallBound.
 func (e *Engine) renewDue() {
-	r := &e.renewals
-	r.mu.Lock()
-	if r.busy {
-		r.again = true
-		r.mu.Unlock()
-		return
+	batch := e.dueLeases()
+	for len(batch) > renewBatchMax {
+		go e.renewBatch(batch[:renewBatchMax])
+		batch = batch[renewBatchMax:]
 	}
-	r.busy = true
-	r.mu.Unlock()
-	for {
-		if batch := e.dueLeases(); len(batch) > 0 {
-			for len(batch) > 0 {
-				k := min(len(batch), renewBatchMax)
-				e.renewBatch(batch[:k])
-				batch = batch[k:]
-			}
-		}
-		r.mu.Lock()
-		if !r.again {
-			r.busy = false
-			r.mu.Unlock()
-			return
-		}
-		r.again = false
-		r.mu.Unlock()
+	if len(batch) > 0 {
+		e.renewBatch(batch)
 	}
 }
 
@@ -97,7 +74,9 @@ func (e *Engine) dueLeases() []renewing {
 		l.mu.Lock()
 		if l.state == held {
 			l.capHold(now)
-			if l.op == opNone && !l.noRenew && l.releasing == 0 && (l.due || !l.renewAt.After(soon)) {
+			// A lease whose deadline passed is its timer's to end (lose):
+			// in a call, it would bound the call by a time already past.
+			if l.op == opNone && !l.noRenew && l.releasing == 0 && l.deadline.After(now) && (l.due || !l.renewAt.After(soon)) {
 				batch = append(batch, renewing{l: l, deadline: l.deadline})
 				l.due = false
 				batch[len(batch)-1].ctx = l.startOp(context.Background(), opRenew)
@@ -111,10 +90,20 @@ func (e *Engine) dueLeases() []renewing {
 	return batch
 }
 
+// renewCallBound is how long a renewal call may wait for its reply, at
+// most: a third of the TTL, about what a renewed lease has left when its
+// next renewal falls due, so that the leases of a call Redis does not
+// answer (its connection gone dead, and no ReadTimeout, or a longer one)
+// are renewed again, in a new call on another connection, before their
+// deadline, instead of all waiting for it. A reply abandoned this way
+// changes nothing that matters: Redis only moved their deadlines later.
+func (e *Engine) renewCallBound() time.Duration { return e.cfg.LeaseTTL / 3 }
+
 // renewBatch sends the renewals of batch in one call, bounded by the
-// earliest of their deadlines, and hands each lease its reply.
+// earliest of their deadlines and renewCallBound, and hands each lease
+// its reply.
 func (e *Engine) renewBatch(batch []renewing) {
-	bound := batch[0].deadline
+	bound := time.Now().Add(e.renewCallBound())
 	ids := make([]string, len(batch))
 	own := make([]func() bool, len(batch))
 	for i, b := range batch {
