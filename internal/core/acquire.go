@@ -9,6 +9,7 @@ import (
 	"github.com/google/uuid"
 	"github.com/redis/go-redis/v9"
 	"github.com/redsem/redsem"
+	"github.com/redsem/redsem/internal/bounds"
 )
 
 // The acquire path, in one shape:
@@ -78,7 +79,7 @@ type waiting interface {
 	// listener is what the variant's hub subscription serves: the fair
 	// session, or the unfair wake list.
 	listener(h *hub) listener
-	// leaveAtClose removes, within closeUndoBound, what a call that Close
+	// leaveAtClose removes, within bounds.CloseUndo, what a call that Close
 	// ended left queued in Redis; false if it leaves that to Engine.undo
 	// (fair: its entry would hold up the queue until its session expired;
 	// unfair: nothing queues).
@@ -167,7 +168,7 @@ type call struct {
 	rateRoom time.Time
 	rate     redsem.Rate
 
-	backoff backoff
+	backoff bounds.Backoff
 	timer   *time.Timer // the call's one timer (retry pauses, unfair waits)
 	w       *waiter     // registered with the hub once the call waits
 }
@@ -198,7 +199,7 @@ func (c *call) retry(err error) error {
 		return err
 	}
 	c.lastErr = err // the request that learnt it raised the alert (answered)
-	if !c.sleep(c.backoff.next()) {
+	if !c.sleep(c.backoff.Next()) {
 		return c.ctx.Err()
 	}
 	return nil
@@ -367,12 +368,12 @@ func (c *call) undo() {
 func (e *Engine) undo(ctx context.Context, id string) {
 	uctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), e.cfg.LeaseTTL)
 	e.background(uctx, cancel, func(ctx context.Context) {
-		var b backoff
+		var b bounds.Backoff
 		for {
 			if _, err := e.release(ctx, id, "undo"); err == nil || !Transient(err) {
 				return
 			}
-			if !sleepCtx(ctx, b.next()) {
+			if !b.Wait(ctx) {
 				return
 			}
 		}
@@ -427,7 +428,7 @@ func (c *call) attempt(mode, sid string) (acquireReply, error) {
 	}
 	if err == nil || !Transient(err) {
 		if err == nil || !errors.Is(err, c.ctx.Err()) {
-			c.replied, c.lastErr, c.backoff = true, nil, backoff{}
+			c.replied, c.lastErr, c.backoff = true, nil, bounds.Backoff{}
 		}
 	}
 	return a, err

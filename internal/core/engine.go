@@ -23,7 +23,7 @@
 //	decode.go       reading a script's reply
 //	clock.go        the server's clock, and requests bounded in server time
 //	errors.go       what every error means (Transient, Unreachable, wrap)
-//	bounds.go       every time bound, and the retries' backoff
+//	(every time bound, and the retries' backoff: package internal/bounds)
 //	functions.go    the FUNCTION library: when a client's calls use FCALL
 //	family.go, shards.go, total.go, keys.go   keyed families and the key layout
 //	config.go, observe.go, replicas.go, demand.go, inspect.go

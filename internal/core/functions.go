@@ -13,6 +13,7 @@ import (
 	"weak"
 
 	"github.com/redis/go-redis/v9"
+	"github.com/redsem/redsem/internal/bounds"
 	"github.com/redsem/redsem/lua"
 )
 
@@ -32,7 +33,7 @@ import (
 //     managed service) keeps EVALSHA for the client's life; that is logged
 //     once at Debug (an expected mode, not a fault). A load that fails otherwise (Redis unreachable, or in a
 //     passing state: MISCONF after a failed save, OOM, LOADING, READONLY;
-//     see refused) is tried again libRetry later.
+//     see refused) is tried again bounds.LibRetry later.
 //   - An FCALL answered "Function not found" (a restart without
 //     persistence, a failover to a server that never saw the library, a
 //     new master) is run again at once with EVALSHA, so the caller sees no
@@ -103,7 +104,7 @@ func (e *Engine) ScriptMode() string {
 
 // loadLibrary starts a background load of the library on the engine's
 // client, unless one is in flight, it is loaded, the server refused it, or
-// the last attempt failed less than libRetry ago. It returns at once.
+// the last attempt failed less than bounds.LibRetry ago. It returns at once.
 func (e *Engine) loadLibrary() {
 	l := e.lib
 	if l.mode.Load() != libUnknown {
@@ -115,12 +116,12 @@ func (e *Engine) loadLibrary() {
 		return
 	}
 	l.mu.Lock()
-	wait := !l.failed.IsZero() && time.Since(l.failed) < libRetry
+	wait := !l.failed.IsZero() && time.Since(l.failed) < bounds.LibRetry
 	l.mu.Unlock()
 	if wait || !l.mode.CompareAndSwap(libUnknown, libLoading) {
 		return
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), libLoadTimeout)
+	ctx, cancel := context.WithTimeout(context.Background(), bounds.LibLoad)
 	e.background(ctx, cancel, func(ctx context.Context) {
 		err := loadLibrary(ctx, e.cfg.Client)
 		name, _ := lua.Library()
@@ -177,9 +178,9 @@ func loadLibrary(ctx context.Context, c redis.UniversalClient) error {
 // an unknown or disabled command; any other code is the server's state
 // (MISCONF after a failed save, whose message says that writes "are
 // disabled", OOM, LOADING, BUSY, READONLY, MASTERDOWN, CLUSTERDOWN, ...)
-// and is tried again after libRetry. Taking a passing state for a refusal
+// and is tried again after bounds.LibRetry. Taking a passing state for a refusal
 // would keep the client on EVALSHA for its life; the other mistake costs
-// one failed FUNCTION LOAD per libRetry.
+// one failed FUNCTION LOAD per bounds.LibRetry.
 func refused(err error) bool {
 	var reply redis.Error
 	if !errors.As(err, &reply) {

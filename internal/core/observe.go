@@ -14,6 +14,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 	"github.com/redsem/redsem"
+	"github.com/redsem/redsem/internal/bounds"
 )
 
 // emit reports ev to the Observer and the Logger, if set. Both nil costs a
@@ -262,11 +263,11 @@ func (d *dialWatch) lastFailure() (at time.Time, okSince bool) {
 }
 
 // failedSince returns the client's latest dial error if it came after t,
-// or shortly before t with no successful dial since (dialStale).
+// or shortly before t with no successful dial since (bounds.DialStale).
 func (d *dialWatch) failedSince(t time.Time) error {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	if d.err != nil && d.at.After(d.ok) && d.at.After(t.Add(-dialStale)) {
+	if d.err != nil && d.at.After(d.ok) && d.at.After(t.Add(-bounds.DialStale)) {
 		return d.err
 	}
 	return nil
@@ -488,7 +489,7 @@ func (e *Engine) checkEvictionPolicy() {
 	root.policyMu.Unlock()
 	go func() {
 		defer close(done)
-		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		ctx, cancel := context.WithTimeout(context.Background(), bounds.PolicyCheck)
 		defer cancel()
 		v, err := root.cfg.Client.ConfigGet(ctx, "maxmemory-policy").Result()
 		switch {

@@ -10,6 +10,7 @@ import (
 	"github.com/google/uuid"
 	"github.com/redis/go-redis/v9"
 	"github.com/redsem/redsem"
+	"github.com/redsem/redsem/internal/bounds"
 	"github.com/redsem/redsem/lua"
 )
 
@@ -462,7 +463,7 @@ func (e *Engine) setCall(ctx context.Context, script string, s lua.Script, limit
 	var err error
 	for try := 0; ; try++ {
 		var refuseAfter int64
-		if refuseAfter, err = e.refuseAfterMargin(ctx, settingMargin); err != nil {
+		if refuseAfter, err = e.refuseAfterMargin(ctx, bounds.SettingMargin); err != nil {
 			return e.callErr(ctx, err)
 		}
 		argv := append(append([]any{}, args...), refuseAfter)
@@ -488,7 +489,7 @@ func (e *Engine) setCall(ctx context.Context, script string, s lua.Script, limit
 	if err != nil {
 		if ctx.Err() != nil {
 			cancelArgv := append(append([]any{}, args...), 0, "cancel")
-			bctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cancelCallBound)
+			bctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), bounds.CancelCall)
 			e.background(bctx, cancel, func(ctx context.Context) {
 				_, _, _ = e.run(ctx, e.cfg.Client, s, limit, cancelArgv...)
 			})

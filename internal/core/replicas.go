@@ -7,6 +7,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 	"github.com/redsem/redsem"
+	"github.com/redsem/redsem/internal/bounds"
 	"github.com/redsem/redsem/internal/detach"
 )
 
@@ -31,7 +32,7 @@ func (e *Engine) confirmReplicas(ctx context.Context, l *Lease) error {
 	// Hand the slots back: within the caller's context while it runs,
 	// detached (bounded) once it ended; a release that cannot run leaves a
 	// grant that expires.
-	_ = detach.Release(ctx, l, replicaUndoBound)
+	_ = detach.Release(ctx, l, bounds.ReplicaUndo)
 	return err
 }
 

@@ -11,6 +11,7 @@ import (
 	"github.com/google/uuid"
 	"github.com/redis/go-redis/v9"
 	"github.com/redsem/redsem"
+	"github.com/redsem/redsem/internal/bounds"
 )
 
 // The fair variant's waiting room: how a call waits (fairWait, at the end
@@ -281,7 +282,7 @@ func (s *session) run(quit <-chan struct{}) {
 			}
 			// Bounded, and ended by the hub's shutdown too: Close must not
 			// wait for a beat into a Redis that does not answer.
-			ctx, cancel := context.WithTimeout(context.Background(), every+time.Second)
+			ctx, cancel := context.WithTimeout(context.Background(), every+bounds.BeatSlack)
 			stopOnQuit := afterClose(quit, cancel)
 			id := s.ID()
 			switch err := s.beat(ctx, target, id, "old"); {
@@ -474,7 +475,7 @@ func (c *call) awaitGrant(w *waiter, sid string, floor int64) (g grant, ok bool,
 }
 
 func (fairWait) leaveAtClose(c *call) bool {
-	ctx, cancel := context.WithTimeout(c.parent, closeUndoBound)
+	ctx, cancel := context.WithTimeout(c.parent, bounds.CloseUndo)
 	defer cancel()
 	_, err := c.e.release(ctx, c.id, "undo")
 	return err == nil

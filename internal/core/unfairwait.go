@@ -2,12 +2,12 @@ package core
 
 import (
 	"context"
-	"math/rand/v2"
 	"slices"
 	"strings"
 	"time"
 
 	"github.com/redis/go-redis/v9"
+	"github.com/redsem/redsem/internal/bounds"
 )
 
 // The unfair variant's waiting room: how a call waits (unfairWait: sleep
@@ -129,7 +129,7 @@ func (e *Engine) waitFor(hint, rateMs int64) time.Duration {
 			d = h
 		}
 	}
-	return time.Duration(float64(d) * (0.8 + 0.4*rand.Float64()))
+	return bounds.Jitter(d, 0.2)
 }
 
 func (unfairWait) leaveAtClose(*call) bool { return false }
