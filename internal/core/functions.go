@@ -2,7 +2,6 @@ package core
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"log/slog"
 	"runtime"
@@ -155,7 +154,7 @@ func loadLibrary(ctx context.Context, c redis.UniversalClient) error {
 	_, src := lua.Library()
 	load := func(ctx context.Context, c *redis.Client) error {
 		err := c.FunctionLoad(ctx, src).Err()
-		if err != nil && strings.Contains(err.Error(), "already exists") {
+		if libraryExists(err) {
 			return nil
 		}
 		return err
@@ -167,58 +166,4 @@ func loadLibrary(ctx context.Context, c redis.UniversalClient) error {
 		return load(ctx, c)
 	}
 	return fmt.Errorf("redsem: FUNCTION LOAD: unsupported client %T", c)
-}
-
-// refused reports whether err is a server refusing FUNCTION for good: an
-// unknown command (Redis before 7, miniredis, a command renamed away), an
-// ACL, or a managed service or proxy that disables it. Only a reply of the
-// server can say so (a network error or a timeout is tried again), and its
-// leading code word decides, not the words of its message: NOPERM is a
-// refusal; ERR (or a reply without a code) is one when its message names
-// an unknown or disabled command; any other code is the server's state
-// (MISCONF after a failed save, whose message says that writes "are
-// disabled", OOM, LOADING, BUSY, READONLY, MASTERDOWN, CLUSTERDOWN, ...)
-// and is tried again after bounds.LibRetry. Taking a passing state for a refusal
-// would keep the client on EVALSHA for its life; the other mistake costs
-// one failed FUNCTION LOAD per bounds.LibRetry.
-func refused(err error) bool {
-	var reply redis.Error
-	if !errors.As(err, &reply) {
-		return false
-	}
-	msg := reply.Error()
-	code, rest := replyCode(msg)
-	if code == "ERR" {
-		if inner, _ := replyCode(rest); inner != "" {
-			code = inner // a proxy that puts ERR before the server's code (as KVRocks does)
-		}
-	}
-	switch code {
-	case "NOPERM":
-		return true
-	case "ERR", "":
-		msg = strings.ToLower(msg)
-		for _, s := range []string{"unknown command", "unknown subcommand", "unsupported command", "no permissions", "disabled", "not allowed"} {
-			if strings.Contains(msg, s) {
-				return true
-			}
-		}
-	}
-	return false
-}
-
-// replyCode splits an error reply into its code (the leading word, when it
-// is two or more capital letters, as Redis's ERR, NOPERM, MISCONF, OOM are)
-// and the rest of the message; code is "" for a reply without one.
-func replyCode(msg string) (code, rest string) {
-	word, rest, _ := strings.Cut(msg, " ")
-	if len(word) < 2 {
-		return "", msg
-	}
-	for i := 0; i < len(word); i++ {
-		if word[i] < 'A' || word[i] > 'Z' {
-			return "", msg
-		}
-	}
-	return word, rest
 }

@@ -2,13 +2,13 @@ package core
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"sync"
 	"time"
 
 	"github.com/redsem/redsem"
 	"github.com/redsem/redsem/internal/bounds"
+	"github.com/redsem/redsem/internal/sentinel"
 )
 
 // A lease has one owner for its state: l.mu. Every transition happens under
@@ -60,7 +60,7 @@ const (
 )
 
 // errReleasing is the cause with which Release ends a renewal in flight.
-var errReleasing = errors.New("redsem: the lease is being released")
+var errReleasing = sentinel.New("redsem: the lease is being released")
 
 // Lease implements redsem.Lease for both variants.
 type Lease struct {

@@ -450,7 +450,7 @@ func (e *Engine) reached(sent time.Time) {
 // answered (err nil, or an error of the request), or that it could not be
 // reached (an error that matches Unreachable). Called where requests leave
 // (run, readClock, the shard record, the replicas' WAIT), so that
-// classifying an error (wrap) has no side effect.
+// classifying an error (wrap, acquireErr) has no side effect.
 func (e *Engine) answered(sent time.Time, err error) {
 	switch {
 	case err == nil:
@@ -500,7 +500,7 @@ func (e *Engine) checkEvictionPolicy() {
 			root.policyDone = nil
 			root.policyMu.Unlock()
 			return
-		case err != nil && strings.Contains(strings.ToLower(err.Error()), "unknown command"):
+		case noCommand(err):
 			// A server without CONFIG (miniredis, some proxies): nothing
 			// can be told, so nothing is raised; the event still says so.
 			e.logger().LogAttrs(context.Background(), slog.LevelDebug, "redsem: the server has no CONFIG GET: maxmemory-policy not checked",

@@ -3,7 +3,6 @@ package core
 import (
 	"context"
 	"strconv"
-	"strings"
 	"sync/atomic"
 	"time"
 
@@ -63,8 +62,7 @@ func (e *Engine) run(ctx context.Context, c redis.Scripter, s lua.Script, limit 
 		script := Script(s)
 		if s == lua.Status || s == lua.FamilyStatus {
 			cmd = script.RunRO(ctx, c, keys, argv...)
-			if err := cmd.Err(); err != nil && (strings.Contains(err.Error(), "not allowed in read-only scripts") ||
-				strings.Contains(err.Error(), "unknown command")) {
+			if err := cmd.Err(); noReadOnlyScripts(err) {
 				// Redis before 7.0 has no EVALSHA_RO, and miniredis counts
 				// TIME as a write in a read-only script; status.lua writes
 				// nothing, so run it as a plain script.
@@ -134,7 +132,7 @@ func (e *Engine) fcall(ctx context.Context, c redis.Scripter, s lua.Script, argv
 		cmd = f.FCall(ctx, fn, e.keys.Script(), argv...)
 	}
 	v, err = cmd.Slice()
-	if err != nil && (strings.Contains(err.Error(), "Function not found") || refused(err)) {
+	if functionGone(err) {
 		e.lib.mode.CompareAndSwap(libReady, libUnknown)
 		e.loadLibrary()
 		return nil, false, nil
