@@ -1,6 +1,7 @@
 // Package bounds is redsem's one table of time bounds: how long a call, or
-// the work it leaves behind, may take when Redis is slow or away, and how
-// the requests that failed are paced while it is. Every package of the
+// the work it leaves behind, may take when Redis is slow or away, how the
+// requests that failed are paced while it is, and the pace of the engine's
+// periodic requests (renewals, heartbeats). Every package of the
 // module takes its bounds from here (the engine, Do, the HTTP middleware
 // and transport, the connection pools, the metrics packages), so that
 // each is said once, with what it bounds.
@@ -83,6 +84,24 @@ const (
 // [1ms, 100ms].
 func ExpireRelease(leaseTTL time.Duration) time.Duration {
 	return min(100*time.Millisecond, max(leaseTTL/10, time.Millisecond))
+}
+
+// The pace of the engine's periodic requests, from the options.
+
+// RenewEvery is how often a lease is renewed: after a third of its TTL, so
+// that two renewals may fail before it is lost.
+func RenewEvery(leaseTTL time.Duration) time.Duration { return leaseTTL / 3 }
+
+// RenewWindow is how early a lease is renewed together with others: those
+// whose renewal falls due within it (half of RenewEvery). Less than a whole
+// interval, so that the leases a batch just renewed are not due again at
+// once.
+func RenewWindow(leaseTTL time.Duration) time.Duration { return leaseTTL / 6 }
+
+// Heartbeat is how often a fair session heart-beats: three times per
+// QueueTTL, and at least as often as the fallback bound.
+func Heartbeat(queueTTL, fallback time.Duration) time.Duration {
+	return min(queueTTL/3, fallback)
 }
 
 // RenewRetry is how soon an automatic renewal that could not reach Redis

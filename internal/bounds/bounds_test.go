@@ -39,6 +39,18 @@ func TestLeaseBounds(t *testing.T) {
 			t.Errorf("RenewRetry(%v) = %v, want %v", c.ttl, got, c.renew)
 		}
 	}
+	if got := RenewEvery(30 * time.Second); got != 10*time.Second {
+		t.Errorf("RenewEvery(30s) = %v", got)
+	}
+	if got := RenewWindow(30 * time.Second); got != 5*time.Second {
+		t.Errorf("RenewWindow(30s) = %v", got)
+	}
+	if got := Heartbeat(10*time.Second, time.Second); got != time.Second {
+		t.Errorf("Heartbeat(10s, 1s) = %v", got)
+	}
+	if got := Heartbeat(900*time.Millisecond, time.Second); got != 300*time.Millisecond {
+		t.Errorf("Heartbeat(900ms, 1s) = %v", got)
+	}
 }
 
 func TestWaitEndsWithContext(t *testing.T) {

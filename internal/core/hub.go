@@ -191,7 +191,7 @@ func (h *hub) unregister(w *waiter) {
 	}
 	h.l.dropped(w)
 	if len(h.waiters) == 0 && !h.closed {
-		h.idle = time.AfterFunc(max(h.e.heartbeatEvery(), bounds.HubIdle), h.stopIfIdle)
+		h.idle = time.AfterFunc(max(bounds.Heartbeat(h.e.cfg.QueueTTL, h.e.cfg.Fallback), bounds.HubIdle), h.stopIfIdle)
 	}
 }
 

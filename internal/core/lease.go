@@ -136,7 +136,7 @@ func (e *Engine) newLease(id string, slots []int, token int64, deadline time.Tim
 	// left of its grant). Without auto-renewal the timer waits for the
 	// deadline.
 	l.noRenew = e.cfg.DisableAutoRenew
-	l.renewAt = time.Now().Add(min(e.cfg.LeaseTTL/3, max(time.Until(deadline)/2, 0)))
+	l.renewAt = time.Now().Add(min(bounds.RenewEvery(e.cfg.LeaseTTL), max(time.Until(deadline)/2, 0)))
 	l.timer = time.AfterFunc(time.Hour, l.fire)
 	l.arm()
 	return l, true
@@ -285,7 +285,7 @@ func (l *Lease) endRenew(octx context.Context, r renewReply, err error, auto boo
 		err = redsem.ErrLeaseLost
 	case err == nil && r.ok:
 		l.deadline = r.deadline
-		l.renewAt = time.Now().Add(l.e.cfg.LeaseTTL / 3)
+		l.renewAt = time.Now().Add(bounds.RenewEvery(l.e.cfg.LeaseTTL))
 	case err == nil && r.released:
 		// A holder released it: another handle of the lease (Resume), in
 		// this process or another. It ends quietly, as released.

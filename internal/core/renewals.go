@@ -4,12 +4,14 @@ import (
 	"context"
 	"sync"
 	"time"
+
+	"github.com/redsem/redsem/internal/bounds"
 )
 
 // Renewals: a process renews all its leases of a semaphore together. Each
 // lease's watchdog (Lease.fire) says when its renewal is due; the engine
 // then renews, in one script call (renewmany.lua), every lease of its own
-// that falls due within half a renewal interval (renewWindow), the one
+// that falls due within half a renewal interval (bounds.RenewWindow), the one
 // that called included. Leases renewed together stay together (each next
 // falls due a renewal interval after the call), so a process that holds a
 // thousand leases of a semaphore makes one call per interval instead of a
@@ -33,12 +35,6 @@ type renewals struct {
 	busy  bool // a batch runs, on the goroutine of the fire that started it
 	again bool // a renewal fell due while it ran: look again once it ended
 }
-
-// renewWindow is how early a lease is renewed together with others: those
-// whose renewal falls due within it (half the renewal interval of a third
-// of the TTL). Less than a whole interval, so that the leases a batch just
-// renewed are not due again at once.
-func (e *Engine) renewWindow() time.Duration { return e.cfg.LeaseTTL / 6 }
 
 // renewDue renews every lease of e that is due (or soon due), in one call
 // per renewBatchMax leases. A fire that finds a batch running asks it to
@@ -81,7 +77,7 @@ type renewing struct {
 }
 
 // dueLeases starts the renewal of every lease of e whose watchdog asked for
-// it (due) or whose renewal falls due within renewWindow, when it may renew
+// it (due) or whose renewal falls due within bounds.RenewWindow, when it may renew
 // now: held, no operation in flight, auto-renewal on.
 func (e *Engine) dueLeases() []renewing {
 	e.leasesMu.Lock()
@@ -91,7 +87,7 @@ func (e *Engine) dueLeases() []renewing {
 	}
 	e.leasesMu.Unlock()
 	now := time.Now()
-	soon := now.Add(e.renewWindow())
+	soon := now.Add(bounds.RenewWindow(e.cfg.LeaseTTL))
 	var batch []renewing
 	for _, l := range all {
 		l.mu.Lock()

@@ -48,12 +48,6 @@ func newSession(h *hub) *session {
 
 func newSessionID() string { return strings.ReplaceAll(uuid.NewString(), "-", "") }
 
-// heartbeatEvery is how often a fair session heart-beats: three times per
-// QueueTTL, and at least as often as the fallback bound.
-func (e *Engine) heartbeatEvery() time.Duration {
-	return min(e.cfg.QueueTTL/3, e.cfg.Fallback)
-}
-
 // ID returns the session id that queue entries are made under now.
 func (s *session) ID() string {
 	s.h.mu.Lock()
@@ -241,7 +235,7 @@ func parseMessage(payload string) (message, bool) {
 // admits waiters into its slots).
 func (s *session) run(quit <-chan struct{}) {
 	h := s.h
-	every := h.e.heartbeatEvery()
+	every := bounds.Heartbeat(h.e.cfg.QueueTTL, h.e.cfg.Fallback)
 	next := time.Now().Add(every)
 	t := time.NewTimer(every)
 	defer t.Stop()
