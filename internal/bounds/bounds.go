@@ -68,6 +68,9 @@ const (
 	LibRetry = 10 * time.Second
 	// LibLoad bounds a background FUNCTION LOAD.
 	LibLoad = 5 * time.Second
+	// AlertEvery is how often a lasting condition (Redis unreachable, an
+	// evicting maxmemory-policy) is logged again while it lasts.
+	AlertEvery = time.Minute
 	// DialStale is how long before a call a failed dial still says that
 	// Redis cannot be reached during it, when no dial succeeded since:
 	// once its dials keep failing, go-redis stops dialing for each command

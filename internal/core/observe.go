@@ -89,9 +89,6 @@ const (
 	nConditions
 )
 
-// alertEvery is how often a lasting condition is logged again.
-const alertEvery = time.Minute
-
 // alerts is the state of the conditions of one Redis client: every engine
 // of a process that uses the client shares it, so that an outage is logged
 // once a minute per process and client, not once per semaphore.
@@ -352,7 +349,7 @@ func (e *Engine) logger() *slog.Logger {
 
 // raise records evidence, from time at (zero: now), that cond holds: it
 // changes nothing if at is not after the latest evidence that it does not
-// (clear). It logs msg at Warn if cond was last logged alertEvery ago (or
+// (clear). It logs msg at Warn if cond was last logged bounds.AlertEvery ago (or
 // never): when it starts, and at most once a minute while it lasts.
 func (e *Engine) raise(cond condition, at time.Time, msg string, attrs ...slog.Attr) {
 	a := e.alerts
@@ -369,7 +366,7 @@ func (e *Engine) raise(cond condition, at time.Time, msg string, attrs ...slog.A
 	if !a.on[cond] {
 		a.on[cond], a.told[cond] = true, false
 	}
-	log := now.Sub(a.logged[cond]) >= alertEvery
+	log := now.Sub(a.logged[cond]) >= bounds.AlertEvery
 	if log {
 		a.logged[cond], a.told[cond] = now, true
 	}
