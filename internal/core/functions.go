@@ -127,7 +127,7 @@ func (e *Engine) loadLibrary() {
 		switch {
 		case err == nil:
 			l.mode.Store(libReady)
-			e.logger().LogAttrs(context.Background(), slog.LevelDebug, "redsem: scripts run as Redis functions",
+			e.cfg.logger().LogAttrs(context.Background(), slog.LevelDebug, "redsem: scripts run as Redis functions",
 				slog.String("library", name))
 		case refused(err):
 			l.mode.Store(libRefused)
@@ -135,7 +135,7 @@ func (e *Engine) loadLibrary() {
 			if i := strings.IndexAny(msg, ",\n"); i > 0 {
 				msg = msg[:i] // not the library's text, which the error may quote
 			}
-			e.logger().LogAttrs(context.Background(), slog.LevelDebug,
+			e.cfg.logger().LogAttrs(context.Background(), slog.LevelDebug,
 				"redsem: scripts run with EVALSHA: the server refused FUNCTION LOAD",
 				slog.String("library", name), slog.String("error", msg))
 		default:

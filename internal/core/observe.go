@@ -339,10 +339,11 @@ func alertsByKey(key any, c redis.UniversalClient, slot int) (a *alerts, added b
 	return v.(*alerts), added
 }
 
-// logger is where conditions are logged.
-func (e *Engine) logger() *slog.Logger {
-	if e.cfg.Logger != nil {
-		return e.cfg.Logger
+// logger is where conditions are logged: Options.Logger, else
+// slog.Default().
+func (c *Config) logger() *slog.Logger {
+	if c.Logger != nil {
+		return c.Logger
 	}
 	return slog.Default()
 }
@@ -374,7 +375,7 @@ func (e *Engine) raise(cond condition, at time.Time, msg string, attrs ...slog.A
 	a.mu.Unlock()
 	if log {
 		attrs = append([]slog.Attr{slog.String("semaphore", e.cfg.Name)}, attrs...)
-		e.logger().LogAttrs(context.Background(), slog.LevelWarn, msg, attrs...)
+		e.cfg.logger().LogAttrs(context.Background(), slog.LevelWarn, msg, attrs...)
 	}
 }
 
@@ -402,7 +403,7 @@ func (e *Engine) clear(cond condition, at time.Time, msg string) {
 	a.any.Store(any)
 	a.mu.Unlock()
 	if told {
-		e.logger().LogAttrs(context.Background(), slog.LevelWarn, msg, slog.String("semaphore", e.cfg.Name))
+		e.cfg.logger().LogAttrs(context.Background(), slog.LevelWarn, msg, slog.String("semaphore", e.cfg.Name))
 	}
 }
 
@@ -500,7 +501,7 @@ func (e *Engine) checkEvictionPolicy() {
 		case noCommand(err):
 			// A server without CONFIG (miniredis, some proxies): nothing
 			// can be told, so nothing is raised; the event still says so.
-			e.logger().LogAttrs(context.Background(), slog.LevelDebug, "redsem: the server has no CONFIG GET: maxmemory-policy not checked",
+			e.cfg.logger().LogAttrs(context.Background(), slog.LevelDebug, "redsem: the server has no CONFIG GET: maxmemory-policy not checked",
 				slog.String("semaphore", e.cfg.Name), slog.String("error", err.Error()))
 			e.emit(redsem.Event{Kind: redsem.EventEvictionPolicy, Err: err})
 			return

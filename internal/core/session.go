@@ -441,7 +441,7 @@ func (c *call) awaitGrant(w *waiter, sid string, floor int64) (g grant, ok bool,
 				if g.token <= floor || (g.sid != "" && g.sid != sid) {
 					// Made before this attempt ran: a delayed message, or one
 					// from before a data loss. Redis says what holds now.
-					c.e.logger().LogAttrs(context.Background(), slog.LevelDebug, "redsem: a grant older than the queue attempt refused",
+					c.e.cfg.logger().LogAttrs(context.Background(), slog.LevelDebug, "redsem: a grant older than the queue attempt refused",
 						slog.String("semaphore", c.e.cfg.Name), slog.String("waiter", c.id), slog.Int64("token", g.token))
 					return grant{}, false, nil
 				}
