@@ -55,6 +55,11 @@ const (
 	// BeatSlack is what a fair session's heartbeat may take beyond its
 	// interval before it is given up (ended by the hub's shutdown too).
 	BeatSlack = time.Second
+	// RunnerIdle is how long a goroutine that ran a request (the engine's
+	// reused runners, send.go) waits for its next one before it ends: well
+	// under the two seconds a goroutine-leak check waits for goroutines to
+	// end.
+	RunnerIdle = 500 * time.Millisecond
 	// CancelCall bounds the background run that cancels a setting
 	// (SetLimit, SetRate, SetTotal) whose caller gave up without a
 	// deadline.

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+	"github.com/redsem/redsem/internal/bounds"
 	"github.com/redsem/redsem/lua"
 )
 
@@ -195,7 +196,7 @@ func bounded(ctx context.Context, call func() ([]any, error)) ([]any, error) {
 }
 
 // inRunner runs job on a goroutine of its own: an idle runner's, or a new one.
-// A runner waits runnerIdle for its next job before it ends, so that calls
+// A runner waits bounds.RunnerIdle for its next job before it ends, so that calls
 // in a row reuse one goroutine whose stack has already grown through
 // go-redis's, instead of each starting a goroutine that grows it anew
 // (copying the stack several times: a sixth of the client's CPU time in an
@@ -211,17 +212,13 @@ func inRunner(job func()) {
 // jobs hands a job to an idle runner (unbuffered: only to one that waits).
 var jobs = make(chan func())
 
-// runnerIdle is how long a runner waits for its next job: well under the
-// two seconds a goroutine-leak check waits for goroutines to end.
-const runnerIdle = 500 * time.Millisecond
-
 func runner(job func()) {
-	t := time.NewTimer(runnerIdle)
+	t := time.NewTimer(bounds.RunnerIdle)
 	defer t.Stop()
 	for {
 		job()
 		job = nil
-		t.Reset(runnerIdle)
+		t.Reset(bounds.RunnerIdle)
 		select {
 		case job = <-jobs:
 		case <-t.C:
