@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 
+	"github.com/redsem/redsem/internal/bounds"
+
 	"github.com/redsem/redsem/internal/detach"
 )
 
@@ -40,7 +42,7 @@ func Do(ctx context.Context, s Semaphore, fn func(ctx context.Context, l Lease) 
 	defer func() {
 		stop()
 		cancel(context.Canceled)
-		relErr := detach.Release(ctx, l, detach.Timeout) // within ctx while it runs, detached once it ended
+		relErr := detach.Release(ctx, l, bounds.Release) // within ctx while it runs, detached once it ended
 		if r := recover(); r != nil {
 			panic(r)
 		}

@@ -1,30 +1,34 @@
 package redsem
 
 import (
-	"errors"
 	"fmt"
 	"time"
 
 	"github.com/redsem/redsem/internal/human"
+	"github.com/redsem/redsem/internal/sentinel"
 )
+
+// Every sentinel of the library is made by sentinel.New, which records it:
+// the engine knows an error that matches one as its own (not the client's)
+// from that record, not from a list kept in line with this file.
 
 var (
 	// ErrNoSlot is returned by TryAcquire when no slot may be taken now:
 	// all slots are held, or (fair) live waiters are queued ahead.
-	ErrNoSlot = errors.New("redsem: no slot available")
+	ErrNoSlot = sentinel.New("redsem: no slot available")
 	// ErrLeaseLost is returned by Renew and Release, and by Lease.Err, once
 	// the lease expired or was removed before it was released.
-	ErrLeaseLost = errors.New("redsem: lease lost")
+	ErrLeaseLost = sentinel.New("redsem: lease lost")
 	// ErrReleased is returned by Renew on a lease that its holder released
 	// (Release succeeded): nothing was lost, there is nothing to renew.
-	ErrReleased = errors.New("redsem: lease already released")
+	ErrReleased = sentinel.New("redsem: lease already released")
 	// ErrLimitMismatch is returned by Acquire and TryAcquire when this client
 	// was built with a limit other than the one that live clients of the same
 	// name established in Redis, and no SetLimit settled it. The error is a
 	// *LimitMismatchError that names both limits; or, for a client built
 	// with another rate (Options.Rate) that no SetRate settled, a
 	// *RateMismatchError that names both rates.
-	ErrLimitMismatch = errors.New("redsem: limit mismatch")
+	ErrLimitMismatch = sentinel.New("redsem: limit mismatch")
 	// ErrInvalidConfig is matched by every error that New returns for bad
 	// input; the concrete error is a *ConfigError naming the field. It is
 	// also matched by the error of a call that Redis refused for the
@@ -33,19 +37,19 @@ var (
 	// are wrong, and trying again will not help. Such an error does not
 	// match ErrUnavailable (Redis answered; redsemhttp's FailOpen does not
 	// apply to it).
-	ErrInvalidConfig = errors.New("redsem: invalid configuration")
+	ErrInvalidConfig = sentinel.New("redsem: invalid configuration")
 	// ErrClosed is returned by Acquire and TryAcquire once the semaphore was
 	// closed (also to calls blocked at the time). Leases keep working.
-	ErrClosed = errors.New("redsem: semaphore closed")
+	ErrClosed = sentinel.New("redsem: semaphore closed")
 	// ErrNotReplicated is returned by Acquire and TryAcquire when the
 	// semaphore requires replica acknowledgement (Options.MinReplicas) and
 	// fewer replicas acknowledged the grant within Options.ReplicaTimeout.
 	// The slot was released again. The error is a *ReplicationError.
-	ErrNotReplicated = errors.New("redsem: grant not acknowledged by enough replicas")
+	ErrNotReplicated = sentinel.New("redsem: grant not acknowledged by enough replicas")
 	// ErrWeight is returned by AcquireN and TryAcquireN for n < 1 or n above
 	// the limit in force, at once and writing nothing; and to a queued
 	// AcquireN whose weight a SetLimit made larger than the new limit.
-	ErrWeight = errors.New("redsem: weight outside [1, limit]")
+	ErrWeight = sentinel.New("redsem: weight outside [1, limit]")
 	// ErrUnavailable is matched by the error of a call that failed because
 	// Redis could not be reached: a failed dial, a connection refused, reset
 	// or closed, a server that answered LOADING or MASTERDOWN, or (a call
@@ -58,10 +62,10 @@ var (
 	// Redis) is a timeout, not ErrUnavailable: Redis may have run the
 	// request. Tell "Redis is down" from "no slot in time" with it
 	// (redsemhttp's FailOpen applies to it alone).
-	ErrUnavailable = errors.New("redsem: Redis unavailable")
+	ErrUnavailable = sentinel.New("redsem: Redis unavailable")
 	// ErrQueueFull is returned by a fair AcquireN, at once and writing
 	// nothing, when Options.MaxWaiters waiters are queued already.
-	ErrQueueFull = errors.New("redsem: queue full")
+	ErrQueueFull = sentinel.New("redsem: queue full")
 )
 
 // ErrRateLimited is matched by the error of a TryAcquire refused because
@@ -71,7 +75,7 @@ var (
 // ended while the window held it back (Redis said so last: a slot was free
 // for it, or for the fair queue's head) matches it too, beside the
 // context's error.
-var ErrRateLimited = errors.New("redsem: rate limit reached")
+var ErrRateLimited = sentinel.New("redsem: rate limit reached")
 
 // RateLimitedError is the error of a TryAcquire that the rate refused, and
 // part of the error of an Acquire that gave up while the rate held it back.

@@ -9,6 +9,8 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/redsem/redsem/internal/bounds"
+
 	"github.com/redsem/redsem"
 	"github.com/redsem/redsem/internal/detach"
 )
@@ -118,7 +120,7 @@ func Middleware(opts Options) func(http.Handler) http.Handler {
 	retryAfterHeader := strconv.FormatInt(int64(math.Ceil(retryAfter.Seconds())), 10)
 	releaseTimeout := opts.ReleaseTimeout
 	if releaseTimeout <= 0 {
-		releaseTimeout = detach.Timeout
+		releaseTimeout = bounds.Release
 	}
 	onError := opts.ErrorHandler
 	if onError == nil {

@@ -8,6 +8,8 @@ import (
 	"sync"
 	"time"
 
+	"github.com/redsem/redsem/internal/bounds"
+
 	"github.com/redsem/redsem"
 	"github.com/redsem/redsem/internal/detach"
 )
@@ -75,7 +77,7 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 	}
 	timeout := t.ReleaseTimeout
 	if timeout <= 0 {
-		timeout = detach.Timeout
+		timeout = bounds.Release
 	}
 	ctx := req.Context()
 	var once sync.Once

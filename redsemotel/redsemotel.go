@@ -8,6 +8,8 @@ import (
 	"sync"
 	"time"
 
+	"github.com/redsem/redsem/internal/bounds"
+
 	"github.com/redsem/redsem"
 	"github.com/redsem/redsem/fair"
 	"github.com/redsem/redsem/unfair"
@@ -262,15 +264,12 @@ func newInstruments(c *config) *instruments {
 	return in
 }
 
-// statusTimeout bounds the Status read of one collection.
-const statusTimeout = 2 * time.Second
-
 // observe registers the callback of the status gauges of sem, with the
 // attributes kv; nil if it could not.
 func (in *instruments) observe(sem redsem.Semaphore, kv []attribute.KeyValue) metric.Registration {
 	set := metric.WithAttributeSet(attribute.NewSet(kv...))
 	reg, err := in.meter.RegisterCallback(func(ctx context.Context, o metric.Observer) error {
-		ctx, cancel := context.WithTimeout(ctx, statusTimeout)
+		ctx, cancel := context.WithTimeout(ctx, bounds.StatusRead)
 		defer cancel()
 		st, err := sem.Status(ctx)
 		if err != nil {

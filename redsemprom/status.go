@@ -5,6 +5,8 @@ import (
 	"sync"
 	"time"
 
+	"github.com/redsem/redsem/internal/bounds"
+
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/redsem/redsem"
 )
@@ -43,7 +45,7 @@ func NewStatusCollector(opts StatusOptions, sems ...redsem.Semaphore) *StatusCol
 	}
 	d := opts.Timeout
 	if d <= 0 {
-		d = 2 * time.Second
+		d = bounds.StatusRead
 	}
 	desc := func(name, help string) *prometheus.Desc {
 		return prometheus.NewDesc(prometheus.BuildFQName(ns, "status", name), help, []string{"name"}, opts.ConstLabels)

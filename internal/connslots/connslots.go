@@ -36,6 +36,8 @@ import (
 	"sync"
 	"time"
 
+	"github.com/redsem/redsem/internal/bounds"
+
 	"github.com/google/uuid"
 	"github.com/redsem/redsem"
 	"github.com/redsem/redsem/internal/core"
@@ -73,9 +75,6 @@ type Options struct {
 	// at once).
 	MinHold time.Duration
 }
-
-// closeWait bounds how long Close waits for the demand subscription to end.
-const closeWait = 100 * time.Millisecond
 
 // Demand: a Connect that has waited demandAfter for a slot asks for one,
 // and again every demandEvery while it waits. A connection idle for less
@@ -436,7 +435,7 @@ func (p *Pool) Close() {
 		// unreachable Redis is in flight: that ends on its own.
 		select {
 		case <-stopped:
-		case <-time.After(closeWait):
+		case <-time.After(bounds.PoolClose):
 		}
 	}
 }
@@ -583,7 +582,7 @@ func (s *Slot) Closed() (wasGivenBack bool) {
 func (s *Slot) release() {
 	s.once.Do(func() {
 		// On failure the slot comes back after the lease TTL.
-		_ = detach.Release(context.Background(), s.lease, detach.Timeout)
+		_ = detach.Release(context.Background(), s.lease, bounds.Release)
 	})
 }
 

@@ -3,12 +3,12 @@ package core
 import (
 	"context"
 	"errors"
-	"fmt"
 	"time"
 
 	"github.com/google/uuid"
 	"github.com/redis/go-redis/v9"
 	"github.com/redsem/redsem"
+	"github.com/redsem/redsem/internal/bounds"
 )
 
 // The acquire path, in one shape:
@@ -78,7 +78,7 @@ type waiting interface {
 	// listener is what the variant's hub subscription serves: the fair
 	// session, or the unfair wake list.
 	listener(h *hub) listener
-	// leaveAtClose removes, within closeUndoBound, what a call that Close
+	// leaveAtClose removes, within bounds.CloseUndo, what a call that Close
 	// ended left queued in Redis; false if it leaves that to Engine.undo
 	// (fair: its entry would hold up the queue until its session expired;
 	// unfair: nothing queues).
@@ -157,17 +157,13 @@ type call struct {
 	sent    bool  // a request that writes (acquire.lua) may have reached Redis
 	replied bool  // Redis answered at least once
 	lastErr error // the last transient error ridden out, while no answer came since
-	// dialErr: the call ended with its context after a dial of its client
-	// failed (go-redis retries a failed dial on its own, so a refused dial
-	// may never come back to the call as an error before its context ends).
-	dialErr error
 	// rateRoom: the latest reply said that the rate's window held the call
 	// back while a slot was free (acquireReply.rateMs): when the window
 	// has room, by the local clock, and the rate in force; zero otherwise.
 	rateRoom time.Time
 	rate     redsem.Rate
 
-	backoff backoff
+	backoff bounds.Backoff
 	timer   *time.Timer // the call's one timer (retry pauses, unfair waits)
 	w       *waiter     // registered with the hub once the call waits
 }
@@ -198,7 +194,7 @@ func (c *call) retry(err error) error {
 		return err
 	}
 	c.lastErr = err // the request that learnt it raised the alert (answered)
-	if !c.sleep(c.backoff.next()) {
+	if !c.sleep(c.backoff.Next()) {
 		return c.ctx.Err()
 	}
 	return nil
@@ -224,7 +220,7 @@ func (c *call) lease(g grant) *Lease {
 
 // exit ends the call: a grant is confirmed on replicas (if configured) and
 // reported; a failure is undone (if a request may have left something in
-// Redis), classified once and reported.
+// Redis), classified once (acquireErr) and reported.
 func (c *call) exit(l *Lease, err error) (redsem.Lease, error) {
 	e := c.e
 	defer func() {
@@ -242,7 +238,10 @@ func (c *call) exit(l *Lease, err error) (redsem.Lease, error) {
 	} else if c.sent && needsUndo(err) {
 		c.undo()
 	}
-	err = c.classify(err)
+	err, alert := acquireErr(err, c.end(err))
+	if alert != nil {
+		e.unreachable(alert) // a failed dial that no request reported
+	}
 	switch {
 	case errors.Is(err, redsem.ErrNoSlot) && c.try:
 	case errors.Is(err, redsem.ErrUnavailable):
@@ -289,53 +288,20 @@ func (e *Engine) holdByRate(until time.Time) {
 	e.rateHeldSeen.Store(time.Now().UnixNano())
 }
 
-// classify turns the raw error a step returned into the call's error:
-//   - the caller's context ended: an error matching ctx.Err() and its
-//     cause, and ErrUnavailable if Redis could not be reached meanwhile
-//     (Unreachable: never for a reply that was merely slow), or a
-//     *redsem.RateLimitedError if Redis said last that the rate's window
-//     held the call back;
-//   - Close ended it: redsem.ErrClosed;
-//   - else the error itself, with the semaphore's name.
-func (c *call) classify(err error) error {
+// end gathers what the call knew when it ended with err, for acquireErr:
+// a failed dial of its client since it began (when its context ended it
+// before any request reported one) and whether the rate held it back last.
+func (c *call) end(err error) callEnd {
 	e := c.e
-	if errors.Is(err, redsem.ErrNoSlot) || errors.Is(err, redsem.ErrLimitMismatch) || errors.Is(err, redsem.ErrClosed) {
-		return err
-	}
-	if c.parent.Err() != nil {
-		if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
-			err = nil // the context's own error, said once below
-			if c.tried {
-				c.dialErr = e.alerts.dials.failedSince(c.start)
-			}
+	end := callEnd{who: e.who(), name: e.cfg.Name, family: e.familyName(), parent: c.parent, lastErr: c.lastErr,
+		ended: c.parent.Err() != nil, closed: context.Cause(c.ctx) == redsem.ErrClosed}
+	if end.ended {
+		if c.tried && isCtxErr(err) {
+			end.dialErr = e.alerts.dials.failedSince(c.start)
 		}
-		out := e.ctxErr(c.parent, err)
-		if c.dialErr != nil && (c.lastErr == nil || !Unreachable(c.lastErr)) {
-			e.unreachable(c.dialErr)
-			return joinLine(out, fmt.Errorf("%w: %w", redsem.ErrUnavailable, c.dialErr))
-		}
-		if c.lastErr != nil && (err == nil || !errors.Is(err, c.lastErr)) {
-			// Redis failed transiently and did not answer since: say how,
-			// and (only if it could not be reached) that it was unavailable
-			// (the request raised the alert: answered).
-			if Unreachable(c.lastErr) {
-				out = joinLine(out, fmt.Errorf("%w: %w", redsem.ErrUnavailable, c.lastErr))
-			} else {
-				out = joinLine(out, c.lastErr)
-			}
-		} else if room, rate := c.heldByRate(); !room.IsZero() {
-			// Redis said last that the rate held the call back (its reply,
-			// or, for a fair waiter queued behind the limit, the message
-			// that the rate holds its queue's head): say when its window
-			// has room (redsemhttp answers 429 with it).
-			out = joinLine(out, &redsem.RateLimitedError{Name: e.cfg.Name, Family: e.familyName(), Rate: rate, RetryAfter: max(time.Until(room), 0)})
-		}
-		return out
+		end.room, end.rate = c.heldByRate()
 	}
-	if context.Cause(c.ctx) == redsem.ErrClosed {
-		return redsem.ErrClosed
-	}
-	return e.wrap(err) // the library's own errors (own) come back as they are
+	return end
 }
 
 // undo removes what the call's requests may have left: a fair waiter that
@@ -367,12 +333,12 @@ func (c *call) undo() {
 func (e *Engine) undo(ctx context.Context, id string) {
 	uctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), e.cfg.LeaseTTL)
 	e.background(uctx, cancel, func(ctx context.Context) {
-		var b backoff
+		var b bounds.Backoff
 		for {
 			if _, err := e.release(ctx, id, "undo"); err == nil || !Transient(err) {
 				return
 			}
-			if !sleepCtx(ctx, b.next()) {
+			if !b.Wait(ctx) {
 				return
 			}
 		}
@@ -427,7 +393,7 @@ func (c *call) attempt(mode, sid string) (acquireReply, error) {
 	}
 	if err == nil || !Transient(err) {
 		if err == nil || !errors.Is(err, c.ctx.Err()) {
-			c.replied, c.lastErr, c.backoff = true, nil, backoff{}
+			c.replied, c.lastErr, c.backoff = true, nil, bounds.Backoff{}
 		}
 	}
 	return a, err

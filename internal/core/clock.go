@@ -4,6 +4,8 @@ import (
 	"context"
 	"sync"
 	"time"
+
+	"github.com/redsem/redsem/internal/bounds"
 )
 
 // The server's clock: requests are bounded in server time (refuseAfter), and
@@ -18,7 +20,7 @@ import (
 // deadline (or cancelled long before it) relies on the cancellation record
 // alone.
 func (e *Engine) refuseAfter(ctx context.Context) (int64, error) {
-	return e.refuseAfterMargin(ctx, acquireMargin)
+	return e.refuseAfterMargin(ctx, bounds.AcquireMargin)
 }
 
 // refuseAfterMargin is refuseAfter with margin ms after the deadline.

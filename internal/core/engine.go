@@ -6,8 +6,7 @@
 //
 //	engine.go       the Engine: construction, Close, SetLimit, SetRate, Status
 //	acquire.go      one Acquire or TryAcquire call: its loop, its requests
-//	                (attempt), retries, the undo of what a failed call left,
-//	                and the classification of its error
+//	                (attempt), retries, the undo of what a failed call left
 //	session.go      the fair waiting room: fairWait, and the queue session
 //	                (its id, its heartbeat, its replacement)
 //	unfairwait.go   the unfair waiting room: unfairWait, the wake list and
@@ -22,8 +21,9 @@
 //	                the dial gate, the bound of the caller's context
 //	decode.go       reading a script's reply
 //	clock.go        the server's clock, and requests bounded in server time
-//	errors.go       what every error means (Transient, Unreachable, wrap)
-//	bounds.go       every time bound, and the retries' backoff
+//	errors.go       what every error means, with no side effect (Transient,
+//	                Unreachable, wrap, acquireErr, needsUndo, own)
+//	(every time bound, and the retries' backoff: package internal/bounds)
 //	functions.go    the FUNCTION library: when a client's calls use FCALL
 //	family.go, shards.go, total.go, keys.go   keyed families and the key layout
 //	config.go, observe.go, replicas.go, demand.go, inspect.go
@@ -238,7 +238,7 @@ func (e *Engine) failFast(ctx context.Context, call func(ctx context.Context) er
 	if err != nil && ctx.Err() == nil && cctx.Err() != nil {
 		if cause := context.Cause(cctx); cause != nil && cause != cctx.Err() {
 			e.unreachable(cause)
-			return e.wrap(cause)
+			return wrap(e.who(), cause)
 		}
 	}
 	return err
@@ -265,7 +265,7 @@ func (e *Engine) sameShards(ctx context.Context) error {
 		return nil
 	}
 	if err := e.fam.compareShards(ctx); err != nil {
-		return e.callErr(ctx, err)
+		return callErr(e.who(), ctx, err)
 	}
 	return nil
 }

@@ -14,6 +14,7 @@ import (
 	"github.com/redis/go-redis/v9"
 	"github.com/redsem/redsem"
 	"github.com/redsem/redsem/internal/human"
+	"github.com/redsem/redsem/internal/sentinel"
 )
 
 // The texts of the library's errors say what happened once, as a person
@@ -107,8 +108,13 @@ func duration(d time.Duration) string { return human.Duration(d) }
 // Errors, classified in one place: what a failed call to Redis means
 // (Transient: worth another try; Unreachable: Redis could not be reached,
 // ErrUnavailable), how the library names the semaphore in an error (wrap,
-// ctxErr), and which errors are its own (own). The reply codes and the
-// errors they mean are declared with each script's call (protocol.go).
+// ctxErr), what an acquire call's error says (acquireErr), what a failed
+// acquire may have left (needsUndo), which errors are its own (own), and
+// what a server's reply says it can do (refused, noReadOnlyScripts, ...).
+// Classifying has no side effect: the callers raise the alerts and reload a
+// cluster's topology (Engine.answered, Engine.unreachable). The reply codes
+// and the errors they mean are declared with each script's call
+// (protocol.go).
 
 // scriptRefusals are how the scripts' error replies begin after
 // "ERR redsem: " (the Lua library's fail): a bad argument (a bug of this client,
@@ -119,24 +125,24 @@ func duration(d time.Duration) string { return human.Duration(d) }
 var scriptRefusals = []string{"bad ", "the stored ", "want "}
 
 // callErr is the error of a call to Redis that failed: the context's when
-// it ended, else err wrapped with the semaphore's name.
-func (e *Engine) callErr(ctx context.Context, err error) error {
+// it ended, else err wrapped with the semaphore's name (who: Engine.who).
+func callErr(who string, ctx context.Context, err error) error {
 	if ctx.Err() != nil {
-		return e.ctxErr(ctx, err)
+		return ctxErr(who, ctx, err)
 	}
-	return e.wrap(err)
+	return wrap(who, err)
 }
 
 // ctxErr is the error of a call that ctx ended: it matches ctx.Err() and the
 // context's cause, and keeps err (what the call itself reported, if any).
-func (e *Engine) ctxErr(ctx context.Context, err error) error {
+func ctxErr(who string, ctx context.Context, err error) error {
 	base := ctx.Err()
 	cause := context.Cause(ctx)
 	var out error
 	if cause != nil && cause != base {
-		out = &namedError{fmt.Errorf("redsem: %s: gave up: %w (%w)", e.who(), base, cause)}
+		out = &namedError{fmt.Errorf("redsem: %s: gave up: %w (%w)", who, base, cause)}
 	} else {
-		out = &namedError{fmt.Errorf("redsem: %s: gave up: %w", e.who(), base)}
+		out = &namedError{fmt.Errorf("redsem: %s: gave up: %w", who, base)}
 	}
 	if err != nil && !errors.Is(err, base) {
 		out = joinLine(out, err)
@@ -144,29 +150,108 @@ func (e *Engine) ctxErr(ctx context.Context, err error) error {
 	return out
 }
 
-// wrap names the semaphore in err (once: an error of the library's own
-// names it already), and does nothing else (the alert that Redis cannot be
-// reached is raised where a request learnt it: answered); an error that says Redis could not be reached matches
+// wrap names the semaphore (who) in err (once: an error of the library's
+// own names it already), and does nothing else (the alert that Redis
+// cannot be reached is raised where a request learnt it: answered); an
+// error that says Redis could not be reached matches
 // redsem.ErrUnavailable too, and one that says the connection lacks
 // authentication, or that its credentials are wrong, says which and
 // matches redsem.ErrInvalidConfig (the client's options are wrong).
-func (e *Engine) wrap(err error) error {
+func wrap(who string, err error) error {
 	if own(err) {
 		return err
 	}
 	switch {
 	case Unreachable(err):
-		return &namedError{fmt.Errorf("redsem: %s: %w: %w", e.who(), bare(redsem.ErrUnavailable), err)}
+		return &namedError{fmt.Errorf("redsem: %s: %w: %w", who, bare(redsem.ErrUnavailable), err)}
 	case strings.Contains(err.Error(), "WRONGPASS"):
-		return &namedError{errorf(redsem.ErrInvalidConfig, "redsem: %s: Redis refused the client's credentials: wrong password, or wrong or disabled user (check them in the client's options): %w", e.who(), err)}
+		return &namedError{errorf(redsem.ErrInvalidConfig, "redsem: %s: Redis refused the client's credentials: wrong password, or wrong or disabled user (check them in the client's options): %w", who, err)}
 	case authError(err):
-		return &namedError{errorf(redsem.ErrInvalidConfig, "redsem: %s: Redis refused the request without authentication (set the password, and the user, in the client's options): %w", e.who(), err)}
+		return &namedError{errorf(redsem.ErrInvalidConfig, "redsem: %s: Redis refused the request without authentication (set the password, and the user, in the client's options): %w", who, err)}
 	}
 	if msg, ok := strings.CutPrefix(err.Error(), "ERR redsem: "); ok {
 		// A script's refusal (the Lua library's fail): said after one prefix.
 		err = &retold{msg: msg, err: err}
 	}
-	return &namedError{fmt.Errorf("redsem: %s: %w", e.who(), err)}
+	return &namedError{fmt.Errorf("redsem: %s: %w", who, err)}
+}
+
+// callEnd is what an acquire call knew when it ended (call.end), for
+// acquireErr.
+type callEnd struct {
+	who          string // the semaphore as errors name it (Engine.who)
+	name, family string // its name and its family's, for a RateLimitedError
+	closed       bool   // Close ended the call (its context's cause is redsem.ErrClosed)
+	// parent is the caller's context; ended: it had ended.
+	parent context.Context
+	ended  bool
+	// lastErr: the last transient error ridden out, while no answer came
+	// since.
+	lastErr error
+	// dialErr: the call ended with its context after a dial of its client
+	// failed (go-redis retries a failed dial on its own, so a refused dial
+	// may never come back to the call as an error before its context ends).
+	dialErr error
+	// room: when the rate's window has room for the call, if the rate
+	// held it back last (call.heldByRate), and the rate in force; zero
+	// otherwise.
+	room time.Time
+	rate redsem.Rate
+}
+
+// acquireErr turns the raw error err that an acquire call ended with into
+// the call's error:
+//   - the caller's context ended: an error matching ctx.Err() and its
+//     cause, and ErrUnavailable if Redis could not be reached meanwhile
+//     (Unreachable: never for a reply that was merely slow), or a
+//     *redsem.RateLimitedError if Redis said last that the rate's window
+//     held the call back;
+//   - Close ended it: redsem.ErrClosed;
+//   - else the error itself, with the semaphore's name.
+//
+// It has no side effect: alert is the failed dial that said Redis could
+// not be reached, which no request of the call reported (nil if none); the
+// caller raises the alert (Engine.unreachable).
+func acquireErr(err error, end callEnd) (out, alert error) {
+	if errors.Is(err, redsem.ErrNoSlot) || errors.Is(err, redsem.ErrLimitMismatch) || errors.Is(err, redsem.ErrClosed) {
+		return err, nil
+	}
+	if end.ended {
+		if isCtxErr(err) {
+			err = nil // the context's own error, said once below
+		}
+		out = ctxErr(end.who, end.parent, err)
+		if end.dialErr != nil && (end.lastErr == nil || !Unreachable(end.lastErr)) {
+			return joinLine(out, fmt.Errorf("%w: %w", redsem.ErrUnavailable, end.dialErr)), end.dialErr
+		}
+		if end.lastErr != nil && (err == nil || !errors.Is(err, end.lastErr)) {
+			// Redis failed transiently and did not answer since: say how,
+			// and (only if it could not be reached) that it was unavailable
+			// (the request raised the alert: answered).
+			if Unreachable(end.lastErr) {
+				out = joinLine(out, fmt.Errorf("%w: %w", redsem.ErrUnavailable, end.lastErr))
+			} else {
+				out = joinLine(out, end.lastErr)
+			}
+		} else if !end.room.IsZero() {
+			// Redis said last that the rate held the call back (its reply,
+			// or, for a fair waiter queued behind the limit, the message
+			// that the rate holds its queue's head): say when its window
+			// has room (redsemhttp answers 429 with it).
+			out = joinLine(out, &redsem.RateLimitedError{Name: end.name, Family: end.family, Rate: end.rate, RetryAfter: max(time.Until(end.room), 0)})
+		}
+		return out, nil
+	}
+	if end.closed {
+		return redsem.ErrClosed, nil
+	}
+	return wrap(end.who, err), nil // the library's own errors (own) come back as they are
+}
+
+// isCtxErr reports whether err is a context's error (it was cancelled, or
+// its deadline passed).
+func isCtxErr(err error) bool {
+	return errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded)
 }
 
 // joinLine is errors.Join on one line: the errors' texts separated by
@@ -219,30 +304,16 @@ type namedError struct{ err error }
 func (e *namedError) Error() string { return e.err.Error() }
 func (e *namedError) Unwrap() error { return e.err }
 
-// ownSentinels are the errors that only the library makes (with its own
-// text, naming the semaphore where it has one): an error that matches one
-// is the library's, never the client's.
-var ownSentinels = []error{
-	redsem.ErrNoSlot, redsem.ErrLeaseLost, redsem.ErrReleased, redsem.ErrLimitMismatch, redsem.ErrInvalidConfig,
-	redsem.ErrClosed, redsem.ErrNotReplicated, redsem.ErrWeight, redsem.ErrRateLimited, redsem.ErrUnavailable,
-	redsem.ErrQueueFull, errCancelled, errSessionDied, errReleasing,
-}
-
 // own reports whether err is one the library made (by its type or the
-// sentinel it matches, never by its text): the acquire path's
-// classification and wrap add nothing to it.
+// sentinel it matches, never by its text: package sentinel knows every
+// sentinel the library declares): acquireErr and wrap add nothing to it.
 func own(err error) bool {
 	var n *namedError
 	var r *ReplyError
 	if errors.As(err, &n) || errors.As(err, &r) {
 		return true
 	}
-	for _, s := range ownSentinels {
-		if errors.Is(err, s) {
-			return true
-		}
-	}
-	return false
+	return sentinel.Own(err)
 }
 
 // authError reports whether err is Redis refusing a connection that is not
@@ -388,4 +459,89 @@ func (e notSent) Unwrap() error { return e.err }
 func neverSent(err error) bool {
 	var n notSent
 	return errors.As(err, &n)
+}
+
+// Replies that tell what a server can do (its version, its ACL, a proxy in
+// front of it), which the engine adapts to.
+
+// noReadOnlyScripts reports whether err is a server without read-only
+// scripts (Redis before 7.0 has no EVALSHA_RO; miniredis counts TIME as a
+// write in a read-only script).
+func noReadOnlyScripts(err error) bool {
+	return err != nil && (strings.Contains(err.Error(), "not allowed in read-only scripts") ||
+		strings.Contains(err.Error(), "unknown command"))
+}
+
+// noCommand reports whether err is a server without the command it was
+// sent (CONFIG GET on miniredis, some proxies), in any case.
+func noCommand(err error) bool {
+	return err != nil && strings.Contains(strings.ToLower(err.Error()), "unknown command")
+}
+
+// functionGone reports whether err is an FCALL whose library the server no
+// longer has (a restart without persistence, FUNCTION FLUSH), or that it
+// refuses for good (refused): the client loads the library again, or runs
+// the scripts by their SHA1.
+func functionGone(err error) bool {
+	return err != nil && (strings.Contains(err.Error(), "Function not found") || refused(err))
+}
+
+// libraryExists reports whether err is a FUNCTION LOAD of a library the
+// server has already (of that name, so of that text: its name is its hash).
+func libraryExists(err error) bool {
+	return err != nil && strings.Contains(err.Error(), "already exists")
+}
+
+// refused reports whether err is a server refusing FUNCTION for good: an
+// unknown command (Redis before 7, miniredis, a command renamed away), an
+// ACL, or a managed service or proxy that disables it. Only a reply of the
+// server can say so (a network error or a timeout is tried again), and its
+// leading code word decides, not the words of its message: NOPERM is a
+// refusal; ERR (or a reply without a code) is one when its message names
+// an unknown or disabled command; any other code is the server's state
+// (MISCONF after a failed save, whose message says that writes "are
+// disabled", OOM, LOADING, BUSY, READONLY, MASTERDOWN, CLUSTERDOWN, ...)
+// and is tried again after bounds.LibRetry. Taking a passing state for a refusal
+// would keep the client on EVALSHA for its life; the other mistake costs
+// one failed FUNCTION LOAD per bounds.LibRetry.
+func refused(err error) bool {
+	var reply redis.Error
+	if !errors.As(err, &reply) {
+		return false
+	}
+	msg := reply.Error()
+	code, rest := replyCode(msg)
+	if code == "ERR" {
+		if inner, _ := replyCode(rest); inner != "" {
+			code = inner // a proxy that puts ERR before the server's code (as KVRocks does)
+		}
+	}
+	switch code {
+	case "NOPERM":
+		return true
+	case "ERR", "":
+		msg = strings.ToLower(msg)
+		for _, s := range []string{"unknown command", "unknown subcommand", "unsupported command", "no permissions", "disabled", "not allowed"} {
+			if strings.Contains(msg, s) {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// replyCode splits an error reply into its code (the leading word, when it
+// is two or more capital letters, as Redis's ERR, NOPERM, MISCONF, OOM are)
+// and the rest of the message; code is "" for a reply without one.
+func replyCode(msg string) (code, rest string) {
+	word, rest, _ := strings.Cut(msg, " ")
+	if len(word) < 2 {
+		return "", msg
+	}
+	for i := 0; i < len(word); i++ {
+		if word[i] < 'A' || word[i] > 'Z' {
+			return "", msg
+		}
+	}
+	return word, rest
 }

@@ -203,7 +203,7 @@ func (f *Family) Close() error {
 		}
 		sh.mu.Unlock()
 	}
-	// In parallel: each waits at most shutdownBound.
+	// In parallel: each waits at most bounds.Shutdown.
 	var wg sync.WaitGroup
 	for _, h := range hubs {
 		wg.Go(h.shutdown)

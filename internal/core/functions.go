@@ -2,7 +2,6 @@ package core
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"log/slog"
 	"runtime"
@@ -13,6 +12,7 @@ import (
 	"weak"
 
 	"github.com/redis/go-redis/v9"
+	"github.com/redsem/redsem/internal/bounds"
 	"github.com/redsem/redsem/lua"
 )
 
@@ -32,7 +32,7 @@ import (
 //     managed service) keeps EVALSHA for the client's life; that is logged
 //     once at Debug (an expected mode, not a fault). A load that fails otherwise (Redis unreachable, or in a
 //     passing state: MISCONF after a failed save, OOM, LOADING, READONLY;
-//     see refused) is tried again libRetry later.
+//     see refused) is tried again bounds.LibRetry later.
 //   - An FCALL answered "Function not found" (a restart without
 //     persistence, a failover to a server that never saw the library, a
 //     new master) is run again at once with EVALSHA, so the caller sees no
@@ -103,7 +103,7 @@ func (e *Engine) ScriptMode() string {
 
 // loadLibrary starts a background load of the library on the engine's
 // client, unless one is in flight, it is loaded, the server refused it, or
-// the last attempt failed less than libRetry ago. It returns at once.
+// the last attempt failed less than bounds.LibRetry ago. It returns at once.
 func (e *Engine) loadLibrary() {
 	l := e.lib
 	if l.mode.Load() != libUnknown {
@@ -115,19 +115,19 @@ func (e *Engine) loadLibrary() {
 		return
 	}
 	l.mu.Lock()
-	wait := !l.failed.IsZero() && time.Since(l.failed) < libRetry
+	wait := !l.failed.IsZero() && time.Since(l.failed) < bounds.LibRetry
 	l.mu.Unlock()
 	if wait || !l.mode.CompareAndSwap(libUnknown, libLoading) {
 		return
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), libLoadTimeout)
+	ctx, cancel := context.WithTimeout(context.Background(), bounds.LibLoad)
 	e.background(ctx, cancel, func(ctx context.Context) {
 		err := loadLibrary(ctx, e.cfg.Client)
 		name, _ := lua.Library()
 		switch {
 		case err == nil:
 			l.mode.Store(libReady)
-			e.logger().LogAttrs(context.Background(), slog.LevelDebug, "redsem: scripts run as Redis functions",
+			e.cfg.logger().LogAttrs(context.Background(), slog.LevelDebug, "redsem: scripts run as Redis functions",
 				slog.String("library", name))
 		case refused(err):
 			l.mode.Store(libRefused)
@@ -135,7 +135,7 @@ func (e *Engine) loadLibrary() {
 			if i := strings.IndexAny(msg, ",\n"); i > 0 {
 				msg = msg[:i] // not the library's text, which the error may quote
 			}
-			e.logger().LogAttrs(context.Background(), slog.LevelDebug,
+			e.cfg.logger().LogAttrs(context.Background(), slog.LevelDebug,
 				"redsem: scripts run with EVALSHA: the server refused FUNCTION LOAD",
 				slog.String("library", name), slog.String("error", msg))
 		default:
@@ -154,7 +154,7 @@ func loadLibrary(ctx context.Context, c redis.UniversalClient) error {
 	_, src := lua.Library()
 	load := func(ctx context.Context, c *redis.Client) error {
 		err := c.FunctionLoad(ctx, src).Err()
-		if err != nil && strings.Contains(err.Error(), "already exists") {
+		if libraryExists(err) {
 			return nil
 		}
 		return err
@@ -166,58 +166,4 @@ func loadLibrary(ctx context.Context, c redis.UniversalClient) error {
 		return load(ctx, c)
 	}
 	return fmt.Errorf("redsem: FUNCTION LOAD: unsupported client %T", c)
-}
-
-// refused reports whether err is a server refusing FUNCTION for good: an
-// unknown command (Redis before 7, miniredis, a command renamed away), an
-// ACL, or a managed service or proxy that disables it. Only a reply of the
-// server can say so (a network error or a timeout is tried again), and its
-// leading code word decides, not the words of its message: NOPERM is a
-// refusal; ERR (or a reply without a code) is one when its message names
-// an unknown or disabled command; any other code is the server's state
-// (MISCONF after a failed save, whose message says that writes "are
-// disabled", OOM, LOADING, BUSY, READONLY, MASTERDOWN, CLUSTERDOWN, ...)
-// and is tried again after libRetry. Taking a passing state for a refusal
-// would keep the client on EVALSHA for its life; the other mistake costs
-// one failed FUNCTION LOAD per libRetry.
-func refused(err error) bool {
-	var reply redis.Error
-	if !errors.As(err, &reply) {
-		return false
-	}
-	msg := reply.Error()
-	code, rest := replyCode(msg)
-	if code == "ERR" {
-		if inner, _ := replyCode(rest); inner != "" {
-			code = inner // a proxy that puts ERR before the server's code (as KVRocks does)
-		}
-	}
-	switch code {
-	case "NOPERM":
-		return true
-	case "ERR", "":
-		msg = strings.ToLower(msg)
-		for _, s := range []string{"unknown command", "unknown subcommand", "unsupported command", "no permissions", "disabled", "not allowed"} {
-			if strings.Contains(msg, s) {
-				return true
-			}
-		}
-	}
-	return false
-}
-
-// replyCode splits an error reply into its code (the leading word, when it
-// is two or more capital letters, as Redis's ERR, NOPERM, MISCONF, OOM are)
-// and the rest of the message; code is "" for a reply without one.
-func replyCode(msg string) (code, rest string) {
-	word, rest, _ := strings.Cut(msg, " ")
-	if len(word) < 2 {
-		return "", msg
-	}
-	for i := 0; i < len(word); i++ {
-		if word[i] < 'A' || word[i] > 'Z' {
-			return "", msg
-		}
-	}
-	return word, rest
 }

@@ -166,7 +166,7 @@ func TestLibraryAfterMisconf(t *testing.T) {
 	}
 
 	clear()
-	// The next load would wait libRetry after the failed one: not what
+	// The next load would wait bounds.LibRetry after the failed one: not what
 	// this test is about.
 	e.lib.mu.Lock()
 	e.lib.failed = time.Time{}

@@ -7,6 +7,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 	"github.com/redsem/redsem"
+	"github.com/redsem/redsem/internal/bounds"
 )
 
 type evKind int
@@ -190,7 +191,7 @@ func (h *hub) unregister(w *waiter) {
 	}
 	h.l.dropped(w)
 	if len(h.waiters) == 0 && !h.closed {
-		h.idle = time.AfterFunc(max(h.e.heartbeatEvery(), 500*time.Millisecond), h.stopIfIdle)
+		h.idle = time.AfterFunc(max(bounds.Heartbeat(h.e.cfg.QueueTTL, h.e.cfg.Fallback), bounds.HubIdle), h.stopIfIdle)
 	}
 }
 
@@ -210,7 +211,7 @@ func (h *hub) stopIfIdle() {
 }
 
 // shutdown stops the hub's goroutines and waits for them, at most
-// shutdownBound.
+// bounds.Shutdown.
 func (h *hub) shutdown() {
 	h.closeOnce.Do(func() {
 		h.mu.Lock()
@@ -233,7 +234,7 @@ func (h *hub) shutdown() {
 		h.wg.Wait()
 		close(done)
 	}()
-	t := time.NewTimer(shutdownBound)
+	t := time.NewTimer(bounds.Shutdown)
 	defer t.Stop()
 	select {
 	case <-done:
@@ -302,7 +303,7 @@ func (h *hub) run() {
 	e := h.e
 	// Bounded, and ended by shutdown too (which closes ps, known to it
 	// from here on): Close must not wait for a Redis that does not answer.
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), bounds.Subscribe)
 	stopOnQuit := afterClose(h.quit, cancel)
 	defer stopOnQuit()
 	var ps *redis.PubSub

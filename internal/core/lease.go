@@ -2,12 +2,13 @@ package core
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"sync"
 	"time"
 
 	"github.com/redsem/redsem"
+	"github.com/redsem/redsem/internal/bounds"
+	"github.com/redsem/redsem/internal/sentinel"
 )
 
 // A lease has one owner for its state: l.mu. Every transition happens under
@@ -59,7 +60,7 @@ const (
 )
 
 // errReleasing is the cause with which Release ends a renewal in flight.
-var errReleasing = errors.New("redsem: the lease is being released")
+var errReleasing = sentinel.New("redsem: the lease is being released")
 
 // Lease implements redsem.Lease for both variants.
 type Lease struct {
@@ -135,7 +136,7 @@ func (e *Engine) newLease(id string, slots []int, token int64, deadline time.Tim
 	// left of its grant). Without auto-renewal the timer waits for the
 	// deadline.
 	l.noRenew = e.cfg.DisableAutoRenew
-	l.renewAt = time.Now().Add(min(e.cfg.LeaseTTL/3, max(time.Until(deadline)/2, 0)))
+	l.renewAt = time.Now().Add(min(bounds.RenewEvery(e.cfg.LeaseTTL), max(time.Until(deadline)/2, 0)))
 	l.timer = time.AfterFunc(time.Hour, l.fire)
 	l.arm()
 	return l, true
@@ -284,7 +285,7 @@ func (l *Lease) endRenew(octx context.Context, r renewReply, err error, auto boo
 		err = redsem.ErrLeaseLost
 	case err == nil && r.ok:
 		l.deadline = r.deadline
-		l.renewAt = time.Now().Add(l.e.cfg.LeaseTTL / 3)
+		l.renewAt = time.Now().Add(bounds.RenewEvery(l.e.cfg.LeaseTTL))
 	case err == nil && r.released:
 		// A holder released it: another handle of the lease (Resume), in
 		// this process or another. It ends quietly, as released.
@@ -299,7 +300,7 @@ func (l *Lease) endRenew(octx context.Context, r renewReply, err error, auto boo
 	default:
 		if auto {
 			// Redis unreachable: try again soon, until the deadline passes.
-			retry := max(min(l.e.cfg.LeaseTTL/10, time.Second), time.Millisecond)
+			retry := bounds.RenewRetry(l.e.cfg.LeaseTTL)
 			l.renewAt = time.Now().Add(retry)
 		}
 	}
@@ -360,7 +361,7 @@ func (l *Lease) lose(at time.Time) func() {
 	return ev
 }
 
-// giveUp releases in Redis, in the background and within releaseBound, the
+// giveUp releases in Redis, in the background and within bounds.ExpireRelease, the
 // slots of a lease this handle lost at its deadline, so that waiters are
 // woken and the slots can be taken again at once rather than when Redis's
 // own deadline (a little later than the local one, by design) passes.
@@ -369,7 +370,7 @@ func (l *Lease) lose(at time.Time) func() {
 // released already; either way the lease's state here is final already.
 // If Redis cannot be reached in time, the slots expire there on their own.
 func (l *Lease) giveUp() {
-	ctx, cancel := context.WithTimeout(context.Background(), l.e.releaseBound())
+	ctx, cancel := context.WithTimeout(context.Background(), bounds.ExpireRelease(l.e.cfg.LeaseTTL))
 	l.e.background(ctx, func() { cancel() }, func(ctx context.Context) {
 		_, _ = l.e.releaseExpired(ctx, l.id)
 	})
@@ -491,9 +492,9 @@ func (l *Lease) releaseLater() {
 	l.mu.Unlock()
 	ctx, cancel := context.WithDeadline(context.Background(), deadline)
 	l.e.background(ctx, cancel, func(ctx context.Context) {
-		var b backoff
+		var b bounds.Backoff
 		for {
-			if !sleepCtx(ctx, b.next()) {
+			if !b.Wait(ctx) {
 				return
 			}
 			octx, err := l.beginOp(ctx, opRelease)

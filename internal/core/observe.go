@@ -14,6 +14,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 	"github.com/redsem/redsem"
+	"github.com/redsem/redsem/internal/bounds"
 )
 
 // emit reports ev to the Observer and the Logger, if set. Both nil costs a
@@ -87,9 +88,6 @@ const (
 	condPolicyUnknown                  // the policy could not be read
 	nConditions
 )
-
-// alertEvery is how often a lasting condition is logged again.
-const alertEvery = time.Minute
 
 // alerts is the state of the conditions of one Redis client: every engine
 // of a process that uses the client shares it, so that an outage is logged
@@ -262,11 +260,11 @@ func (d *dialWatch) lastFailure() (at time.Time, okSince bool) {
 }
 
 // failedSince returns the client's latest dial error if it came after t,
-// or shortly before t with no successful dial since (dialStale).
+// or shortly before t with no successful dial since (bounds.DialStale).
 func (d *dialWatch) failedSince(t time.Time) error {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	if d.err != nil && d.at.After(d.ok) && d.at.After(t.Add(-dialStale)) {
+	if d.err != nil && d.at.After(d.ok) && d.at.After(t.Add(-bounds.DialStale)) {
 		return d.err
 	}
 	return nil
@@ -341,17 +339,18 @@ func alertsByKey(key any, c redis.UniversalClient, slot int) (a *alerts, added b
 	return v.(*alerts), added
 }
 
-// logger is where conditions are logged.
-func (e *Engine) logger() *slog.Logger {
-	if e.cfg.Logger != nil {
-		return e.cfg.Logger
+// logger is where conditions are logged: Options.Logger, else
+// slog.Default().
+func (c *Config) logger() *slog.Logger {
+	if c.Logger != nil {
+		return c.Logger
 	}
 	return slog.Default()
 }
 
 // raise records evidence, from time at (zero: now), that cond holds: it
 // changes nothing if at is not after the latest evidence that it does not
-// (clear). It logs msg at Warn if cond was last logged alertEvery ago (or
+// (clear). It logs msg at Warn if cond was last logged bounds.AlertEvery ago (or
 // never): when it starts, and at most once a minute while it lasts.
 func (e *Engine) raise(cond condition, at time.Time, msg string, attrs ...slog.Attr) {
 	a := e.alerts
@@ -368,7 +367,7 @@ func (e *Engine) raise(cond condition, at time.Time, msg string, attrs ...slog.A
 	if !a.on[cond] {
 		a.on[cond], a.told[cond] = true, false
 	}
-	log := now.Sub(a.logged[cond]) >= alertEvery
+	log := now.Sub(a.logged[cond]) >= bounds.AlertEvery
 	if log {
 		a.logged[cond], a.told[cond] = now, true
 	}
@@ -376,7 +375,7 @@ func (e *Engine) raise(cond condition, at time.Time, msg string, attrs ...slog.A
 	a.mu.Unlock()
 	if log {
 		attrs = append([]slog.Attr{slog.String("semaphore", e.cfg.Name)}, attrs...)
-		e.logger().LogAttrs(context.Background(), slog.LevelWarn, msg, attrs...)
+		e.cfg.logger().LogAttrs(context.Background(), slog.LevelWarn, msg, attrs...)
 	}
 }
 
@@ -404,7 +403,7 @@ func (e *Engine) clear(cond condition, at time.Time, msg string) {
 	a.any.Store(any)
 	a.mu.Unlock()
 	if told {
-		e.logger().LogAttrs(context.Background(), slog.LevelWarn, msg, slog.String("semaphore", e.cfg.Name))
+		e.cfg.logger().LogAttrs(context.Background(), slog.LevelWarn, msg, slog.String("semaphore", e.cfg.Name))
 	}
 }
 
@@ -449,7 +448,7 @@ func (e *Engine) reached(sent time.Time) {
 // answered (err nil, or an error of the request), or that it could not be
 // reached (an error that matches Unreachable). Called where requests leave
 // (run, readClock, the shard record, the replicas' WAIT), so that
-// classifying an error (wrap) has no side effect.
+// classifying an error (wrap, acquireErr) has no side effect.
 func (e *Engine) answered(sent time.Time, err error) {
 	switch {
 	case err == nil:
@@ -488,7 +487,7 @@ func (e *Engine) checkEvictionPolicy() {
 	root.policyMu.Unlock()
 	go func() {
 		defer close(done)
-		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		ctx, cancel := context.WithTimeout(context.Background(), bounds.PolicyCheck)
 		defer cancel()
 		v, err := root.cfg.Client.ConfigGet(ctx, "maxmemory-policy").Result()
 		switch {
@@ -499,10 +498,10 @@ func (e *Engine) checkEvictionPolicy() {
 			root.policyDone = nil
 			root.policyMu.Unlock()
 			return
-		case err != nil && strings.Contains(strings.ToLower(err.Error()), "unknown command"):
+		case noCommand(err):
 			// A server without CONFIG (miniredis, some proxies): nothing
 			// can be told, so nothing is raised; the event still says so.
-			e.logger().LogAttrs(context.Background(), slog.LevelDebug, "redsem: the server has no CONFIG GET: maxmemory-policy not checked",
+			e.cfg.logger().LogAttrs(context.Background(), slog.LevelDebug, "redsem: the server has no CONFIG GET: maxmemory-policy not checked",
 				slog.String("semaphore", e.cfg.Name), slog.String("error", err.Error()))
 			e.emit(redsem.Event{Kind: redsem.EventEvictionPolicy, Err: err})
 			return

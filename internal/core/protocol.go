@@ -2,7 +2,6 @@ package core
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"strings"
 	"time"
@@ -10,6 +9,8 @@ import (
 	"github.com/google/uuid"
 	"github.com/redis/go-redis/v9"
 	"github.com/redsem/redsem"
+	"github.com/redsem/redsem/internal/bounds"
+	"github.com/redsem/redsem/internal/sentinel"
 	"github.com/redsem/redsem/lua"
 )
 
@@ -74,11 +75,11 @@ var acquireCodes = map[int64]string{
 
 // errCancelled is acquire.lua's "this id was cancelled by its own undo, or
 // the request came after its caller's deadline": nothing was written.
-var errCancelled = errors.New("redsem: acquire cancelled by its own undo")
+var errCancelled = sentinel.New("redsem: acquire cancelled by its own undo")
 
 // errSessionDied is acquire.lua's and heartbeat.lua's "the session is not
 // live": its process paused or was cut off for longer than QueueTTL.
-var errSessionDied error = sessionError{}
+var errSessionDied = sentinel.Register(sessionError{})
 
 type sessionError struct{}
 
@@ -236,7 +237,7 @@ func (e *Engine) renew(ctx context.Context, c redis.Scripter, id string, resume 
 	}
 	v, sent, err := e.run(ctx, c, lua.Renew, e.cfg.Limit, args...)
 	if err != nil {
-		return renewReply{}, e.callErr(ctx, err)
+		return renewReply{}, callErr(e.who(), ctx, err)
 	}
 	r := reader{script: "renew", v: v}
 	code, now := r.int(), r.int()
@@ -254,7 +255,7 @@ func (e *Engine) renew(ctx context.Context, c redis.Scripter, id string, resume 
 		r.fail("unknown code")
 	}
 	if r.err != nil {
-		return renewReply{}, e.wrap(r.err)
+		return renewReply{}, wrap(e.who(), r.err)
 	}
 	e.clock.observe(sent, now)
 	if out.ok {
@@ -276,7 +277,7 @@ func (e *Engine) renewMany(ctx context.Context, ids []string) ([]renewReply, err
 	}
 	v, sent, err := e.run(ctx, e.cfg.Client, lua.RenewMany, e.cfg.Limit, args...)
 	if err != nil {
-		return nil, e.callErr(ctx, err)
+		return nil, callErr(e.who(), ctx, err)
 	}
 	r := reader{script: "renewmany", v: v}
 	now := r.int()
@@ -292,7 +293,7 @@ func (e *Engine) renewMany(ctx context.Context, ids []string) ([]renewReply, err
 		}
 	}
 	if r.err != nil {
-		return nil, e.wrap(r.err)
+		return nil, wrap(e.who(), r.err)
 	}
 	e.clock.observe(sent, now)
 	return out, nil
@@ -341,12 +342,12 @@ func (e *Engine) releaseExpired(ctx context.Context, id string) (releaseReply, e
 func (e *Engine) runRelease(ctx context.Context, id, mode string, arg int64) (releaseReply, error) {
 	v, sent, err := e.run(ctx, e.cfg.Client, lua.Release, e.cfg.Limit, id, mode, arg)
 	if err != nil {
-		return releaseReply{}, e.callErr(ctx, err)
+		return releaseReply{}, callErr(e.who(), ctx, err)
 	}
 	r := reader{script: "release", v: v}
 	k, now := r.int(), r.int()
 	if r.err != nil {
-		return releaseReply{}, e.wrap(r.err)
+		return releaseReply{}, wrap(e.who(), r.err)
 	}
 	e.clock.observe(sent, now)
 	e.deliverGrants("release", v, 2, now, sent)
@@ -376,12 +377,12 @@ func (e *Engine) heartbeat(ctx context.Context, sid, age string, keep []string) 
 	}
 	v, sent, err := e.run(ctx, e.cfg.Client, lua.Heartbeat, e.cfg.Limit, args...)
 	if err != nil {
-		return heartbeatReply{}, e.callErr(ctx, err)
+		return heartbeatReply{}, callErr(e.who(), ctx, err)
 	}
 	r := reader{script: "heartbeat", v: v}
 	now, alive, hint := r.int(), r.int(), r.int()
 	if r.err != nil {
-		return heartbeatReply{}, e.wrap(r.err)
+		return heartbeatReply{}, wrap(e.who(), r.err)
 	}
 	e.clock.observe(sent, now)
 	e.deliverGrants("heartbeat", v, 3, now, sent)
@@ -398,11 +399,11 @@ func (e *Engine) heartbeat(ctx context.Context, sid, age string, keep []string) 
 func (e *Engine) status(ctx context.Context) (redsem.Status, error) {
 	v, _, err := e.run(ctx, e.cfg.Client, lua.Status, e.cfg.Limit)
 	if err != nil {
-		return redsem.Status{}, e.callErr(ctx, err)
+		return redsem.Status{}, callErr(e.who(), ctx, err)
 	}
 	st, err := decodeStatus(v)
 	if err != nil {
-		return redsem.Status{}, e.wrap(err)
+		return redsem.Status{}, wrap(e.who(), err)
 	}
 	return st, nil
 }
@@ -462,8 +463,8 @@ func (e *Engine) setCall(ctx context.Context, script string, s lua.Script, limit
 	var err error
 	for try := 0; ; try++ {
 		var refuseAfter int64
-		if refuseAfter, err = e.refuseAfterMargin(ctx, settingMargin); err != nil {
-			return e.callErr(ctx, err)
+		if refuseAfter, err = e.refuseAfterMargin(ctx, bounds.SettingMargin); err != nil {
+			return callErr(e.who(), ctx, err)
 		}
 		argv := append(append([]any{}, args...), refuseAfter)
 		if v, sent, err = e.run(ctx, e.cfg.Client, s, limit, argv...); err != nil {
@@ -473,7 +474,7 @@ func (e *Engine) setCall(ctx context.Context, script string, s lua.Script, limit
 			break
 		}
 		if try > 0 || ctx.Err() != nil {
-			return e.callErr(ctx, fmt.Errorf("%w (the request reached Redis after its deadline)", context.DeadlineExceeded))
+			return callErr(e.who(), ctx, fmt.Errorf("%w (the request reached Redis after its deadline)", context.DeadlineExceeded))
 		}
 		// Refused by refuse_after while the caller still waits: the
 		// server's clock stepped forward past the bound (the request was
@@ -488,12 +489,12 @@ func (e *Engine) setCall(ctx context.Context, script string, s lua.Script, limit
 	if err != nil {
 		if ctx.Err() != nil {
 			cancelArgv := append(append([]any{}, args...), 0, "cancel")
-			bctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cancelCallBound)
+			bctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), bounds.CancelCall)
 			e.background(bctx, cancel, func(ctx context.Context) {
 				_, _, _ = e.run(ctx, e.cfg.Client, s, limit, cancelArgv...)
 			})
 		}
-		return e.callErr(ctx, err)
+		return callErr(e.who(), ctx, err)
 	}
 	return e.grantsReply(script, v, sent)
 }
@@ -511,7 +512,7 @@ func (e *Engine) grantsReply(script string, v []any, sent time.Time) error {
 	r := reader{script: script, v: v}
 	now := r.int()
 	if r.err != nil {
-		return e.wrap(r.err)
+		return wrap(e.who(), r.err)
 	}
 	e.deliverGrants(script, v, 1, now, sent)
 	return nil

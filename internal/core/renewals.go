@@ -3,12 +3,14 @@ package core
 import (
 	"context"
 	"time"
+
+	"github.com/redsem/redsem/internal/bounds"
 )
 
 // Renewals: a process renews all its leases of a semaphore together. Each
 // lease's watchdog (Lease.fire) says when its renewal is due; the engine
 // then renews, in one script call (renewmany.lua), every lease of its own
-// that falls due within half a renewal interval (renewWindow), the one
+// that falls due within half a renewal interval (bounds.RenewWindow), the one
 // that called included. Leases renewed together stay together (each next
 // falls due a renewal interval after the call), so a process that holds a
 // thousand leases of a semaphore makes one call per interval instead of a
@@ -26,18 +28,12 @@ import (
 // takes up to 4096); a batch of more is sent in several calls at once.
 const renewBatchMax = 1000
 
-// renewWindow is how early a lease is renewed together with others: those
-// whose renewal falls due within it (half the renewal interval of a third
-// of the TTL). Less than a whole interval, so that the leases a batch just
-// renewed are not due again at once.
-func (e *Engine) renewWindow() time.Duration { return e.cfg.LeaseTTL / 6 }
-
 // renewDue renews every lease of e that is due (or soon due) and has no
 // operation in flight, in one call per renewBatchMax leases, sent at once.
 // Batches do not wait for each other: a lease that falls due while a call
 // runs (one Redis has not answered, on a connection gone dead) goes in a
 // call of its own, on another connection, and the leases in that call are
-// not held up by it beyond renewCallBound.
+// not held up by it beyond bounds.RenewCall.
 func (e *Engine) renewDue() {
 	batch := e.dueLeases()
 	for len(batch) > renewBatchMax {
@@ -58,7 +54,7 @@ type renewing struct {
 }
 
 // dueLeases starts the renewal of every lease of e whose watchdog asked for
-// it (due) or whose renewal falls due within renewWindow, when it may renew
+// it (due) or whose renewal falls due within bounds.RenewWindow, when it may renew
 // now: held, no operation in flight, auto-renewal on.
 func (e *Engine) dueLeases() []renewing {
 	e.leasesMu.Lock()
@@ -68,7 +64,7 @@ func (e *Engine) dueLeases() []renewing {
 	}
 	e.leasesMu.Unlock()
 	now := time.Now()
-	soon := now.Add(e.renewWindow())
+	soon := now.Add(bounds.RenewWindow(e.cfg.LeaseTTL))
 	var batch []renewing
 	for _, l := range all {
 		l.mu.Lock()
@@ -90,20 +86,11 @@ func (e *Engine) dueLeases() []renewing {
 	return batch
 }
 
-// renewCallBound is how long a renewal call may wait for its reply, at
-// most: a third of the TTL, about what a renewed lease has left when its
-// next renewal falls due, so that the leases of a call Redis does not
-// answer (its connection gone dead, and no ReadTimeout, or a longer one)
-// are renewed again, in a new call on another connection, before their
-// deadline, instead of all waiting for it. A reply abandoned this way
-// changes nothing that matters: Redis only moved their deadlines later.
-func (e *Engine) renewCallBound() time.Duration { return e.cfg.LeaseTTL / 3 }
-
 // renewBatch sends the renewals of batch in one call, bounded by the
-// earliest of their deadlines and renewCallBound, and hands each lease
+// earliest of their deadlines and bounds.RenewCall, and hands each lease
 // its reply.
 func (e *Engine) renewBatch(batch []renewing) {
-	bound := time.Now().Add(e.renewCallBound())
+	bound := time.Now().Add(bounds.RenewCall(e.cfg.LeaseTTL))
 	ids := make([]string, len(batch))
 	own := make([]func() bool, len(batch))
 	for i, b := range batch {

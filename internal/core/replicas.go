@@ -7,6 +7,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 	"github.com/redsem/redsem"
+	"github.com/redsem/redsem/internal/bounds"
 	"github.com/redsem/redsem/internal/detach"
 )
 
@@ -31,7 +32,7 @@ func (e *Engine) confirmReplicas(ctx context.Context, l *Lease) error {
 	// Hand the slots back: within the caller's context while it runs,
 	// detached (bounded) once it ended; a release that cannot run leaves a
 	// grant that expires.
-	_ = detach.Release(ctx, l, replicaUndoBound)
+	_ = detach.Release(ctx, l, bounds.ReplicaUndo)
 	return err
 }
 
@@ -44,10 +45,10 @@ func (e *Engine) waitReplicas(ctx context.Context, l *Lease) error {
 		var err error
 		if node, err = c.MasterForKey(ctx, e.keys.List[0]); err != nil {
 			e.answered(time.Now(), err)
-			return e.wrap(err)
+			return wrap(e.who(), err)
 		}
 	default: // rejected by validate
-		return e.wrap(fmt.Errorf("MinReplicas with %T", e.cfg.Client))
+		return wrap(e.who(), fmt.Errorf("MinReplicas with %T", e.cfg.Client))
 	}
 	conn := node.Conn()
 	defer conn.Close()
@@ -62,7 +63,7 @@ func (e *Engine) waitReplicas(ctx context.Context, l *Lease) error {
 	n, err := conn.Wait(ctx, e.cfg.MinReplicas, e.cfg.ReplicaTimeout).Result()
 	if err != nil {
 		e.answered(time.Now(), err)
-		return e.wrap(err)
+		return wrap(e.who(), err)
 	}
 	if int(n) < e.cfg.MinReplicas {
 		return &redsem.ReplicationError{Name: e.cfg.Name, Family: e.familyName(), Want: e.cfg.MinReplicas, Got: int(n), Timeout: e.cfg.ReplicaTimeout}

@@ -44,7 +44,7 @@ func (e *Engine) Resume(ctx context.Context, id string) (redsem.Lease, error) {
 		case err == nil:
 			return l, nil
 		case errors.Is(err, redsem.ErrLeaseLost), errors.Is(err, redsem.ErrReleased):
-			return nil, e.noLease(id)
+			return nil, noLease(e.who(), id)
 		default:
 			return nil, err
 		}
@@ -54,7 +54,7 @@ func (e *Engine) Resume(ctx context.Context, id string) (redsem.Lease, error) {
 		return nil, err
 	}
 	if !r.ok {
-		return nil, e.noLease(id)
+		return nil, noLease(e.who(), id)
 	}
 	l, fresh := e.newLease(id, r.slots, r.token, r.deadline)
 	if fresh {
@@ -63,9 +63,10 @@ func (e *Engine) Resume(ctx context.Context, id string) (redsem.Lease, error) {
 	return l, nil
 }
 
-// noLease is Resume's error for an id that has no live lease.
-func (e *Engine) noLease(id string) error {
-	return errorf(redsem.ErrLeaseLost, "redsem: %s: no live lease %s (lost, released, or never granted)", e.who(), id)
+// noLease is Resume's error for an id that has no live lease of the
+// semaphore who (Engine.who).
+func noLease(who, id string) error {
+	return errorf(redsem.ErrLeaseLost, "redsem: %s: no live lease %s (lost, released, or never granted)", who, id)
 }
 
 // liveLease returns the engine's live lease of id, or nil.

@@ -3,11 +3,11 @@ package core
 import (
 	"context"
 	"strconv"
-	"strings"
 	"sync/atomic"
 	"time"
 
 	"github.com/redis/go-redis/v9"
+	"github.com/redsem/redsem/internal/bounds"
 	"github.com/redsem/redsem/lua"
 )
 
@@ -63,8 +63,7 @@ func (e *Engine) run(ctx context.Context, c redis.Scripter, s lua.Script, limit 
 		script := Script(s)
 		if s == lua.Status || s == lua.FamilyStatus {
 			cmd = script.RunRO(ctx, c, keys, argv...)
-			if err := cmd.Err(); err != nil && (strings.Contains(err.Error(), "not allowed in read-only scripts") ||
-				strings.Contains(err.Error(), "unknown command")) {
+			if err := cmd.Err(); noReadOnlyScripts(err) {
 				// Redis before 7.0 has no EVALSHA_RO, and miniredis counts
 				// TIME as a write in a read-only script; status.lua writes
 				// nothing, so run it as a plain script.
@@ -134,7 +133,7 @@ func (e *Engine) fcall(ctx context.Context, c redis.Scripter, s lua.Script, argv
 		cmd = f.FCall(ctx, fn, e.keys.Script(), argv...)
 	}
 	v, err = cmd.Slice()
-	if err != nil && (strings.Contains(err.Error(), "Function not found") || refused(err)) {
+	if functionGone(err) {
 		e.lib.mode.CompareAndSwap(libReady, libUnknown)
 		e.loadLibrary()
 		return nil, false, nil
@@ -197,7 +196,7 @@ func bounded(ctx context.Context, call func() ([]any, error)) ([]any, error) {
 }
 
 // inRunner runs job on a goroutine of its own: an idle runner's, or a new one.
-// A runner waits runnerIdle for its next job before it ends, so that calls
+// A runner waits bounds.RunnerIdle for its next job before it ends, so that calls
 // in a row reuse one goroutine whose stack has already grown through
 // go-redis's, instead of each starting a goroutine that grows it anew
 // (copying the stack several times: a sixth of the client's CPU time in an
@@ -213,17 +212,13 @@ func inRunner(job func()) {
 // jobs hands a job to an idle runner (unbuffered: only to one that waits).
 var jobs = make(chan func())
 
-// runnerIdle is how long a runner waits for its next job: well under the
-// two seconds a goroutine-leak check waits for goroutines to end.
-const runnerIdle = 500 * time.Millisecond
-
 func runner(job func()) {
-	t := time.NewTimer(runnerIdle)
+	t := time.NewTimer(bounds.RunnerIdle)
 	defer t.Stop()
 	for {
 		job()
 		job = nil
-		t.Reset(runnerIdle)
+		t.Reset(bounds.RunnerIdle)
 		select {
 		case job = <-jobs:
 		case <-t.C:

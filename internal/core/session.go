@@ -11,6 +11,7 @@ import (
 	"github.com/google/uuid"
 	"github.com/redis/go-redis/v9"
 	"github.com/redsem/redsem"
+	"github.com/redsem/redsem/internal/bounds"
 )
 
 // The fair variant's waiting room: how a call waits (fairWait, at the end
@@ -46,12 +47,6 @@ func newSession(h *hub) *session {
 }
 
 func newSessionID() string { return strings.ReplaceAll(uuid.NewString(), "-", "") }
-
-// heartbeatEvery is how often a fair session heart-beats: three times per
-// QueueTTL, and at least as often as the fallback bound.
-func (e *Engine) heartbeatEvery() time.Duration {
-	return min(e.cfg.QueueTTL/3, e.cfg.Fallback)
-}
 
 // ID returns the session id that queue entries are made under now.
 func (s *session) ID() string {
@@ -240,7 +235,7 @@ func parseMessage(payload string) (message, bool) {
 // admits waiters into its slots).
 func (s *session) run(quit <-chan struct{}) {
 	h := s.h
-	every := h.e.heartbeatEvery()
+	every := bounds.Heartbeat(h.e.cfg.QueueTTL, h.e.cfg.Fallback)
 	next := time.Now().Add(every)
 	t := time.NewTimer(every)
 	defer t.Stop()
@@ -281,7 +276,7 @@ func (s *session) run(quit <-chan struct{}) {
 			}
 			// Bounded, and ended by the hub's shutdown too: Close must not
 			// wait for a beat into a Redis that does not answer.
-			ctx, cancel := context.WithTimeout(context.Background(), every+time.Second)
+			ctx, cancel := context.WithTimeout(context.Background(), every+bounds.BeatSlack)
 			stopOnQuit := afterClose(quit, cancel)
 			id := s.ID()
 			switch err := s.beat(ctx, target, id, "old"); {
@@ -446,7 +441,7 @@ func (c *call) awaitGrant(w *waiter, sid string, floor int64) (g grant, ok bool,
 				if g.token <= floor || (g.sid != "" && g.sid != sid) {
 					// Made before this attempt ran: a delayed message, or one
 					// from before a data loss. Redis says what holds now.
-					c.e.logger().LogAttrs(context.Background(), slog.LevelDebug, "redsem: a grant older than the queue attempt refused",
+					c.e.cfg.logger().LogAttrs(context.Background(), slog.LevelDebug, "redsem: a grant older than the queue attempt refused",
 						slog.String("semaphore", c.e.cfg.Name), slog.String("waiter", c.id), slog.Int64("token", g.token))
 					return grant{}, false, nil
 				}
@@ -474,7 +469,7 @@ func (c *call) awaitGrant(w *waiter, sid string, floor int64) (g grant, ok bool,
 }
 
 func (fairWait) leaveAtClose(c *call) bool {
-	ctx, cancel := context.WithTimeout(c.parent, closeUndoBound)
+	ctx, cancel := context.WithTimeout(c.parent, bounds.CloseUndo)
 	defer cancel()
 	_, err := c.e.release(ctx, c.id, "undo")
 	return err == nil

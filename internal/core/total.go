@@ -34,7 +34,7 @@ func (f *Family) SetTotal(ctx context.Context, total int) error {
 	}
 	return f.famEng.failFast(ctx, func(ctx context.Context) error {
 		if err := f.compareShards(ctx); err != nil {
-			return f.famEng.callErr(ctx, err)
+			return callErr(f.famEng.who(), ctx, err)
 		}
 		return f.setTotal(ctx, total)
 	})
@@ -104,7 +104,7 @@ func (f *Family) scanStatus(ctx context.Context) (redsem.FamilyStatus, error) {
 		})
 		f.root.answered(sent, err)
 		if err != nil {
-			return st, f.root.callErr(ctx, err)
+			return st, callErr(f.root.who(), ctx, err)
 		}
 		for _, v := range found {
 			meta := v.(string)
@@ -175,13 +175,13 @@ func (f *Family) status(ctx context.Context) (redsem.FamilyStatus, error) {
 	e := f.famEng
 	v, _, err := e.run(ctx, e.cfg.Client, lua.FamilyStatus, e.cfg.Limit)
 	if err != nil {
-		return redsem.FamilyStatus{}, e.callErr(ctx, err)
+		return redsem.FamilyStatus{}, callErr(e.who(), ctx, err)
 	}
 	r := reader{script: "famstatus", v: v}
 	st := redsem.FamilyStatus{Total: int(r.int()), Held: int(r.int()), Waiting: int(r.int())}
 	r.int() // now
 	if r.err != nil {
-		return redsem.FamilyStatus{}, e.wrap(r.err)
+		return redsem.FamilyStatus{}, wrap(e.who(), r.err)
 	}
 	return st, nil
 }

@@ -2,12 +2,12 @@ package core
 
 import (
 	"context"
-	"math/rand/v2"
 	"slices"
 	"strings"
 	"time"
 
 	"github.com/redis/go-redis/v9"
+	"github.com/redsem/redsem/internal/bounds"
 )
 
 // The unfair variant's waiting room: how a call waits (unfairWait: sleep
@@ -41,7 +41,7 @@ func (unfairWait) next(c *call) (grant, bool, error) {
 			// room for it as well, or at the fallback poll. Not under a
 			// rate: a call that ends waiting says when the window has room
 			// (RateLimitedError), which only an attempt's reply tells.
-			return grant{}, false, sleep(c, w, c.e.waitFor(-1, -1))
+			return grant{}, false, sleep(c, w, waitFor(c.e.cfg.Fallback, -1, -1))
 		}
 	}
 	mode := "try"
@@ -65,7 +65,7 @@ func (unfairWait) next(c *call) (grant, bool, error) {
 	// wakes the next; the others sleep as if the slots held them back. So
 	// the moment the window frees a slot costs one try per process, not one
 	// per waiter.
-	d := e.waitFor(a.hint, a.rateMs)
+	d := waitFor(e.cfg.Fallback, a.hint, a.rateMs)
 	if a.rateMs < 0 {
 		wakeOf(w).passGate(w)
 	} else if !wakeOf(w).takeGate(w) {
@@ -75,7 +75,7 @@ func (unfairWait) next(c *call) (grant, bool, error) {
 		if hint >= a.rateMs {
 			hint = -1
 		}
-		d = e.waitFor(hint, -1)
+		d = waitFor(e.cfg.Fallback, hint, -1)
 	}
 	return grant{}, false, sleep(c, w, d)
 }
@@ -115,12 +115,13 @@ func (unfairWait) done(c *call) {
 }
 
 // waitFor is how long an unfair waiter sleeps without a message: until just
-// after the earliest holder deadline, at most Fallback, with ±20% jitter;
+// after the earliest holder deadline, at most fallback (Options.Fallback),
+// with ±20% jitter;
 // or, when the rate held it back (rateMs >= 0, a slot was free) and its
 // window has room before Fallback, exactly until then (and a millisecond),
 // so that the grant comes when the rate allows it.
-func (e *Engine) waitFor(hint, rateMs int64) time.Duration {
-	d := e.cfg.Fallback
+func waitFor(fallback time.Duration, hint, rateMs int64) time.Duration {
+	d := fallback
 	if r := time.Duration(rateMs+1) * time.Millisecond; rateMs >= 0 && r <= d {
 		return r
 	}
@@ -129,7 +130,7 @@ func (e *Engine) waitFor(hint, rateMs int64) time.Duration {
 			d = h
 		}
 	}
-	return time.Duration(float64(d) * (0.8 + 0.4*rand.Float64()))
+	return bounds.Jitter(d, 0.2)
 }
 
 func (unfairWait) leaveAtClose(*call) bool { return false }

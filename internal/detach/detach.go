@@ -4,7 +4,8 @@
 // few replicas acknowledged. The release runs within the caller's context
 // while that lasts, and on a context detached from it (its values kept, its
 // cancellation not) only once it has ended, so that a slot is given back
-// even when the request that held it was cancelled; both bounded.
+// even when the request that held it was cancelled; both bounded (by
+// bounds.Release unless the caller sets its own bound).
 //
 // It imports nothing of redsem (the root package uses it too).
 package detach
@@ -13,11 +14,6 @@ import (
 	"context"
 	"time"
 )
-
-// Timeout is the bound of every such release that its caller does not set
-// (Do, the middleware's and the transport's default ReleaseTimeout, a pool
-// connection that closes): the one place where it is said.
-const Timeout = 5 * time.Second
 
 // Releaser is what can be released: a redsem.Lease.
 type Releaser interface {
