@@ -106,14 +106,22 @@ func RenewEvery(leaseTTL time.Duration) time.Duration { return leaseTTL / 3 }
 // once.
 func RenewWindow(leaseTTL time.Duration) time.Duration { return leaseTTL / 6 }
 
-// RenewCall is how long a renewal call of the watchdog may wait for its
-// reply, at most: a third of the TTL, about what a renewed lease has left
-// when its next renewal falls due, so that the leases of a call Redis does
-// not answer (its connection gone dead, and no ReadTimeout, or a longer
-// one) are renewed again, in a new call on another connection, before
-// their deadline, instead of all waiting for it. A reply abandoned this
-// way changes nothing that matters: Redis only moved their deadlines later.
-func RenewCall(leaseTTL time.Duration) time.Duration { return leaseTTL / 3 }
+// RenewBy is when a renewal call of the watchdog for a lease whose
+// deadline is deadline gives up waiting for its reply, at the latest: a
+// renewal window (RenewWindow) before the deadline, so that the leases of a
+// call Redis does not answer (its connection gone dead, and no ReadTimeout,
+// or a longer one) are renewed again, in a new call on another connection,
+// before their deadline, instead of all waiting for it; or at the deadline
+// when less than two windows are left (a renewal being retried). A reply
+// abandoned this way changes nothing that matters: Redis only moved the
+// deadlines later.
+func RenewBy(now, deadline time.Time, leaseTTL time.Duration) time.Time {
+	w := RenewWindow(leaseTTL)
+	if by := deadline.Add(-w); by.Sub(now) >= w {
+		return by
+	}
+	return deadline
+}
 
 // Heartbeat is how often a fair session heart-beats: three times per
 // QueueTTL, and at least as often as the fallback bound.

@@ -33,7 +33,7 @@ const renewBatchMax = 1000
 // Batches do not wait for each other: a lease that falls due while a call
 // runs (one Redis has not answered, on a connection gone dead) goes in a
 // call of its own, on another connection, and the leases in that call are
-// not held up by it beyond bounds.RenewCall.
+// not held up by it beyond bounds.RenewBy.
 func (e *Engine) renewDue() {
 	batch := e.dueLeases()
 	for len(batch) > renewBatchMax {
@@ -87,15 +87,17 @@ func (e *Engine) dueLeases() []renewing {
 }
 
 // renewBatch sends the renewals of batch in one call, bounded by the
-// earliest of their deadlines and bounds.RenewCall, and hands each lease
+// earliest of their bounds (bounds.RenewBy: a renewal window before
+// the deadline, while two are left), and hands each lease
 // its reply.
 func (e *Engine) renewBatch(batch []renewing) {
-	bound := time.Now().Add(bounds.RenewCall(e.cfg.LeaseTTL))
+	now := time.Now()
+	var bound time.Time
 	ids := make([]string, len(batch))
 	own := make([]func() bool, len(batch))
 	for i, b := range batch {
-		if b.deadline.Before(bound) {
-			bound = b.deadline
+		if by := bounds.RenewBy(now, b.deadline, e.cfg.LeaseTTL); i == 0 || by.Before(bound) {
+			bound = by
 		}
 		ids[i] = b.l.id
 		// A lease whose operation ends first (Release, its deadline) ends
