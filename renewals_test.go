@@ -53,6 +53,7 @@ func TestRenewalsOneCallPerInterval(t *testing.T) {
 	const hold = 6 * ttl / 3           // six intervals
 	for _, variant := range []string{"unfair", "fair"} {
 		t.Run(variant, func(t *testing.T) {
+			t.Parallel() // a server of its own
 			ctx := redistest.Ctx(t, 60*time.Second)
 			srv := redistest.Start(t)
 			c := srv.Client(t)
@@ -133,6 +134,7 @@ func TestRenewalsOutliveOneUnansweredCall(t *testing.T) {
 	const ttl = 900 * time.Millisecond // renewed every 300 ms, together within 150 ms
 	for _, variant := range []string{"unfair", "fair"} {
 		t.Run(variant, func(t *testing.T) {
+			t.Parallel() // a semaphore and a client of its own
 			ctx := redistest.Ctx(t, 30*time.Second)
 			hold := &holdFirstReply{match: redistest.MatchScript(lua.RenewMany.Hash(), lua.RenewMany.Function()), ended: make(chan time.Duration, 1)}
 			c := redistest.Client(t)
@@ -157,7 +159,7 @@ func TestRenewalsOutliveOneUnansweredCall(t *testing.T) {
 					leases = append(leases, l)
 				}
 			}
-			time.Sleep(4 * ttl)
+			time.Sleep(3 * ttl)
 			select {
 			case d := <-hold.ended:
 				t.Logf("the unanswered renewal call was given up after %v", d)
