@@ -149,8 +149,13 @@ func (s *Semaphore) e() *core.Engine { return (*core.Engine)(s.handle) }
 // Acquire blocks until a slot is granted or ctx ends. It tries once; if no
 // slot is free it subscribes to release notices and tries again on each
 // notice, just after the earliest holder deadline, and at least every
-// FallbackInterval. On ctx end it returns an error matching ctx.Err() and
-// holds nothing. A limit mismatch or a Redis error is returned at once.
+// FallbackInterval. Within one process, a call that arrives while an older
+// call waits for as many slots (no rate set) waits behind it without
+// trying first: it tries on a notice with room for both, when the older
+// one's wait ends (at that holder deadline or FallbackInterval), or when
+// the older one leaves without a grant. On ctx end it returns an error
+// matching ctx.Err() and holds nothing. A limit mismatch or a Redis error
+// is returned once an attempt meets it.
 func (s *Semaphore) Acquire(ctx context.Context) (redsem.Lease, error) { return s.e().Acquire(ctx) }
 
 // TryAcquire makes one attempt and never waits (with Redis down it returns

@@ -3,12 +3,15 @@ package unfair_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/redis/go-redis/v9"
+	"github.com/redsem/redsem"
+	"github.com/redsem/redsem/internal/core"
 	"github.com/redsem/redsem/internal/testkit/redistest"
 	"github.com/redsem/redsem/lua"
 	"github.com/redsem/redsem/unfair"
@@ -179,4 +182,104 @@ func TestWaiterBehindOneThatGaveUp(t *testing.T) {
 			}
 		})
 	}
+}
+
+// crashedHolders takes n single slots of name (limit) for holders that
+// never come back: leases of ttl that nobody renews or releases (their
+// process crashed), as acquire.lua grants them.
+func crashedHolders(t *testing.T, ctx context.Context, name string, limit, n int, ttl time.Duration) {
+	t.Helper()
+	k := core.KeysFor(core.DefaultPrefix, name)
+	for i := range n {
+		v, err := core.Script(lua.Acquire).Run(ctx, redistest.Client(t), k.List, k.Chan, "PUBLISH", limit,
+			fmt.Sprintf("crashed-%d", i), 1, ttl.Milliseconds(), "try", "-", 1000, "test", 0).Slice()
+		if err != nil || len(v) == 0 || v[0] != int64(1) {
+			t.Fatalf("crashed holder %d: %v %v", i, v, err)
+		}
+	}
+}
+
+// Callers waiting behind others are served when holders that crashed
+// expire (no release, no notice: the earliest holder deadline the older
+// waiter was told bounds their sleep too), and get ErrWeight as soon as
+// the older one does when SetLimit lowers the limit below their weight
+// (the older one leaves ungranted: those behind it try). Before: they
+// waited for the fallback poll (a minute here) while slots were free.
+func TestWaitersBehindNotLeftToThePoll(t *testing.T) {
+	t.Run("crashed holders", func(t *testing.T) {
+		ctx := redistest.Ctx(t, 30*time.Second)
+		name := redistest.Name(t)
+		c := redistest.Client(t)
+		calls := countAcquires(c)
+		s, err := unfair.New(c, name, 2, unfair.Options{FallbackInterval: time.Minute})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = s.Close() })
+		crashedHolders(t, ctx, name, 2, 2, 1500*time.Millisecond)
+		expiry := time.Now().Add(1500 * time.Millisecond)
+		first := make(chan result, 1)
+		go func() { l, err := s.Acquire(ctx); first <- result{l, err} }()
+		redistest.WaitFor(t, 10*time.Second, "the first caller's two attempts", func() (bool, error) { return calls.n.Load() == 2, nil })
+		time.Sleep(50 * time.Millisecond)
+		second := make(chan result, 1)
+		go func() { l, err := s.Acquire(ctx); second <- result{l, err} }()
+		time.Sleep(50 * time.Millisecond)
+		if n := calls.n.Load(); n != 2 {
+			t.Fatalf("%d acquire calls: the second caller tried (want it behind the first)", n)
+		}
+		for i, ch := range []chan result{first, second} {
+			select {
+			case r := <-ch:
+				if r.err != nil {
+					t.Fatalf("caller %d: %v", i+1, r.err)
+				}
+				t.Logf("caller %d granted %v after the crashed holders' deadline", i+1, time.Since(expiry))
+				defer r.l.Release(ctx)
+			case <-time.After(20 * time.Second):
+				t.Fatalf("caller %d still waits %v after the crashed holders' deadline: left to the fallback poll", i+1, time.Since(expiry))
+			}
+		}
+	})
+	t.Run("ErrWeight", func(t *testing.T) {
+		ctx := redistest.Ctx(t, 30*time.Second)
+		name := redistest.Name(t)
+		c := redistest.Client(t)
+		calls := countAcquires(c)
+		s, err := unfair.New(c, name, 4, unfair.Options{FallbackInterval: time.Minute})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = s.Close() })
+		crashedHolders(t, ctx, name, 4, 4, 2*time.Second)
+		errs := make(chan error, 2)
+		go func() { _, err := s.AcquireN(ctx, 3); errs <- err }()
+		redistest.WaitFor(t, 10*time.Second, "the first caller's two attempts", func() (bool, error) { return calls.n.Load() == 2, nil })
+		time.Sleep(50 * time.Millisecond)
+		go func() { _, err := s.AcquireN(ctx, 3); errs <- err }()
+		time.Sleep(50 * time.Millisecond)
+		if n := calls.n.Load(); n != 2 {
+			t.Fatalf("%d acquire calls: the second caller tried (want it behind the first)", n)
+		}
+		o, err := unfair.New(redistest.Client(t), name, 4, unfair.Options{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = o.Close() })
+		if err := o.SetLimit(ctx, 2); err != nil {
+			t.Fatal(err)
+		}
+		lowered := time.Now()
+		for i := range 2 {
+			select {
+			case err := <-errs:
+				if !errors.Is(err, redsem.ErrWeight) {
+					t.Fatalf("caller %d: %v, want ErrWeight", i+1, err)
+				}
+				t.Logf("a caller got ErrWeight %v after SetLimit", time.Since(lowered))
+			case <-time.After(20 * time.Second):
+				t.Fatalf("a caller still waits %v after SetLimit(2) made its weight too large: left to the fallback poll", time.Since(lowered))
+			}
+		}
+	})
 }

@@ -37,6 +37,9 @@ type waiter struct {
 	events chan event
 	h      *hub
 	e      *Engine // the semaphore (a family's member) it waits on
+	// granted: its call was granted (unfair; written and read by the
+	// call's goroutine only).
+	granted bool
 }
 
 // hub is a semaphore's per-process subscription, alive while some goroutine

@@ -33,16 +33,23 @@ func (unfairWait) next(c *call) (grant, bool, error) {
 			return grant{}, false, err
 		}
 		c.w = w
-		if c.e.cfg.Rate.IsZero() && c.e.rateHeld.Load() == 0 && wakeOf(w).behind(w) {
+		if at, ok := wakeOf(w).behind(w); ok && c.e.cfg.Rate.IsZero() && c.e.rateHeld.Load() == 0 {
 			// An older call of this process waits for as many slots: the
 			// next freed slot wakes it first. This call waits behind it
 			// instead of trying for that slot too (a try that one of the
 			// two would have made in vain): woken by a notice that has
-			// room for it as well, or at the fallback poll. Not under a
-			// rate: a call that ends waiting says when the window has room
+			// room for it as well, when the older one's sleep ends (the
+			// earliest holder deadline it was told, or its fallback poll:
+			// both may find slots that no notice announces), or when the
+			// older one leaves ungranted (done). Not under a rate: a call
+			// that ends waiting says when the window has room
 			// (RateLimitedError), which only an attempt's reply tells.
-			return grant{}, false, sleep(c, w, waitFor(c.e.cfg.Fallback, -1, -1))
+			d := min(max(time.Until(at), 0)+time.Millisecond, waitFor(c.e.cfg.Fallback, -1, -1))
+			return grant{}, false, sleep(c, w, d, true)
 		}
+	}
+	if c.w != nil {
+		wakeOf(c.w).trying(c.w)
 	}
 	mode := "try"
 	if c.w != nil {
@@ -53,6 +60,9 @@ func (unfairWait) next(c *call) (grant, bool, error) {
 	case err != nil:
 		return grant{}, false, err
 	case a.code == codeGranted:
+		if c.w != nil {
+			c.w.granted = true
+		}
 		return a.grant(), true, nil
 	case c.w == nil:
 		w, err := c.e.register(c.ctx, c.id, c.n)
@@ -77,15 +87,16 @@ func (unfairWait) next(c *call) (grant, bool, error) {
 		}
 		d = waitFor(e.cfg.Fallback, hint, -1)
 	}
-	return grant{}, false, sleep(c, w, d)
+	return grant{}, false, sleep(c, w, d, false)
 }
 
 // sleep waits for a freed-slot notice to w, for d, or for the call's end
-// (its error).
-func sleep(c *call, w *waiter, d time.Duration) error {
+// (its error); behind: w has made no attempt yet (it waits behind an older
+// waiter).
+func sleep(c *call, w *waiter, d time.Duration, behind bool) error {
 	u := wakeOf(w)
-	u.asleep(w, true)
-	defer u.asleep(w, false)
+	u.asleep(w, time.Now().Add(d), behind)
+	defer u.awake(w)
 	c.timer.Reset(d)
 	defer c.timer.Stop()
 	select {
@@ -108,9 +119,21 @@ func sleep(c *call, w *waiter, d time.Duration) error {
 func (unfairWait) listener(h *hub) listener { return &unfairWake{h: h} }
 
 func (unfairWait) done(c *call) {
-	if c.w != nil {
-		wakeOf(c.w).passGate(c.w)
-		c.w.h.unregister(c.w)
+	if c.w == nil {
+		return
+	}
+	w, u := c.w, wakeOf(c.w)
+	u.passGate(w)
+	w.h.unregister(w)
+	// A wake-up that came while it was awake and went unused is not passed
+	// on: most were sent for slots that the attempt under way took (handing
+	// them on cost a refused attempt per hold); wakeOf sends to waiters
+	// asleep first, and each waiter's own sleep ends by the earliest holder
+	// deadline it was told (or the fallback), which bounds the rare one lost.
+	if !w.granted {
+		// It leaves ungranted (its context ended, an error, ErrWeight):
+		// the calls that waited behind it without trying try now.
+		u.wakeBehind(w)
 	}
 }
 
@@ -145,7 +168,8 @@ func wakeOf(w *waiter) *unfairWake { return w.h.l.(*unfairWake) }
 // that fit.
 //
 // Its state is guarded by the hub's mu: list, the local waiters oldest
-// first; sleeping, those that sleep until a notice; and gate, per engine, the one waiter of this process that sleeps
+// first; sleeping, those that sleep until a notice, and untried, those of
+// them that made no attempt yet (they wait behind an older one); and gate, per engine, the one waiter of this process that sleeps
 // until the rate's window has room (takeGate, passGate): the others wait
 // for it, or for a freed slot, instead of all trying at the moment the
 // window frees one slot.
@@ -153,7 +177,8 @@ type unfairWake struct {
 	h        *hub
 	list     []*waiter
 	gate     map[*Engine]*waiter
-	sleeping map[*waiter]bool // the waiters in sleep, until a notice (behind)
+	sleeping map[*waiter]time.Time // the waiters in sleep, with when it ends (behind)
+	untried  map[*waiter]bool      // the waiters that sleep behind another, no attempt made yet
 }
 
 func (u *unfairWake) channel() string                 { return u.h.e.keys.Free }
@@ -164,6 +189,8 @@ func (u *unfairWake) left(e *Engine)                  {}
 func (u *unfairWake) resync()                         { u.h.broadcast(event{kind: evFree}) }
 
 func (u *unfairWake) dropped(w *waiter) {
+	delete(u.sleeping, w)
+	delete(u.untried, w)
 	if i := slices.Index(u.list, w); i >= 0 {
 		u.list = slices.Delete(u.list, i, i+1)
 	}
@@ -214,55 +241,99 @@ func (u *unfairWake) wake(free int) { u.wakeOf("", free) }
 // share one freed-slot channel. A notice that names a family's total
 // (its f:tot key: leases left the total) wakes the waiters of every
 // member of that family.
+//
+// The waiters asleep (none pending) come first: a wake-up sent to one that
+// is awake (trying) may go unused, if it is granted by the attempt it
+// makes. The others get what is left (an attempt that ran before the slots
+// came free is refused, and its waiter would otherwise sleep on).
 func (u *unfairWake) wakeOf(meta string, free int) {
 	u.h.mu.Lock()
 	defer u.h.mu.Unlock()
-	for _, w := range u.list {
-		if free <= 0 {
-			return
+	woken := map[*waiter]bool{}
+	for _, asleep := range []bool{true, false} {
+		for _, w := range u.list {
+			if free <= 0 {
+				return
+			}
+			if woken[w] || w.n > free || (meta != "" && w.e.keys.List[KeyMeta] != meta && !w.e.totalKey(meta)) {
+				continue
+			}
+			if _, ok := u.sleeping[w]; asleep && (!ok || len(w.events) > 0) {
+				continue
+			}
+			select {
+			case w.events <- event{kind: evFree}:
+				free -= w.n
+				woken[w] = true
+			default: // already woken
+			}
 		}
-		if w.n > free || (meta != "" && w.e.keys.List[KeyMeta] != meta && !w.e.totalKey(meta)) {
-			continue
-		}
-		select {
-		case w.events <- event{kind: evFree}:
-			free -= w.n
-		default: // already woken
+	}
+}
+
+// wakeBehind wakes the calls that wait behind w (of its engine, no attempt
+// made yet), w leaving ungranted: each tries.
+func (u *unfairWake) wakeBehind(w *waiter) {
+	u.h.mu.Lock()
+	defer u.h.mu.Unlock()
+	for _, o := range u.list {
+		if o.e == w.e && u.untried[o] {
+			select {
+			case o.events <- event{kind: evFree}:
+			default:
+			}
 		}
 	}
 }
 
 // behind reports whether an older local waiter of w's engine, refused as
-// many slots as w wants, sleeps until a notice (none pending): the oldest
-// that fit are woken first (wakeOf), so a slot freed from now on that w
-// could take goes to it. One awake (trying, or woken by a notice not yet
-// taken) may leave slots free that no notice will announce: w tries then.
-func (u *unfairWake) behind(w *waiter) bool {
+// many slots as w wants, sleeps until a notice (none pending), and when its
+// sleep ends: the oldest that fit are woken first (wakeOf), so a slot
+// freed from now on that w could take goes to it. One awake (trying, or
+// woken by a notice not yet taken) may leave slots free that no notice
+// will announce: w tries then.
+func (u *unfairWake) behind(w *waiter) (time.Time, bool) {
 	u.h.mu.Lock()
 	defer u.h.mu.Unlock()
 	for _, o := range u.list {
 		if o == w {
-			return false
+			return time.Time{}, false
 		}
-		if o.e == w.e && o.n == w.n && u.sleeping[o] && len(o.events) == 0 {
-			return true
+		if at, ok := u.sleeping[o]; ok && o.e == w.e && o.n == w.n && len(o.events) == 0 {
+			return at, true
 		}
 	}
-	return false
+	return time.Time{}, false
 }
 
-// asleep records whether w sleeps until a notice (sleep).
-func (u *unfairWake) asleep(w *waiter, on bool) {
+// asleep records that w sleeps until a notice, or until; untried: it made
+// no attempt yet.
+func (u *unfairWake) asleep(w *waiter, until time.Time, untried bool) {
 	u.h.mu.Lock()
 	defer u.h.mu.Unlock()
-	if !on {
-		delete(u.sleeping, w)
-		return
-	}
 	if u.sleeping == nil {
-		u.sleeping = map[*waiter]bool{}
+		u.sleeping = map[*waiter]time.Time{}
+		u.untried = map[*waiter]bool{}
 	}
-	u.sleeping[w] = true
+	u.sleeping[w] = until
+	if untried {
+		u.untried[w] = true
+	}
+}
+
+// awake records that w's sleep ended.
+func (u *unfairWake) awake(w *waiter) {
+	u.h.mu.Lock()
+	defer u.h.mu.Unlock()
+	delete(u.sleeping, w)
+}
+
+// trying records that w makes an attempt: it no longer waits behind
+// another.
+func (u *unfairWake) trying(w *waiter) {
+	u.h.mu.Lock()
+	defer u.h.mu.Unlock()
+	delete(u.untried, w)
 }
 
 // takeGate makes w the waiter of its engine that waits for the rate's
