@@ -410,10 +410,12 @@ func (p *Proxy) serve(c net.Conn) {
 				if !p.jitterSleep() || !p.pass(true) {
 					return
 				}
+				// Counted before it goes on: once forwarded, its reply may
+				// reach the client (and the test read Watched) first.
+				p.saw(buf[:n])
 				if _, err := s.Write(buf[:n]); err != nil {
 					return
 				}
-				p.saw(buf[:n])
 			}
 			if err != nil {
 				return
