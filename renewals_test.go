@@ -50,7 +50,7 @@ func scriptCalls(ctx context.Context, t testing.TB, c *redis.Client) int {
 func TestRenewalsOneCallPerInterval(t *testing.T) {
 	const leases = 1000
 	const ttl = 1500 * time.Millisecond // renewed every 500 ms (CI runs it with -race, beside other packages)
-	const hold = 6 * ttl / 3           // six intervals
+	const hold = 6 * ttl / 3            // six intervals
 	for _, variant := range []string{"unfair", "fair"} {
 		t.Run(variant, func(t *testing.T) {
 			t.Parallel() // a server of its own
