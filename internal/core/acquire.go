@@ -9,6 +9,7 @@ import (
 	"github.com/redis/go-redis/v9"
 	"github.com/redsem/redsem"
 	"github.com/redsem/redsem/internal/bounds"
+	"github.com/redsem/redsem/internal/core/wire"
 )
 
 // The acquire path, in one shape:
@@ -18,7 +19,7 @@ import (
 //	  e.waiting.next   the variant's round (below): fairWait registers with the hub,
 //	                   queues under the session and waits for a grant; unfairWait
 //	                   tries, subscribes and waits for freed-slot notices. Both send
-//	                   through c.attempt, one run of acquire.lua (protocol.go)
+//	                   through c.attempt, one run of acquire.lua (wire.Door.Acquire)
 //	  c.retry          rides a transient error out with backoff, within c.ctx
 //	  c.exit           undoes what a failed call may have left, classifies the error once
 //
@@ -63,7 +64,7 @@ func (e *Engine) AcquireN(ctx context.Context, n int) (redsem.Lease, error) {
 // the request that was answered: a request re-sent by go-redis may reach
 // Redis much later) has passed already: a lease made from it would be
 // lost at once, so no call returns one.
-func late(g grant) bool { return !time.Now().Before(g.deadline) }
+func late(g grant) bool { return !time.Now().Before(g.Deadline) }
 
 // waiting is how a call waits for its grant: the variant's strategy,
 // chosen when the engine is made. The call's goroutine runs it, and is the
@@ -113,12 +114,12 @@ func (e *Engine) TryAcquireN(ctx context.Context, n int) (redsem.Lease, error) {
 		defer stop()
 	}
 	a, err := c.attempt("try", "")
-	if err == nil && a.code == codeGranted && late(a.grant()) {
+	if err == nil && a.Code == wire.CodeGranted && late(a.Grant()) {
 		// The reply came after the lease's deadline (see late): once more,
 		// with the same id, for the lease's remaining time.
 		a, err = c.attempt("try", "")
-		if err == nil && a.code == codeGranted && late(a.grant()) {
-			err = errorf(redsem.ErrUnavailable, "redsem: %s: granted, but each reply came after the lease's deadline (Redis answers later than LeaseTTL %s)",
+		if err == nil && a.Code == wire.CodeGranted && late(a.Grant()) {
+			err = wire.Errorf(redsem.ErrUnavailable, "redsem: %s: granted, but each reply came after the lease's deadline (Redis answers later than LeaseTTL %s)",
 				e.who(), duration(e.cfg.LeaseTTL))
 		}
 	}
@@ -128,10 +129,10 @@ func (e *Engine) TryAcquireN(ctx context.Context, n int) (redsem.Lease, error) {
 	var l *Lease
 	switch {
 	case err != nil:
-	case a.code == codeGranted:
-		l = c.lease(a.grant())
-	case a.rateMs >= 0:
-		err = &redsem.RateLimitedError{Name: e.cfg.Name, Family: e.familyName(), Rate: a.rateInForce, RetryAfter: time.Duration(a.rateMs) * time.Millisecond}
+	case a.Code == wire.CodeGranted:
+		l = c.lease(a.Grant())
+	case a.RateMs >= 0:
+		err = &redsem.RateLimitedError{Name: e.cfg.Name, Family: e.familyName(), Rate: a.RateInForce, RetryAfter: time.Duration(a.RateMs) * time.Millisecond}
 	default:
 		err = redsem.ErrNoSlot
 	}
@@ -158,7 +159,7 @@ type call struct {
 	replied bool  // Redis answered at least once
 	lastErr error // the last transient error ridden out, while no answer came since
 	// rateRoom: the latest reply said that the rate's window held the call
-	// back while a slot was free (acquireReply.rateMs): when the window
+	// back while a slot was free (wire.AcquireReply.rateMs): when the window
 	// has room, by the local clock, and the rate in force; zero otherwise.
 	rateRoom time.Time
 	rate     redsem.Rate
@@ -172,7 +173,7 @@ type call struct {
 // member) and binds Close into the call's context.
 func (e *Engine) begin(ctx context.Context, n int) (*call, error) {
 	if n < 1 || n > MaxLimit {
-		return nil, errorf(redsem.ErrWeight, "redsem: %s: %d slots wanted, outside [1, limit]", e.who(), n)
+		return nil, wire.Errorf(redsem.ErrWeight, "redsem: %s: %d slots wanted, outside [1, limit]", e.who(), n)
 	}
 	if e.isClosed() {
 		return nil, redsem.ErrClosed
@@ -190,7 +191,7 @@ func (e *Engine) begin(ctx context.Context, n int) (*call, error) {
 // retry waits out a transient error with jittered backoff and returns nil
 // to go on; any other error (or the end of c.ctx) is returned as is.
 func (c *call) retry(err error) error {
-	if c.ctx.Err() != nil || !Transient(err) {
+	if c.ctx.Err() != nil || !wire.Transient(err) {
 		return err
 	}
 	c.lastErr = err // the request that learnt it raised the alert (answered)
@@ -214,7 +215,7 @@ func (c *call) sleep(d time.Duration) bool {
 
 // lease makes the lease of a grant.
 func (c *call) lease(g grant) *Lease {
-	l, _ := c.e.newLease(c.id, g.slots, g.token, g.deadline) // a new id: always fresh
+	l, _ := c.e.newLease(c.id, g.Slots, g.Token, g.Deadline) // a new id: always fresh
 	return l
 }
 
@@ -335,7 +336,9 @@ func (e *Engine) undo(ctx context.Context, id string) {
 	e.background(uctx, cancel, func(ctx context.Context) {
 		var b bounds.Backoff
 		for {
-			if _, err := e.release(ctx, id, "undo"); err == nil || !Transient(err) {
+			r, err := e.door.Release(ctx, id, "undo")
+			e.activeHub().deliverGrants(r.Grants)
+			if err == nil || !wire.Transient(err) {
 				return
 			}
 			if !b.Wait(ctx) {
@@ -348,50 +351,50 @@ func (e *Engine) undo(ctx context.Context, id string) {
 // attempt runs acquire.lua once in mode ("try", "wait" or "queue") with
 // session sid (queue mode). A reply with a code that is an error (limit
 // mismatch, weight, queue full, cancelled) comes back as that error.
-func (c *call) attempt(mode, sid string) (acquireReply, error) {
+func (c *call) attempt(mode, sid string) (wire.AcquireReply, error) {
 	if err := c.ctx.Err(); err != nil {
-		return acquireReply{}, err // nothing sent
+		return wire.AcquireReply{}, err // nothing sent
 	}
 	c.tried = true
 	if f := c.e.fam; f != nil {
 		if err := f.checkShards(c.ctx); err != nil {
-			return acquireReply{}, err // nothing sent that writes a member's keys
+			return wire.AcquireReply{}, err // nothing sent that writes a member's keys
 		}
 	}
-	refuseAfter, err := c.e.refuseAfter(c.ctx)
+	refuseAfter, err := c.e.door.RefuseAfter(c.ctx)
 	if err != nil {
-		return acquireReply{}, err // nothing sent that writes
+		return wire.AcquireReply{}, err // nothing sent that writes
 	}
 	sentBefore := c.sent
 	c.sent = true
-	a, err := c.e.acquire(c.ctx, acquireArgs{id: c.id, n: c.n, mode: mode, sid: sid, refuseAfter: refuseAfter})
-	if neverSent(err) {
+	a, err := c.e.door.Acquire(c.ctx, wire.AcquireArgs{ID: c.id, N: c.n, Mode: mode, SID: sid, RefuseAfter: refuseAfter})
+	if wire.NeverSent(err) {
 		// The dial gate refused it: it never left, and an undo for it
 		// would only wait for Redis to come back (while Redis refuses
 		// connections, callers that try again and again would leave one
 		// each, to run all at once on its return).
 		c.sent = sentBefore
 	}
-	if errors.Is(err, errCancelled) && refuseAfter > 0 && a.now > refuseAfter && c.ctx.Err() == nil {
+	if errors.Is(err, wire.ErrCancelled) && refuseAfter > 0 && a.Now > refuseAfter && c.ctx.Err() == nil {
 		// Refused by refuse_after while the caller still waits: the bound
 		// came from an older reply, and the server's clock has since
 		// stepped forward past it (an NTP correction, a resumed VM), not
 		// the request been held up (the caller would have given up). The
 		// script wrote nothing, and this reply's time is now the engine's:
 		// the request goes again once, bounded anew.
-		if refuseAfter, err = c.e.refuseAfter(c.ctx); err != nil {
-			return acquireReply{}, err
+		if refuseAfter, err = c.e.door.RefuseAfter(c.ctx); err != nil {
+			return wire.AcquireReply{}, err
 		}
-		a, err = c.e.acquire(c.ctx, acquireArgs{id: c.id, n: c.n, mode: mode, sid: sid, refuseAfter: refuseAfter})
+		a, err = c.e.door.Acquire(c.ctx, wire.AcquireArgs{ID: c.id, N: c.n, Mode: mode, SID: sid, RefuseAfter: refuseAfter})
 	}
 	if err == nil {
 		c.rateRoom, c.rate = time.Time{}, redsem.Rate{}
-		if a.code == codeQueued && a.rateMs >= 0 {
-			c.rateRoom, c.rate = time.Now().Add(time.Duration(a.rateMs)*time.Millisecond), a.rateInForce
+		if a.Code == wire.CodeQueued && a.RateMs >= 0 {
+			c.rateRoom, c.rate = time.Now().Add(time.Duration(a.RateMs)*time.Millisecond), a.RateInForce
 			c.e.holdByRate(c.rateRoom) // for the waiters behind this one
 		}
 	}
-	if err == nil || !Transient(err) {
+	if err == nil || !wire.Transient(err) {
 		if err == nil || !errors.Is(err, c.ctx.Err()) {
 			c.replied, c.lastErr, c.backoff = true, nil, bounds.Backoff{}
 		}

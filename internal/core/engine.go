@@ -15,14 +15,14 @@
 //	                shard) and the registry of its local waiters
 //	lease.go        a granted lease: one owner for its state, its watchdog
 //	resume.go       Resume: a lease granted elsewhere, by its id
-//	protocol.go     every script as one typed call (arguments, reply, reply
-//	                codes and the errors they mean)
-//	send.go         the one door to Redis: run (FCALL, EVALSHA or EVAL),
-//	                the dial gate, the bound of the caller's context
-//	decode.go       reading a script's reply
-//	clock.go        the server's clock, and requests bounded in server time
-//	errors.go       what every error means, with no side effect (Transient,
-//	                Unreachable, wrap, acquireErr, needsUndo, own)
+//	errors.go       how errors name the semaphore (who), and what an acquire
+//	                call's error says (acquireErr) and may have left (needsUndo)
+//	wire/           the script boundary (package wire, no engine, hub or
+//	                logging in it): the Door, every script as one typed call
+//	                (calls.go), the one way to Redis (door.go: FCALL, EVALSHA
+//	                or EVAL, bounded by the caller's context), reply and
+//	                message decoding, the server's clock, the FUNCTION
+//	                library's state, and what every error means (errors.go)
 //	(every time bound, and the retries' backoff: package internal/bounds)
 //	functions.go    the FUNCTION library: when a client's calls use FCALL
 //	family.go, shards.go, total.go, keys.go   keyed families and the key layout
@@ -31,12 +31,15 @@ package core
 
 import (
 	"context"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/redis/go-redis/v9"
 	"github.com/redsem/redsem"
+	"github.com/redsem/redsem/internal/bounds"
+	"github.com/redsem/redsem/internal/core/wire"
 	"github.com/redsem/redsem/lua"
 )
 
@@ -46,7 +49,9 @@ type Engine struct {
 	keys Keys
 	pub  string // PUBLISH, or SPUBLISH on a cluster
 
-	clock serverClock
+	// door is the script boundary (package wire): every script call of
+	// the engine goes through it.
+	door *wire.Door
 
 	// rateHeld: until when (unix ns) the rate's window holds back this
 	// semaphore's next grant, as the latest reply that said so (acquire.go)
@@ -62,10 +67,8 @@ type Engine struct {
 	policyDone chan struct{} // nil: not started (or to be tried again); closed when it ended
 	policy     string
 
-	alerts *alerts   // conditions logged at Warn (shared by every engine of the client)
-	lib    *libState // whether the client's calls use FCALL (functions.go)
-
-	sent [lua.RenewMany + 1]atomic.Bool // scripts sent whole once (see loaded), by Script (RenewMany is the last)
+	alerts *alerts       // conditions logged at Warn (shared by every engine of the client)
+	lib    *wire.Library // whether the client's calls use FCALL (functions.go)
 
 	waiting waiting // the variant's waiting strategy
 
@@ -135,14 +138,47 @@ func New(cfg Config) (*Engine, error) {
 		return nil, err
 	}
 	keys := KeysFor(cfg.Prefix, cfg.Name)
-	e := &Engine{cfg: cfg, keys: keys, pub: "PUBLISH", alerts: alertsFor(cfg.Client, keys), lib: libFor(cfg.Client)}
+	e := &Engine{cfg: cfg, keys: keys, pub: "PUBLISH", alerts: alertsFor(cfg.Client, keys), lib: wire.LibraryFor(cfg.Client)}
 	e.stopped, e.stop = context.WithCancel(context.Background())
 	e.waiting = waitingFor(cfg)
 	if _, ok := cfg.Client.(*redis.ClusterClient); ok {
 		e.pub = "SPUBLISH"
 	}
+	e.door = doorFor(e)
 	return e, nil
 }
+
+// doorFor makes the script boundary of e, once its settings, keys and
+// family are set: what its calls send, how its errors name it, and where
+// it reports what its requests learn (watch). A family's members (and its
+// own engines) share the root's record of the scripts sent whole.
+func doorFor(e *Engine) *wire.Door {
+	d := &wire.Door{
+		Client: e.cfg.Client, Keys: e.keys.Script(), Chan: e.keys.Chan, Pub: e.pub,
+		Limit: e.cfg.Limit, Rate: e.cfg.Rate, LeaseTTL: e.cfg.LeaseTTL, QueueTTL: e.cfg.QueueTTL, Fallback: e.cfg.Fallback,
+		Owner: e.cfg.Owner, MaxWaiters: e.cfg.MaxWaiters,
+		Who: e.who(), Name: e.cfg.Name, Family: e.familyName(),
+		Lib: e.lib, Sent: new(wire.Sent), Watch: watch{e},
+	}
+	if e.fam != nil {
+		d.FamName, d.Total = e.fam.Name(), e.fam.total
+		d.Sent = e.fam.root.door.Sent
+	}
+	if e.keys.Fam != nil {
+		// A member of a family with a total: its client's total and variant.
+		d.TotalArg = "+" + strconv.Itoa(e.fam.total) + ":" + e.waiting.tag()
+	}
+	return d
+}
+
+// watch is the engine's side of its door (wire.Watch): the dial gate, the
+// alerts that what a request learnt raises or clears, and the library load
+// that a reply may start.
+type watch struct{ e *Engine }
+
+func (w watch) Ready(ctx context.Context) error    { return w.e.alerts.ready(ctx) }
+func (w watch) Answered(sent time.Time, err error) { w.e.answered(sent, err) }
+func (w watch) Used()                              { w.e.loadLibrary() }
 
 // Name is the semaphore's name.
 func (e *Engine) Name() string { return e.cfg.Name }
@@ -206,15 +242,16 @@ func (e *Engine) isClosed() bool { return e.stopped.Err() != nil }
 // returns the kind of release (ReleasedLease, ReleasedWaiter or
 // ReleasedNothing) and how many waiters it admitted into freed slots.
 func (e *Engine) ForceRelease(ctx context.Context, id string) (kind, admitted int, err error) {
-	r, err := e.release(ctx, id, "force")
-	return r.kind, r.admitted, err
+	r, err := e.door.Release(ctx, id, "force")
+	e.activeHub().deliverGrants(r.Grants)
+	return r.Kind, r.Admitted, err
 }
 
 // Status reads the live state. Like SetLimit and SetRate, it fails as soon
 // as a dial of the client fails (failFast), as TryAcquire does.
 func (e *Engine) Status(ctx context.Context) (st redsem.Status, err error) {
 	err = e.failFast(ctx, func(ctx context.Context) error {
-		st, err = e.status(ctx)
+		st, err = e.door.Status(ctx)
 		return err
 	})
 	return st, err
@@ -238,7 +275,7 @@ func (e *Engine) failFast(ctx context.Context, call func(ctx context.Context) er
 	if err != nil && ctx.Err() == nil && cctx.Err() != nil {
 		if cause := context.Cause(cctx); cause != nil && cause != cctx.Err() {
 			e.unreachable(cause)
-			return wrap(e.who(), cause)
+			return wire.Wrap(e.who(), cause)
 		}
 	}
 	return err
@@ -253,7 +290,8 @@ func (e *Engine) SetLimit(ctx context.Context, limit int) error {
 		if err := e.sameShards(ctx); err != nil {
 			return err
 		}
-		return e.setLimit(ctx, limit)
+		g, cancel, err := e.door.SetLimit(ctx, limit)
+		return settled(ctx, e, g, cancel, err)
 	})
 }
 
@@ -265,7 +303,7 @@ func (e *Engine) sameShards(ctx context.Context) error {
 		return nil
 	}
 	if err := e.fam.compareShards(ctx); err != nil {
-		return callErr(e.who(), ctx, err)
+		return wire.CallErr(e.who(), ctx, err)
 	}
 	return nil
 }
@@ -281,10 +319,35 @@ func (e *Engine) SetRate(ctx context.Context, rate redsem.Rate) error {
 		if err := e.sameShards(ctx); err != nil {
 			return err
 		}
-		if err := e.setRate(ctx, rate); err != nil {
+		g, cancel, err := e.door.SetRate(ctx, rate)
+		if err := settled(ctx, e, g, cancel, err); err != nil {
 			return err
 		}
 		e.rateHeld.Store(0) // what the former rate held back is no one's reason now
 		return nil
 	})
 }
+
+// settled ends a setting call (SetLimit, SetRate, a family's SetTotal): the
+// grants it made go to local waiters, and a call whose caller gave up has
+// its cancel run in the background, within bounds.CancelCall.
+func settled(ctx context.Context, e *Engine, g wire.Grants, cancel wire.Cancel, err error) error {
+	if cancel != nil {
+		bctx, stop := context.WithTimeout(context.WithoutCancel(ctx), bounds.CancelCall)
+		e.background(bctx, stop, cancel)
+	}
+	e.activeHub().deliverGrants(g)
+	return err
+}
+
+// Script returns the runnable script for s (wire.Script): package fencing
+// and the tests run the scripts that the engine does not with it.
+func Script(s lua.Script) *redis.Script { return wire.Script(s) }
+
+// Kinds of release that release.lua reports (ForceRelease), as package
+// wire declares them.
+const (
+	ReleasedNothing = wire.ReleasedNothing // nothing live had the id (a lease: it was lost)
+	ReleasedLease   = wire.ReleasedLease
+	ReleasedWaiter  = wire.ReleasedWaiter
+)

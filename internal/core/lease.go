@@ -8,6 +8,7 @@ import (
 
 	"github.com/redsem/redsem"
 	"github.com/redsem/redsem/internal/bounds"
+	"github.com/redsem/redsem/internal/core/wire"
 	"github.com/redsem/redsem/internal/sentinel"
 )
 
@@ -159,7 +160,7 @@ func (l *Lease) Context() context.Context { return l.ctx }
 func (l *Lease) Token() int64 { return l.token }
 
 // Deadline is the local estimate of when the lease expires unless renewed:
-// never later than the deadline Redis keeps (see expiresBy, and the session
+// never later than the deadline Redis keeps (see package wire's expiresBy, and the session
 // bound of an unclaimed fair grant in acquireFair).
 func (l *Lease) Deadline() time.Time {
 	l.mu.Lock()
@@ -265,14 +266,14 @@ func (l *Lease) Renew(ctx context.Context) error {
 		return err
 	}
 	l.mu.Unlock()
-	r, err := l.e.renew(octx, l.e.cfg.Client, l.id, false)
+	r, err := l.e.door.Renew(octx, l.e.cfg.Client, l.id, false)
 	return l.endRenew(octx, r, err, false)
 }
 
 // endRenew applies a renewal's outcome (auto: the watchdog's) and ends the
 // op; it returns what Renew reports. A reply that comes after the lease
 // ended (its deadline passed meanwhile) changes nothing.
-func (l *Lease) endRenew(octx context.Context, r renewReply, err error, auto bool) error {
+func (l *Lease) endRenew(octx context.Context, r wire.RenewReply, err error, auto bool) error {
 	l.mu.Lock()
 	var ev func()
 	switch {
@@ -283,10 +284,10 @@ func (l *Lease) endRenew(octx context.Context, r renewReply, err error, auto boo
 		// then, whatever Redis did meanwhile (giveUp undoes a renewal).
 		ev = l.lose(time.Now())
 		err = redsem.ErrLeaseLost
-	case err == nil && r.ok:
-		l.deadline = r.deadline
+	case err == nil && r.OK:
+		l.deadline = r.Deadline
 		l.renewAt = time.Now().Add(bounds.RenewEvery(l.e.cfg.LeaseTTL))
-	case err == nil && r.released:
+	case err == nil && r.Released:
 		// A holder released it: another handle of the lease (Resume), in
 		// this process or another. It ends quietly, as released.
 		l.answered = true
@@ -372,7 +373,8 @@ func (l *Lease) lose(at time.Time) func() {
 func (l *Lease) giveUp() {
 	ctx, cancel := context.WithTimeout(context.Background(), bounds.ExpireRelease(l.e.cfg.LeaseTTL))
 	l.e.background(ctx, func() { cancel() }, func(ctx context.Context) {
-		_, _ = l.e.releaseExpired(ctx, l.id)
+		r, _ := l.e.door.ReleaseExpired(ctx, l.id)
+		l.e.activeHub().deliverGrants(r.Grants)
 	})
 }
 
@@ -422,7 +424,8 @@ func (l *Lease) Release(ctx context.Context) error {
 	}
 	l.releasing--
 	l.mu.Unlock()
-	r, err := l.e.release(octx, l.id, "owner")
+	r, err := l.e.door.Release(octx, l.id, "owner")
+	l.e.activeHub().deliverGrants(r.Grants)
 	l.mu.Lock()
 	if l.state != held || l.overdue() {
 		// The deadline passed while the release ran: the lease was lost
@@ -436,12 +439,12 @@ func (l *Lease) Release(ctx context.Context) error {
 		l.noRenew = true
 		l.endOp()
 		l.mu.Unlock()
-		if Transient(err) {
+		if wire.Transient(err) {
 			l.releaseLater()
 		}
 		return err
 	}
-	return l.endRelease(r.kind, called)
+	return l.endRelease(r.Kind, called)
 }
 
 // overdue reports (under mu) whether the deadline of a held lease has
@@ -471,7 +474,7 @@ func (l *Lease) endLate() error {
 func (l *Lease) endRelease(kind int, called time.Time) error {
 	l.answered = true
 	st, err := released, error(nil)
-	if kind != ReleasedLease {
+	if kind != wire.ReleasedLease {
 		st, err = lost, redsem.ErrLeaseLost
 	}
 	ev := l.finishLocked(st, called)
@@ -503,7 +506,8 @@ func (l *Lease) releaseLater() {
 			}
 			l.mu.Unlock()
 			called := time.Now()
-			r, err := l.e.release(octx, l.id, "owner")
+			r, err := l.e.door.Release(octx, l.id, "owner")
+			l.e.activeHub().deliverGrants(r.Grants)
 			l.mu.Lock()
 			if l.state != held || l.overdue() {
 				_ = l.endLate() // lost at its deadline meanwhile
@@ -512,12 +516,12 @@ func (l *Lease) releaseLater() {
 			if err != nil {
 				l.endOp()
 				l.mu.Unlock()
-				if Transient(err) {
+				if wire.Transient(err) {
 					continue
 				}
 				return
 			}
-			_ = l.endRelease(r.kind, called)
+			_ = l.endRelease(r.Kind, called)
 			return
 		}
 	})

@@ -15,6 +15,7 @@ import (
 	"github.com/redis/go-redis/v9"
 	"github.com/redsem/redsem"
 	"github.com/redsem/redsem/internal/bounds"
+	"github.com/redsem/redsem/internal/core/wire"
 )
 
 // emit reports ev to the Observer and the Logger, if set. Both nil costs a
@@ -430,7 +431,7 @@ func (e *Engine) unreachable(err error) {
 		cc.ReloadState(context.Background())
 	}
 	var at time.Time
-	if dialFailed(err) {
+	if wire.DialFailed(err) {
 		var okSince bool
 		if at, okSince = e.alerts.dials.lastFailure(); okSince && !at.IsZero() {
 			return
@@ -447,13 +448,13 @@ func (e *Engine) reached(sent time.Time) {
 // answered records what a request sent at sent learnt of Redis: that it
 // answered (err nil, or an error of the request), or that it could not be
 // reached (an error that matches Unreachable). Called where requests leave
-// (run, readClock, the shard record, the replicas' WAIT), so that
-// classifying an error (wrap, acquireErr) has no side effect.
+// (the door's requests, through watch; the shard record, the replicas' WAIT), so that
+// classifying an error (wire.Wrap, acquireErr) has no side effect.
 func (e *Engine) answered(sent time.Time, err error) {
 	switch {
 	case err == nil:
 		e.reached(sent)
-	case Unreachable(err):
+	case wire.Unreachable(err):
 		e.unreachable(err)
 	}
 }
@@ -491,14 +492,14 @@ func (e *Engine) checkEvictionPolicy() {
 		defer cancel()
 		v, err := root.cfg.Client.ConfigGet(ctx, "maxmemory-policy").Result()
 		switch {
-		case err != nil && (Unreachable(err) || authError(err) || ctx.Err() != nil):
+		case err != nil && (wire.Unreachable(err) || wire.AuthError(err) || ctx.Err() != nil):
 			// Not reached, or not let in (the acquire reports either):
 			// nothing is known of the policy. Ask again next time.
 			root.policyMu.Lock()
 			root.policyDone = nil
 			root.policyMu.Unlock()
 			return
-		case noCommand(err):
+		case wire.NoCommand(err):
 			// A server without CONFIG (miniredis, some proxies): nothing
 			// can be told, so nothing is raised; the event still says so.
 			e.cfg.logger().LogAttrs(context.Background(), slog.LevelDebug, "redsem: the server has no CONFIG GET: maxmemory-policy not checked",

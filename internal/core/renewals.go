@@ -5,6 +5,7 @@ import (
 	"time"
 
 	"github.com/redsem/redsem/internal/bounds"
+	"github.com/redsem/redsem/internal/core/wire"
 )
 
 // Renewals: a process renews all its leases of a semaphore together. Each
@@ -102,16 +103,16 @@ func (e *Engine) renewBatch(batch []renewing) {
 		ids[i] = b.l.id
 		// A lease whose operation ends first (Release, its deadline) ends
 		// its renewal at once: the reply is then not its to apply.
-		own[i] = context.AfterFunc(b.ctx, func() { _ = b.l.endRenew(b.ctx, renewReply{}, b.ctx.Err(), true) })
+		own[i] = context.AfterFunc(b.ctx, func() { _ = b.l.endRenew(b.ctx, wire.RenewReply{}, b.ctx.Err(), true) })
 	}
 	ctx, cancel := context.WithDeadline(context.Background(), bound)
 	defer cancel()
-	replies, err := e.renewMany(ctx, ids)
+	replies, err := e.door.RenewMany(ctx, ids)
 	for i, b := range batch {
 		if !own[i]() {
 			continue // ended already, on its own
 		}
-		var r renewReply
+		var r wire.RenewReply
 		if err == nil {
 			r = replies[i]
 		}

@@ -8,6 +8,7 @@ import (
 	"github.com/redis/go-redis/v9"
 	"github.com/redsem/redsem"
 	"github.com/redsem/redsem/internal/bounds"
+	"github.com/redsem/redsem/internal/core/wire"
 	"github.com/redsem/redsem/internal/detach"
 )
 
@@ -25,7 +26,7 @@ func (e *Engine) confirmReplicas(ctx context.Context, l *Lease) error {
 		return nil
 	}
 	// WAIT on a dedicated connection honours no context: bound it.
-	err := boundedErr(ctx, func() error { return e.waitReplicas(ctx, l) })
+	err := wire.BoundedErr(ctx, func() error { return e.waitReplicas(ctx, l) })
 	if err == nil {
 		return nil
 	}
@@ -45,25 +46,25 @@ func (e *Engine) waitReplicas(ctx context.Context, l *Lease) error {
 		var err error
 		if node, err = c.MasterForKey(ctx, e.keys.List[0]); err != nil {
 			e.answered(time.Now(), err)
-			return wrap(e.who(), err)
+			return wire.Wrap(e.who(), err)
 		}
 	default: // rejected by validate
-		return wrap(e.who(), fmt.Errorf("MinReplicas with %T", e.cfg.Client))
+		return wire.Wrap(e.who(), fmt.Errorf("MinReplicas with %T", e.cfg.Client))
 	}
 	conn := node.Conn()
 	defer conn.Close()
-	r, err := e.renew(ctx, conn, l.id, false)
+	r, err := e.door.Renew(ctx, conn, l.id, false)
 	if err != nil {
 		return err
 	}
-	if !r.ok {
+	if !r.OK {
 		l.markLost()
 		return redsem.ErrLeaseLost
 	}
 	n, err := conn.Wait(ctx, e.cfg.MinReplicas, e.cfg.ReplicaTimeout).Result()
 	if err != nil {
 		e.answered(time.Now(), err)
-		return wrap(e.who(), err)
+		return wire.Wrap(e.who(), err)
 	}
 	if int(n) < e.cfg.MinReplicas {
 		return &redsem.ReplicationError{Name: e.cfg.Name, Family: e.familyName(), Want: e.cfg.MinReplicas, Got: int(n), Timeout: e.cfg.ReplicaTimeout}

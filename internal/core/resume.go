@@ -5,6 +5,7 @@ import (
 	"errors"
 
 	"github.com/redsem/redsem"
+	"github.com/redsem/redsem/internal/core/wire"
 )
 
 // Leases by id. A lease lives in Redis as a holder entry and a record
@@ -20,7 +21,7 @@ import (
 //     no handle's Deadline is later than Redis's whatever the handles'
 //     lease TTLs;
 //   - a handle whose renewal finds the lease released by a holder (its "R"
-//     tombstone) ends as released, quietly (renewReply.released);
+//     tombstone) ends as released, quietly (wire.RenewReply.released);
 //   - a handle that gives the lease up at its local deadline (no renewal:
 //     DisableAutoRenew, MaxHold) releases it in Redis only if no other
 //     handle renewed it since (release.lua's "expire" mode, Lease.expire).
@@ -49,14 +50,14 @@ func (e *Engine) Resume(ctx context.Context, id string) (redsem.Lease, error) {
 			return nil, err
 		}
 	}
-	r, err := e.renew(ctx, e.cfg.Client, id, true)
+	r, err := e.door.Renew(ctx, e.cfg.Client, id, true)
 	if err != nil {
 		return nil, err
 	}
-	if !r.ok {
+	if !r.OK {
 		return nil, noLease(e.who(), id)
 	}
-	l, fresh := e.newLease(id, r.slots, r.token, r.deadline)
+	l, fresh := e.newLease(id, r.Slots, r.Token, r.Deadline)
 	if fresh {
 		e.emit(redsem.Event{Kind: redsem.EventResumed, LeaseID: id, Slot: l.slots[0], Token: l.token})
 	}
@@ -66,7 +67,7 @@ func (e *Engine) Resume(ctx context.Context, id string) (redsem.Lease, error) {
 // noLease is Resume's error for an id that has no live lease of the
 // semaphore who (Engine.who).
 func noLease(who, id string) error {
-	return errorf(redsem.ErrLeaseLost, "redsem: %s: no live lease %s (lost, released, or never granted)", who, id)
+	return wire.Errorf(redsem.ErrLeaseLost, "redsem: %s: no live lease %s (lost, released, or never granted)", who, id)
 }
 
 // liveLease returns the engine's live lease of id, or nil.
