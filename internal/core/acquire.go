@@ -179,7 +179,7 @@ func (e *Engine) begin(ctx context.Context, n int) (*call, error) {
 		return nil, redsem.ErrClosed
 	}
 	e.busy()
-	e.checkEvictionPolicy() // once, beside the first request
+	e.policy.check(e.cfg.Client, e.rep) // once, beside the first request
 	c := &call{e: e, parent: ctx, id: uuid.NewString(), n: n, start: time.Now()}
 	c.ctx, c.cancel = context.WithCancelCause(ctx)
 	c.unbind = context.AfterFunc(e.stopped, func() { c.cancel(redsem.ErrClosed) })
@@ -232,7 +232,7 @@ func (c *call) exit(l *Lease, err error) (redsem.Lease, error) {
 	}()
 	if err == nil {
 		if err = e.confirmReplicas(c.ctx, l); err == nil {
-			e.emit(redsem.Event{Kind: redsem.EventAcquired, LeaseID: c.id, Slot: l.slots[0], Token: l.token, Wait: time.Since(c.start)})
+			e.rep.emit(redsem.Event{Kind: redsem.EventAcquired, LeaseID: c.id, Slot: l.slots[0], Token: l.token, Wait: time.Since(c.start)})
 			return l, nil
 		}
 		// confirmReplicas handed the slots back (or the lease was lost).
@@ -241,18 +241,18 @@ func (c *call) exit(l *Lease, err error) (redsem.Lease, error) {
 	}
 	err, alert := acquireErr(err, c.end(err))
 	if alert != nil {
-		e.unreachable(alert) // a failed dial that no request reported
+		e.rep.unreachable(alert) // a failed dial that no request reported
 	}
 	switch {
 	case errors.Is(err, redsem.ErrNoSlot) && c.try:
 	case errors.Is(err, redsem.ErrUnavailable):
-		e.emit(redsem.Event{Kind: redsem.EventUnavailable, Wait: time.Since(c.start), Err: err})
+		e.rep.emit(redsem.Event{Kind: redsem.EventUnavailable, Wait: time.Since(c.start), Err: err})
 	case c.parent.Err() != nil:
-		e.emit(redsem.Event{Kind: redsem.EventAcquireTimedOut, Wait: time.Since(c.start), Err: err})
+		e.rep.emit(redsem.Event{Kind: redsem.EventAcquireTimedOut, Wait: time.Since(c.start), Err: err})
 	case errors.Is(err, redsem.ErrLimitMismatch):
-		e.emit(redsem.Event{Kind: redsem.EventLimitMismatch, Err: err})
+		e.rep.emit(redsem.Event{Kind: redsem.EventLimitMismatch, Err: err})
 	default:
-		e.emit(redsem.Event{Kind: redsem.EventAcquireFailed, Err: err})
+		e.rep.emit(redsem.Event{Kind: redsem.EventAcquireFailed, Err: err})
 	}
 	return nil, err
 }

@@ -62,10 +62,8 @@ type Engine struct {
 	// that waited then was held by it.
 	rateHeldSeen atomic.Int64
 
-	// The maxmemory-policy check (observe.go), once per engine or family.
-	policyMu   sync.Mutex
-	policyDone chan struct{} // nil: not started (or to be tried again); closed when it ended
-	policy     string
+	policy *policyCheck // the maxmemory-policy check (observe.go): a family's members share the root's
+	rep    *reporter    // events and conditions: what the engine tells (observe.go)
 
 	alerts *alerts       // conditions logged at Warn (shared by every engine of the client)
 	lib    *wire.Library // whether the client's calls use FCALL (functions.go)
@@ -144,14 +142,26 @@ func New(cfg Config) (*Engine, error) {
 	if _, ok := cfg.Client.(*redis.ClusterClient); ok {
 		e.pub = "SPUBLISH"
 	}
-	e.door = doorFor(e)
+	complete(e)
 	return e, nil
 }
 
-// doorFor makes the script boundary of e, once its settings, keys and
-// family are set: what its calls send, how its errors name it, and where
-// it reports what its requests learn (watch). A family's members (and its
-// own engines) share the root's record of the scripts sent whole.
+// complete makes the parts of e that follow from its settings, keys and
+// family, once those are set: its reporter, its policy check (a family's
+// members share the root's) and its door.
+func complete(e *Engine) {
+	e.rep = reporterFor(e)
+	e.policy = new(policyCheck)
+	if e.fam != nil {
+		e.policy = e.fam.root.policy
+	}
+	e.door = doorFor(e)
+}
+
+// doorFor makes the script boundary of e: what its calls send, how its
+// errors name it, and where it reports what its requests learn (watch). A
+// family's members (and its own engines) share the root's record of the
+// scripts sent whole.
 func doorFor(e *Engine) *wire.Door {
 	d := &wire.Door{
 		Client: e.cfg.Client, Keys: e.keys.Script(), Chan: e.keys.Chan, Pub: e.pub,
@@ -177,7 +187,7 @@ func doorFor(e *Engine) *wire.Door {
 type watch struct{ e *Engine }
 
 func (w watch) Ready(ctx context.Context) error    { return w.e.alerts.ready(ctx) }
-func (w watch) Answered(sent time.Time, err error) { w.e.answered(sent, err) }
+func (w watch) Answered(sent time.Time, err error) { w.e.rep.answered(sent, err) }
 func (w watch) Used()                              { w.e.loadLibrary() }
 
 // Name is the semaphore's name.
@@ -274,7 +284,7 @@ func (e *Engine) failFast(ctx context.Context, call func(ctx context.Context) er
 	err := call(cctx)
 	if err != nil && ctx.Err() == nil && cctx.Err() != nil {
 		if cause := context.Cause(cctx); cause != nil && cause != cctx.Err() {
-			e.unreachable(cause)
+			e.rep.unreachable(cause)
 			return wire.Wrap(e.who(), cause)
 		}
 	}

@@ -71,7 +71,7 @@ type callEnd struct {
 //
 // It has no side effect: alert is the failed dial that said Redis could
 // not be reached, which no request of the call reported (nil if none); the
-// caller raises the alert (Engine.unreachable).
+// caller raises the alert (reporter.unreachable).
 func acquireErr(err error, end callEnd) (out, alert error) {
 	if errors.Is(err, redsem.ErrNoSlot) || errors.Is(err, redsem.ErrLimitMismatch) || errors.Is(err, redsem.ErrClosed) {
 		return err, nil

@@ -100,7 +100,7 @@ func NewFamily(cfg Config, idleAfter time.Duration, shards, total int) (*Family,
 		keys := Keys{Chan: base + "ch", Free: base + "ch:free", Fam: f.famKeys, script: script}
 		f.famEng = &Engine{cfg: root.cfg, keys: keys, pub: root.pub, fam: f, stopped: root.stopped, stop: root.stop,
 			alerts: root.alerts, lib: root.lib, waiting: root.waiting}
-		f.famEng.door = doorFor(f.famEng)
+		complete(f.famEng)
 	}
 	return f, nil
 }
@@ -153,7 +153,7 @@ func (f *Family) Get(key string) (*Engine, error) {
 		fam: f, shard: sh, stopped: f.root.stopped, stop: f.root.stop, alerts: sh.alerts, lib: f.root.lib,
 		waiting: f.root.waiting,
 	}
-	e.door = doorFor(e)
+	complete(e)
 	e.used.Store(time.Now().UnixNano())
 	f.members[key] = e
 	if f.sweep == nil {

@@ -77,14 +77,14 @@ func (e *Engine) loadLibrary() {
 		name, _ := lua.Library()
 		switch {
 		case err == nil:
-			e.cfg.logger().LogAttrs(context.Background(), slog.LevelDebug, "redsem: scripts run as Redis functions",
+			e.rep.warn().LogAttrs(context.Background(), slog.LevelDebug, "redsem: scripts run as Redis functions",
 				slog.String("library", name))
 		case wire.Refused(err):
 			msg := err.Error()
 			if i := strings.IndexAny(msg, ",\n"); i > 0 {
 				msg = msg[:i] // not the library's text, which the error may quote
 			}
-			e.cfg.logger().LogAttrs(context.Background(), slog.LevelDebug,
+			e.rep.warn().LogAttrs(context.Background(), slog.LevelDebug,
 				"redsem: scripts run with EVALSHA: the server refused FUNCTION LOAD",
 				slog.String("library", name), slog.String("error", msg))
 		}

@@ -565,5 +565,5 @@ func (l *Lease) finishLocked(st leaseState, at time.Time) func() {
 		kind = redsem.EventLeaseLost
 	}
 	ev := redsem.Event{Kind: kind, LeaseID: l.id, Slot: l.slots[0], Token: l.token, Hold: at.Sub(l.granted)}
-	return func() { l.e.emit(ev) }
+	return func() { l.e.rep.emit(ev) }
 }

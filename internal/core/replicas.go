@@ -45,7 +45,7 @@ func (e *Engine) waitReplicas(ctx context.Context, l *Lease) error {
 	case *redis.ClusterClient:
 		var err error
 		if node, err = c.MasterForKey(ctx, e.keys.List[0]); err != nil {
-			e.answered(time.Now(), err)
+			e.rep.answered(time.Now(), err)
 			return wire.Wrap(e.who(), err)
 		}
 	default: // rejected by validate
@@ -63,7 +63,7 @@ func (e *Engine) waitReplicas(ctx context.Context, l *Lease) error {
 	}
 	n, err := conn.Wait(ctx, e.cfg.MinReplicas, e.cfg.ReplicaTimeout).Result()
 	if err != nil {
-		e.answered(time.Now(), err)
+		e.rep.answered(time.Now(), err)
 		return wire.Wrap(e.who(), err)
 	}
 	if int(n) < e.cfg.MinReplicas {

@@ -59,7 +59,7 @@ func (e *Engine) Resume(ctx context.Context, id string) (redsem.Lease, error) {
 	}
 	l, fresh := e.newLease(id, r.Slots, r.Token, r.Deadline)
 	if fresh {
-		e.emit(redsem.Event{Kind: redsem.EventResumed, LeaseID: id, Slot: l.slots[0], Token: l.token})
+		e.rep.emit(redsem.Event{Kind: redsem.EventResumed, LeaseID: id, Slot: l.slots[0], Token: l.token})
 	}
 	return l, nil
 }

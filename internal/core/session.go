@@ -435,7 +435,7 @@ func (c *call) awaitGrant(w *waiter, sid string, floor int64) (g grant, ok bool,
 				if g.Token <= floor || (g.SID != "" && g.SID != sid) {
 					// Made before this attempt ran: a delayed message, or one
 					// from before a data loss. Redis says what holds now.
-					c.e.cfg.logger().LogAttrs(context.Background(), slog.LevelDebug, "redsem: a grant older than the queue attempt refused",
+					c.e.rep.warn().LogAttrs(context.Background(), slog.LevelDebug, "redsem: a grant older than the queue attempt refused",
 						slog.String("semaphore", c.e.cfg.Name), slog.String("waiter", c.id), slog.Int64("token", g.Token))
 					return grant{}, false, nil
 				}
@@ -452,7 +452,7 @@ func (c *call) awaitGrant(w *waiter, sid string, floor int64) (g grant, ok bool,
 				return grant{}, false, nil
 			case evRequeue:
 				if ev.evicted {
-					c.e.emit(redsem.Event{Kind: redsem.EventWaiterEvicted, LeaseID: c.id})
+					c.e.rep.emit(redsem.Event{Kind: redsem.EventWaiterEvicted, LeaseID: c.id})
 				}
 				return grant{}, false, nil
 			}

@@ -144,7 +144,7 @@ func (f *Family) compareShards(ctx context.Context) error {
 		n, ok, err = ReadShards(ctx, f.root.cfg.Client, f.root.cfg.Prefix, f.root.cfg.Name)
 		return err
 	})
-	f.root.answered(sent, err)
+	f.root.rep.answered(sent, err)
 	if err != nil {
 		return err
 	}
@@ -197,7 +197,7 @@ func (f *Family) checkShards(ctx context.Context) error {
 		got = get.Val()
 		return err
 	})
-	f.root.answered(sent, err)
+	f.root.rep.answered(sent, err)
 	if err != nil {
 		return err
 	}

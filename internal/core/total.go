@@ -104,7 +104,7 @@ func (f *Family) scanStatus(ctx context.Context) (redsem.FamilyStatus, error) {
 			defer mu.Unlock()
 			return found, err
 		})
-		f.root.answered(sent, err)
+		f.root.rep.answered(sent, err)
 		if err != nil {
 			return st, wire.CallErr(f.root.who(), ctx, err)
 		}
@@ -112,7 +112,7 @@ func (f *Family) scanStatus(ctx context.Context) (redsem.FamilyStatus, error) {
 			meta := v.(string)
 			keys := memberKeys(f.root.cfg.Prefix, tag, memberKeyOf(f.root.cfg.Prefix, meta))
 			e := &Engine{cfg: f.root.cfg, keys: keys, pub: f.root.pub, lib: f.root.lib, alerts: f.root.alerts, stopped: f.root.stopped, waiting: f.root.waiting}
-			e.door = doorFor(e)
+			complete(e)
 			ms, err := e.door.Status(ctx)
 			if err != nil {
 				return st, err

@@ -17,7 +17,7 @@ import (
 // waited on something outside the engine's door (wire.Door.run), and an acquire request that ran
 // after its caller gave up.
 
-// The first acquire of an Engine reads maxmemory-policy (checkEvictionPolicy)
+// The first acquire of an Engine reads maxmemory-policy (policyCheck.check)
 // with a plain go-redis call, not through the engine's door (wire.Door.run): with a default client,
 // whose reads ignore the context, a slow CONFIG GET holds the call past its
 // context, and the call then returns a lease after its deadline.
