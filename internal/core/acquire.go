@@ -215,7 +215,7 @@ func (c *call) sleep(d time.Duration) bool {
 
 // lease makes the lease of a grant.
 func (c *call) lease(g grant) *Lease {
-	l, _ := c.e.newLease(c.id, g.Slots, g.Token, g.Deadline) // a new id: always fresh
+	l, _ := newLease(c.e, c.id, g.Slots, g.Token, g.Deadline) // a new id: always fresh
 	return l
 }
 
@@ -231,7 +231,7 @@ func (c *call) exit(l *Lease, err error) (redsem.Lease, error) {
 		e.idle()
 	}()
 	if err == nil {
-		if err = e.confirmReplicas(c.ctx, l); err == nil {
+		if err = l.confirmReplicas(c.ctx); err == nil {
 			e.rep.emit(redsem.Event{Kind: redsem.EventAcquired, LeaseID: c.id, Slot: l.slots[0], Token: l.token, Wait: time.Since(c.start)})
 			return l, nil
 		}

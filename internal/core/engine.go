@@ -73,12 +73,7 @@ type Engine struct {
 	hubMu sync.Mutex
 	hub   *hub
 
-	// leases are the engine's live leases by id (resume.go): Resume of an
-	// id held here returns the same Lease. A lease enters when made
-	// (newLease) and leaves when it ends (finishLocked), under leasesMu,
-	// which is taken after a lease's mu, never before it.
-	leasesMu sync.Mutex
-	leases   map[string]*Lease
+	leases leaseSet // the engine's live leases by id (resume.go), renewed together (renewals.go)
 
 	// stopped ends on Close (a family's, for its members): the one place
 	// that says the semaphore is closed. Calls bind their context to it,

@@ -104,11 +104,11 @@ type Lease struct {
 
 var _ redsem.Lease = (*Lease)(nil)
 
-// newLease makes the lease of a grant (or of Resume), holding slots with
-// token until deadline (local), and registers it with
-// e (see Engine.leases): fresh. When e has a live lease of that id already
-// (only Resume can meet one), it returns that lease instead, not fresh.
-func (e *Engine) newLease(id string, slots []int, token int64, deadline time.Time) (_ *Lease, fresh bool) {
+// newLease makes the lease of e for a grant (or of Resume), holding slots
+// with token until deadline (local), and registers it with e (see
+// leaseSet): fresh. When e has a live lease of that id already (only
+// Resume can meet one), it returns that lease instead, not fresh.
+func newLease(e *Engine, id string, slots []int, token int64, deadline time.Time) (_ *Lease, fresh bool) {
 	l := &Lease{
 		e: e, id: id, slots: slots, token: token, deadline: deadline, granted: time.Now(),
 		done: make(chan struct{}),
@@ -116,20 +116,13 @@ func (e *Engine) newLease(id string, slots []int, token int64, deadline time.Tim
 	l.ctx, l.cancel = context.WithCancelCause(context.Background())
 	// Registered under mu, which is held until the lease is complete: a
 	// Resume that finds it in e.leases meanwhile waits for it (mu, then
-	// leasesMu: the order finishLocked takes them in).
+	// the set's mu: the order finishLocked takes them in).
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	e.leasesMu.Lock()
-	if old := e.leases[id]; old != nil {
-		e.leasesMu.Unlock()
+	if old := e.leases.add(l); old != nil {
 		l.cancel(nil)
 		return old, false
 	}
-	if e.leases == nil {
-		e.leases = make(map[string]*Lease)
-	}
-	e.leases[id] = l
-	e.leasesMu.Unlock()
 	e.busy() // a family keeps the member of a live lease; finish undoes it
 	// The first renewal comes after a third of the TTL, or sooner when the
 	// deadline is nearer than a full TTL (a fair grant not yet claimed
@@ -341,7 +334,7 @@ func (l *Lease) fire() {
 	l.due = true
 	l.arm()
 	l.mu.Unlock()
-	l.e.renewDue()
+	l.e.leases.renewDue(l.e.door, l.e.cfg.LeaseTTL)
 }
 
 // capHold stops the renewals of a lease held for MaxHold (under mu).
@@ -557,7 +550,7 @@ func (l *Lease) finishLocked(st leaseState, at time.Time) func() {
 	if l.op != opNone {
 		l.cancelOp(cause)
 	}
-	l.e.forget(l)
+	l.e.leases.forget(l)
 	l.e.idle()
 	l.timer.Stop()
 	kind := redsem.EventReleased

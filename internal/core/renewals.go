@@ -29,20 +29,21 @@ import (
 // takes up to 4096); a batch of more is sent in several calls at once.
 const renewBatchMax = 1000
 
-// renewDue renews every lease of e that is due (or soon due) and has no
-// operation in flight, in one call per renewBatchMax leases, sent at once.
+// renewDue renews every lease of the set that is due (or soon due) and has
+// no operation in flight, through d with lease TTL ttl, in one call per
+// renewBatchMax leases, sent at once.
 // Batches do not wait for each other: a lease that falls due while a call
 // runs (one Redis has not answered, on a connection gone dead) goes in a
 // call of its own, on another connection, and the leases in that call are
 // not held up by it beyond bounds.RenewBy.
-func (e *Engine) renewDue() {
-	batch := e.dueLeases()
+func (s *leaseSet) renewDue(d *wire.Door, ttl time.Duration) {
+	batch := s.due(ttl)
 	for len(batch) > renewBatchMax {
-		go e.renewBatch(batch[:renewBatchMax])
+		go renewBatch(d, ttl, batch[:renewBatchMax])
 		batch = batch[renewBatchMax:]
 	}
 	if len(batch) > 0 {
-		e.renewBatch(batch)
+		renewBatch(d, ttl, batch)
 	}
 }
 
@@ -54,18 +55,18 @@ type renewing struct {
 	deadline time.Time
 }
 
-// dueLeases starts the renewal of every lease of e whose watchdog asked for
+// due starts the renewal of every lease of the set whose watchdog asked for
 // it (due) or whose renewal falls due within bounds.RenewWindow, when it may renew
 // now: held, no operation in flight, auto-renewal on.
-func (e *Engine) dueLeases() []renewing {
-	e.leasesMu.Lock()
-	all := make([]*Lease, 0, len(e.leases))
-	for _, l := range e.leases {
+func (s *leaseSet) due(ttl time.Duration) []renewing {
+	s.mu.Lock()
+	all := make([]*Lease, 0, len(s.m))
+	for _, l := range s.m {
 		all = append(all, l)
 	}
-	e.leasesMu.Unlock()
+	s.mu.Unlock()
 	now := time.Now()
-	soon := now.Add(bounds.RenewWindow(e.cfg.LeaseTTL))
+	soon := now.Add(bounds.RenewWindow(ttl))
 	var batch []renewing
 	for _, l := range all {
 		l.mu.Lock()
@@ -87,17 +88,17 @@ func (e *Engine) dueLeases() []renewing {
 	return batch
 }
 
-// renewBatch sends the renewals of batch in one call, bounded by the
+// renewBatch sends the renewals of batch through d in one call, bounded by the
 // earliest of their bounds (bounds.RenewBy: a renewal window before
 // the deadline, while two are left), and hands each lease
 // its reply.
-func (e *Engine) renewBatch(batch []renewing) {
+func renewBatch(d *wire.Door, ttl time.Duration, batch []renewing) {
 	now := time.Now()
 	var bound time.Time
 	ids := make([]string, len(batch))
 	own := make([]func() bool, len(batch))
 	for i, b := range batch {
-		if by := bounds.RenewBy(now, b.deadline, e.cfg.LeaseTTL); i == 0 || by.Before(bound) {
+		if by := bounds.RenewBy(now, b.deadline, ttl); i == 0 || by.Before(bound) {
 			bound = by
 		}
 		ids[i] = b.l.id
@@ -107,7 +108,7 @@ func (e *Engine) renewBatch(batch []renewing) {
 	}
 	ctx, cancel := context.WithDeadline(context.Background(), bound)
 	defer cancel()
-	replies, err := e.door.RenewMany(ctx, ids)
+	replies, err := d.RenewMany(ctx, ids)
 	for i, b := range batch {
 		if !own[i]() {
 			continue // ended already, on its own

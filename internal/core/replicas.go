@@ -21,12 +21,13 @@ import (
 // there: the replication stream is in order, so a replica that acknowledged
 // the renewal has the grant too. When too few replicas acknowledge, or the
 // check itself fails, the lease is released and the error returned.
-func (e *Engine) confirmReplicas(ctx context.Context, l *Lease) error {
+func (l *Lease) confirmReplicas(ctx context.Context) error {
+	e := l.e
 	if e.cfg.MinReplicas <= 0 {
 		return nil
 	}
 	// WAIT on a dedicated connection honours no context: bound it.
-	err := wire.BoundedErr(ctx, func() error { return e.waitReplicas(ctx, l) })
+	err := wire.BoundedErr(ctx, func() error { return l.waitReplicas(ctx) })
 	if err == nil {
 		return nil
 	}
@@ -37,7 +38,10 @@ func (e *Engine) confirmReplicas(ctx context.Context, l *Lease) error {
 	return err
 }
 
-func (e *Engine) waitReplicas(ctx context.Context, l *Lease) error {
+// waitReplicas renews l on one connection to its primary, then waits
+// there for MinReplicas replicas to acknowledge (WAIT).
+func (l *Lease) waitReplicas(ctx context.Context) error {
+	e := l.e
 	var node *redis.Client
 	switch c := e.cfg.Client.(type) {
 	case *redis.Client:
