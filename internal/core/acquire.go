@@ -3,6 +3,7 @@ package core
 import (
 	"context"
 	"errors"
+	"sync/atomic"
 	"time"
 
 	"github.com/google/uuid"
@@ -15,7 +16,7 @@ import (
 // The acquire path, in one shape:
 //
 //	AcquireN / TryAcquireN
-//	  e.begin          a call: the caller's context, ended also by Close (cause ErrClosed)
+//	  newCall          a call: the caller's context, ended also by Close (cause ErrClosed)
 //	  e.waiting.next   the variant's round (below): fairWait registers with the hub,
 //	                   queues under the session and waits for a grant; unfairWait
 //	                   tries, subscribes and waits for freed-slot notices. Both send
@@ -35,7 +36,7 @@ func (e *Engine) Acquire(ctx context.Context) (redsem.Lease, error) {
 // AcquireN blocks until n slots are granted at once, ctx ends or the
 // semaphore is closed.
 func (e *Engine) AcquireN(ctx context.Context, n int) (redsem.Lease, error) {
-	c, err := e.begin(ctx, n)
+	c, err := newCall(ctx, e, n)
 	if err != nil {
 		return nil, err
 	}
@@ -104,7 +105,7 @@ func (e *Engine) TryAcquire(ctx context.Context) (redsem.Lease, error) {
 // cluster client, where one node may be down while the others answer,
 // the client's DialTimeout and MaxRetries bound it.
 func (e *Engine) TryAcquireN(ctx context.Context, n int) (redsem.Lease, error) {
-	c, err := e.begin(ctx, n)
+	c, err := newCall(ctx, e, n)
 	if err != nil {
 		return nil, err
 	}
@@ -169,16 +170,16 @@ type call struct {
 	w       *waiter     // registered with the hub once the call waits
 }
 
-// begin checks n and that e is open, marks e busy (a family keeps the
+// newCall checks n and that e is open, marks e busy (a family keeps the
 // member) and binds Close into the call's context.
-func (e *Engine) begin(ctx context.Context, n int) (*call, error) {
+func newCall(ctx context.Context, e *Engine, n int) (*call, error) {
 	if n < 1 || n > MaxLimit {
 		return nil, wire.Errorf(redsem.ErrWeight, "redsem: %s: %d slots wanted, outside [1, limit]", e.who(), n)
 	}
 	if e.isClosed() {
 		return nil, redsem.ErrClosed
 	}
-	e.busy()
+	e.use.busy()
 	e.policy.check(e.cfg.Client, e.rep) // once, beside the first request
 	c := &call{e: e, parent: ctx, id: uuid.NewString(), n: n, start: time.Now()}
 	c.ctx, c.cancel = context.WithCancelCause(ctx)
@@ -228,7 +229,7 @@ func (c *call) exit(l *Lease, err error) (redsem.Lease, error) {
 		c.unbind()
 		c.cancel(nil)
 		c.timer.Stop()
-		e.idle()
+		e.use.idle()
 	}()
 	if err == nil {
 		if err = l.confirmReplicas(c.ctx); err == nil {
@@ -271,8 +272,8 @@ func (c *call) heldByRate() (time.Time, redsem.Rate) {
 	if c.w == nil {
 		return time.Time{}, redsem.Rate{}
 	}
-	held := time.Unix(0, c.e.rateHeld.Load())
-	if !held.After(time.Now()) || c.e.rateHeldSeen.Load() < c.start.UnixNano() {
+	held, seen := c.e.rateHeld.get()
+	if !held.After(time.Now()) || seen.Before(c.start) {
 		return time.Time{}, redsem.Rate{} // not now, or learnt before this call waited
 	}
 	rate := c.rate
@@ -282,12 +283,36 @@ func (c *call) heldByRate() (time.Time, redsem.Rate) {
 	return held, rate
 }
 
-// holdByRate records that the rate's window holds back the semaphore's
-// next grant until until (rateHeld), learnt now.
-func (e *Engine) holdByRate(until time.Time) {
-	e.rateHeld.Store(until.UnixNano())
-	e.rateHeldSeen.Store(time.Now().UnixNano())
+// rateHold is until when (unix ns) the rate's window holds back a
+// semaphore's next grant, as the latest reply that said so (attempt) or
+// fair "w" message (session.go) or unfair "0" notice (unfairwait.go) told:
+// a waiter that gives up before then was held by the rate, whatever held
+// it before (heldByRate); and when it was last set (seen): only a waiter
+// that waited then was held by it.
+type rateHold struct {
+	until atomic.Int64
+	seen  atomic.Int64
 }
+
+// hold records that the rate's window holds back the semaphore's next
+// grant until until, learnt now.
+func (r *rateHold) hold(until time.Time) {
+	r.until.Store(until.UnixNano())
+	r.seen.Store(time.Now().UnixNano())
+}
+
+// get returns until when the rate holds back the next grant, and when
+// that was learnt (the zero unix time, 1970, for none).
+func (r *rateHold) get() (until, seen time.Time) {
+	return time.Unix(0, r.until.Load()), time.Unix(0, r.seen.Load())
+}
+
+// none reports that no hold was learnt since the last reset.
+func (r *rateHold) none() bool { return r.until.Load() == 0 }
+
+// reset forgets the hold (SetRate: what the former rate held back is no
+// one's reason now).
+func (r *rateHold) reset() { r.until.Store(0) }
 
 // end gathers what the call knew when it ended with err, for acquireErr:
 // a failed dial of its client since it began (when its context ended it
@@ -391,7 +416,7 @@ func (c *call) attempt(mode, sid string) (wire.AcquireReply, error) {
 		c.rateRoom, c.rate = time.Time{}, redsem.Rate{}
 		if a.Code == wire.CodeQueued && a.RateMs >= 0 {
 			c.rateRoom, c.rate = time.Now().Add(time.Duration(a.RateMs)*time.Millisecond), a.RateInForce
-			c.e.holdByRate(c.rateRoom) // for the waiters behind this one
+			c.e.rateHeld.hold(c.rateRoom) // for the waiters behind this one
 		}
 	}
 	if err == nil || !wire.Transient(err) {

@@ -53,14 +53,7 @@ type Engine struct {
 	// the engine goes through it.
 	door *wire.Door
 
-	// rateHeld: until when (unix ns) the rate's window holds back this
-	// semaphore's next grant, as the latest reply that said so (acquire.go)
-	// or fair "w" message (session.go) told: a waiter that gives up before
-	// then was held by the rate, whatever held it before (heldByRate).
-	rateHeld atomic.Int64
-	// rateHeldSeen: when (unix ns) rateHeld was last set: only a waiter
-	// that waited then was held by it.
-	rateHeldSeen atomic.Int64
+	rateHeld rateHold // until when the rate's window holds back the next grant (acquire.go)
 
 	policy *policyCheck // the maxmemory-policy check (observe.go): a family's members share the root's
 	rep    *reporter    // events and conditions: what the engine tells (observe.go)
@@ -83,13 +76,11 @@ type Engine struct {
 	bg      sync.WaitGroup // background work (background): undos, give-ups, release retries
 
 	// A member of a keyed family shares the family's hub (hubMu and hub
-	// above are unused) and is dropped from the family's map once
-	// idle: no call in flight and no live lease (active), for the family's
-	// idle period since used (unix ns).
-	fam    *Family
-	shard  *famShard // the member's shard: its hub
-	active atomic.Int64
-	used   atomic.Int64
+	// above are unused) and is dropped from the family's map once idle
+	// (use: nil for a semaphore of its own).
+	fam   *Family
+	shard *famShard // the member's shard: its hub
+	use   *memberUse
 }
 
 // hubSlot returns where the engine's waiting machinery lives: the mutex
@@ -110,18 +101,27 @@ func waitingFor(cfg Config) waiting {
 	return unfairWait{}
 }
 
+// memberUse is how a family member is in use: it is dropped from the
+// family's map once idle, with no call in flight and no live lease
+// (active), for the family's idle period since used (unix ns).
+type memberUse struct {
+	active atomic.Int64
+	used   atomic.Int64
+}
+
 // busy and idle bracket a call or a lease of a family member, so that the
-// family keeps a member while it is in use (no-ops for a plain semaphore).
-func (e *Engine) busy() {
-	if e.fam != nil {
-		e.active.Add(1)
+// family keeps a member while it is in use (no-ops on a nil memberUse: a
+// plain semaphore).
+func (u *memberUse) busy() {
+	if u != nil {
+		u.active.Add(1)
 	}
 }
 
-func (e *Engine) idle() {
-	if e.fam != nil {
-		e.used.Store(time.Now().UnixNano())
-		e.active.Add(-1)
+func (u *memberUse) idle() {
+	if u != nil {
+		u.used.Store(time.Now().UnixNano())
+		u.active.Add(-1)
 	}
 }
 
@@ -292,7 +292,7 @@ func (e *Engine) SetLimit(ctx context.Context, limit int) error {
 		return cfgErr("limit", "%d is outside [1, %d]", limit, MaxLimit)
 	}
 	return e.failFast(ctx, func(ctx context.Context) error {
-		if err := e.sameShards(ctx); err != nil {
+		if err := e.fam.sameShards(ctx, e.who()); err != nil {
 			return err
 		}
 		g, cancel, err := e.door.SetLimit(ctx, limit)
@@ -300,15 +300,16 @@ func (e *Engine) SetLimit(ctx context.Context, limit int) error {
 	})
 }
 
-// sameShards refuses to change a family member whose family the Redis
-// record says is spread over another number of shards (its keys here
-// would be nobody's); a plain semaphore passes.
-func (e *Engine) sameShards(ctx context.Context) error {
-	if e.fam == nil {
+// sameShards refuses to change a family member (who, as errors name it)
+// whose family the Redis record says is spread over another number of
+// shards (its keys here would be nobody's); a plain semaphore (a nil
+// family) passes.
+func (f *Family) sameShards(ctx context.Context, who string) error {
+	if f == nil {
 		return nil
 	}
-	if err := e.fam.compareShards(ctx); err != nil {
-		return wire.CallErr(e.who(), ctx, err)
+	if err := f.compareShards(ctx); err != nil {
+		return wire.CallErr(who, ctx, err)
 	}
 	return nil
 }
@@ -321,14 +322,14 @@ func (e *Engine) SetRate(ctx context.Context, rate redsem.Rate) error {
 		return err
 	}
 	return e.failFast(ctx, func(ctx context.Context) error {
-		if err := e.sameShards(ctx); err != nil {
+		if err := e.fam.sameShards(ctx, e.who()); err != nil {
 			return err
 		}
 		g, cancel, err := e.door.SetRate(ctx, rate)
 		if err := settled(ctx, e, g, cancel, err); err != nil {
 			return err
 		}
-		e.rateHeld.Store(0) // what the former rate held back is no one's reason now
+		e.rateHeld.reset() // what the former rate held back is no one's reason now
 		return nil
 	})
 }

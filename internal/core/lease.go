@@ -123,7 +123,7 @@ func newLease(e *Engine, id string, slots []int, token int64, deadline time.Time
 		l.cancel(nil)
 		return old, false
 	}
-	e.busy() // a family keeps the member of a live lease; finish undoes it
+	e.use.busy() // a family keeps the member of a live lease; finish undoes it
 	// The first renewal comes after a third of the TTL, or sooner when the
 	// deadline is nearer than a full TTL (a fair grant not yet claimed
 	// lasts only as long as its session; a retried acquire returns what is
@@ -551,7 +551,7 @@ func (l *Lease) finishLocked(st leaseState, at time.Time) func() {
 		l.cancelOp(cause)
 	}
 	l.e.leases.forget(l)
-	l.e.idle()
+	l.e.use.idle()
 	l.timer.Stop()
 	kind := redsem.EventReleased
 	if st == lost {

@@ -39,8 +39,8 @@ func (e *Engine) Resume(ctx context.Context, id string) (redsem.Lease, error) {
 	if e.isClosed() {
 		return nil, redsem.ErrClosed
 	}
-	e.busy() // a family keeps the member while the call runs
-	defer e.idle()
+	e.use.busy() // a family keeps the member while the call runs
+	defer e.use.idle()
 	if l := e.leases.live(id); l != nil {
 		switch err := l.Renew(ctx); {
 		case err == nil:

@@ -138,9 +138,10 @@ func forEachNode(ctx context.Context, client redis.UniversalClient, fn func(cont
 	return fn(ctx, client)
 }
 
-// totalKey reports whether key is the f:tot key of e's family's total.
-func (e *Engine) totalKey(key string) bool {
-	return e.keys.Fam != nil && e.keys.Fam[FamTot] == key
+// isTotal reports whether key is the f:tot key of the total of the family
+// that k's semaphore is a member of.
+func (k Keys) isTotal(key string) bool {
+	return k.Fam != nil && k.Fam[FamTot] == key
 }
 
 // ReadFamilyTotal returns the total of the family called name and its use

@@ -33,7 +33,7 @@ func (unfairWait) next(c *call) (grant, bool, error) {
 			return grant{}, false, err
 		}
 		c.w = w
-		if c.e.cfg.Rate.IsZero() && c.e.rateHeld.Load() == 0 && wakeOf(w).behind(w) {
+		if c.e.cfg.Rate.IsZero() && c.e.rateHeld.none() && wakeOf(w).behind(w) {
 			// An older call of this process waits for as many slots: the
 			// next freed slot wakes it first. This call waits behind it
 			// instead of trying for that slot too (a try that one of the
@@ -192,14 +192,14 @@ func (u *unfairWake) handle(m *redis.Message) {
 }
 
 // rateHeldOf records that the rate's window holds back the next grant of
-// the semaphore whose meta key is meta for d (Engine.rateHeld).
+// the semaphore whose meta key is meta for d (rateHold).
 func (u *unfairWake) rateHeldOf(meta string, d time.Duration) {
 	at := time.Now().Add(d)
 	u.h.mu.Lock()
 	defer u.h.mu.Unlock()
 	for _, w := range u.list {
 		if w.e.keys.List[KeyMeta] == meta {
-			w.e.holdByRate(at)
+			w.e.rateHeld.hold(at)
 		}
 	}
 }
@@ -220,7 +220,7 @@ func (u *unfairWake) wakeOf(meta string, free int) {
 		if free <= 0 {
 			return
 		}
-		if w.n > free || (meta != "" && w.e.keys.List[KeyMeta] != meta && !w.e.totalKey(meta)) {
+		if w.n > free || (meta != "" && w.e.keys.List[KeyMeta] != meta && !w.e.keys.isTotal(meta)) {
 			continue
 		}
 		select {
