@@ -5,6 +5,11 @@ import (
 	"strings"
 )
 
+// Decoding what Redis sends: script replies, field by field (reader), and
+// the messages of the channels (ParseMessage for a fair session's,
+// ParseFree for the unfair freed-slot notices). None of it panics on any
+// input (decode_fuzz_test.go).
+
 // reader decodes a script reply (a flat array) field by field. It never
 // panics: the first field that is missing or of the wrong type records an
 // error (a *ReplyError), and every later read returns a zero value.
