@@ -3,12 +3,13 @@ package wire
 import (
 	"strconv"
 	"strings"
+	"time"
 )
 
-// Decoding what Redis sends: script replies, field by field (reader), and
-// the messages of the channels (ParseMessage for a fair session's,
-// ParseFree for the unfair freed-slot notices). None of it panics on any
-// input (decode_fuzz_test.go).
+// Decoding what Redis sends: script replies, field by field (reader), the
+// grant lists in them (Grants), and the messages of the channels
+// (ParseMessage for a fair session's, ParseFree for the unfair freed-slot
+// notices). None of it panics on any input (decode_fuzz_test.go).
 
 // reader decodes a script reply (a flat array) field by field. It never
 // panics: the first field that is missing or of the wrong type records an
@@ -160,4 +161,61 @@ func ParseFree(payload string) (count int, meta string, wait int64, held bool) {
 		return 0, meta, max(toInt(ms), 0), true
 	}
 	return max(int(toInt(n)), 1), meta, 0, false
+}
+
+// ---- grant lists ----
+
+// grant is a grant as scripts report it in a grant list, decoded.
+type Grant struct {
+	ID       string
+	Token    int64
+	Slots    []int
+	Deadline time.Time
+	Until    int64 // the deadline in Redis, server ms
+	// sid is the session on whose channel a grant message came ("" for a
+	// grant in a script reply): the session its waiter was queued under.
+	SID string
+}
+
+// decodeGrants decodes a grant list (id, token, deadline_ms, "slots", ...)
+// from v[from:]; now is the server time of the reply and sent when its
+// request left.
+func decodeGrants(script string, v []any, from int, now int64, sent time.Time) ([]Grant, error) {
+	r := reader{script: script, v: v, i: from}
+	var out []Grant
+	for r.more() {
+		g := Grant{ID: r.str(), Token: r.int()}
+		g.Until = r.int()
+		g.Slots = r.slots()
+		g.Deadline = expiresBy(sent, g.Until-now)
+		if r.err != nil {
+			return nil, r.err
+		}
+		out = append(out, g)
+	}
+	return out, nil
+}
+
+// Grants is the grant list of a script reply, not yet decoded: most replies
+// have none, and the grants of one that has are decoded only for a caller
+// that has waiters to hand them to (Decode).
+type Grants struct {
+	script string
+	v      []any
+	from   int       // where the list starts in v
+	now    int64     // the server time of the reply
+	sent   time.Time // when its request left
+}
+
+// Decode decodes the list; none (nil) if the reply has none or it does not
+// decode (the pub/sub message, or a resync, delivers them then).
+func (g Grants) Decode() []Grant {
+	if len(g.v) <= g.from {
+		return nil
+	}
+	out, err := decodeGrants(g.script, g.v, g.from, g.now, g.sent)
+	if err != nil {
+		return nil
+	}
+	return out
 }

@@ -225,6 +225,23 @@ func (d *Door) limitArg(limit int) any {
 	return s + d.TotalArg
 }
 
+// onLiveConn runs send, a request safe to send twice (TIME, a script's
+// SHA1 after its body was cut off), again while it fails on a connection
+// the server had closed (EOF or a reset, not a failed dial) and ctx lives:
+// go-redis's pool may hand out such a connection once (a server that
+// replied to an unauthenticated client, then closed its connection), and
+// each failure drops one. Three tries at most; a client with MaxRetries
+// set already retries these itself.
+func onLiveConn(ctx context.Context, send func() error) error {
+	var err error
+	for try := 0; try < 3; try++ {
+		if err = send(); !Unreachable(err) || DialFailed(err) || ctx.Err() != nil {
+			break
+		}
+	}
+	return err
+}
+
 // Bounded runs call and returns its result, or ctx's error as soon as ctx
 // ends while call still runs (call then finishes on its own; its result is
 // dropped). A context that can never end costs no goroutine.

@@ -300,23 +300,6 @@ func replyIs(err error, prefixes []string) bool {
 	return false
 }
 
-// onLiveConn runs send, a request safe to send twice (TIME, a script's
-// SHA1 after its body was cut off), again while it fails on a connection
-// the server had closed (EOF or a reset, not a failed dial) and ctx lives:
-// go-redis's pool may hand out such a connection once (a server that
-// replied to an unauthenticated client, then closed its connection), and
-// each failure drops one. Three tries at most; a client with MaxRetries
-// set already retries these itself.
-func onLiveConn(ctx context.Context, send func() error) error {
-	var err error
-	for try := 0; try < 3; try++ {
-		if err = send(); !Unreachable(err) || DialFailed(err) || ctx.Err() != nil {
-			break
-		}
-	}
-	return err
-}
-
 // DialFailed reports whether err is a failed dial (nothing was sent).
 func DialFailed(err error) bool {
 	var op *net.OpError
