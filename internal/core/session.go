@@ -308,7 +308,7 @@ func (s *session) beat(ctx context.Context, e *Engine, id, age string) error {
 		}
 	}
 	r, err := e.door.Heartbeat(ctx, id, age, keep)
-	s.h.deliverGrants(r.Grants)
+	e.activeHub().deliverGrants(r.Grants)
 	if err != nil && err != wire.ErrSessionDied {
 		return err
 	}
