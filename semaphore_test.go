@@ -226,7 +226,7 @@ func TestTryAcquireRedisDownDefaultClient(t *testing.T) {
 		}
 		_ = s.(interface{ Close() error }).Close()
 		_ = c.Close()
-		waitGone(t, "(*ConnPool).dialConn", "checkEvictionPolicy")
+		waitGone(t, "(*ConnPool).dialConn", "(*policyCheck).check")
 	})
 }
 

@@ -56,7 +56,7 @@ const (
 	// interval before it is given up (ended by the hub's shutdown too).
 	BeatSlack = time.Second
 	// RunnerIdle is how long a goroutine that ran a request (the engine's
-	// reused runners, send.go) waits for its next one before it ends: well
+	// reused runners, core/wire/door.go) waits for its next one before it ends: well
 	// under the two seconds a goroutine-leak check waits for goroutines to
 	// end.
 	RunnerIdle = 500 * time.Millisecond

@@ -3,22 +3,24 @@ package core
 import (
 	"context"
 	"errors"
+	"sync/atomic"
 	"time"
 
 	"github.com/google/uuid"
 	"github.com/redis/go-redis/v9"
 	"github.com/redsem/redsem"
 	"github.com/redsem/redsem/internal/bounds"
+	"github.com/redsem/redsem/internal/core/wire"
 )
 
 // The acquire path, in one shape:
 //
 //	AcquireN / TryAcquireN
-//	  e.begin          a call: the caller's context, ended also by Close (cause ErrClosed)
+//	  newCall          a call: the caller's context, ended also by Close (cause ErrClosed)
 //	  e.waiting.next   the variant's round (below): fairWait registers with the hub,
 //	                   queues under the session and waits for a grant; unfairWait
 //	                   tries, subscribes and waits for freed-slot notices. Both send
-//	                   through c.attempt, one run of acquire.lua (protocol.go)
+//	                   through c.attempt, one run of acquire.lua (wire.Door.Acquire)
 //	  c.retry          rides a transient error out with backoff, within c.ctx
 //	  c.exit           undoes what a failed call may have left, classifies the error once
 //
@@ -34,7 +36,7 @@ func (e *Engine) Acquire(ctx context.Context) (redsem.Lease, error) {
 // AcquireN blocks until n slots are granted at once, ctx ends or the
 // semaphore is closed.
 func (e *Engine) AcquireN(ctx context.Context, n int) (redsem.Lease, error) {
-	c, err := e.begin(ctx, n)
+	c, err := newCall(ctx, e, n)
 	if err != nil {
 		return nil, err
 	}
@@ -63,7 +65,7 @@ func (e *Engine) AcquireN(ctx context.Context, n int) (redsem.Lease, error) {
 // the request that was answered: a request re-sent by go-redis may reach
 // Redis much later) has passed already: a lease made from it would be
 // lost at once, so no call returns one.
-func late(g grant) bool { return !time.Now().Before(g.deadline) }
+func late(g grant) bool { return !time.Now().Before(g.Deadline) }
 
 // waiting is how a call waits for its grant: the variant's strategy,
 // chosen when the engine is made. The call's goroutine runs it, and is the
@@ -103,7 +105,7 @@ func (e *Engine) TryAcquire(ctx context.Context) (redsem.Lease, error) {
 // cluster client, where one node may be down while the others answer,
 // the client's DialTimeout and MaxRetries bound it.
 func (e *Engine) TryAcquireN(ctx context.Context, n int) (redsem.Lease, error) {
-	c, err := e.begin(ctx, n)
+	c, err := newCall(ctx, e, n)
 	if err != nil {
 		return nil, err
 	}
@@ -113,12 +115,12 @@ func (e *Engine) TryAcquireN(ctx context.Context, n int) (redsem.Lease, error) {
 		defer stop()
 	}
 	a, err := c.attempt("try", "")
-	if err == nil && a.code == codeGranted && late(a.grant()) {
+	if err == nil && a.Code == wire.CodeGranted && late(a.Grant()) {
 		// The reply came after the lease's deadline (see late): once more,
 		// with the same id, for the lease's remaining time.
 		a, err = c.attempt("try", "")
-		if err == nil && a.code == codeGranted && late(a.grant()) {
-			err = errorf(redsem.ErrUnavailable, "redsem: %s: granted, but each reply came after the lease's deadline (Redis answers later than LeaseTTL %s)",
+		if err == nil && a.Code == wire.CodeGranted && late(a.Grant()) {
+			err = wire.Errorf(redsem.ErrUnavailable, "redsem: %s: granted, but each reply came after the lease's deadline (Redis answers later than LeaseTTL %s)",
 				e.who(), duration(e.cfg.LeaseTTL))
 		}
 	}
@@ -128,10 +130,10 @@ func (e *Engine) TryAcquireN(ctx context.Context, n int) (redsem.Lease, error) {
 	var l *Lease
 	switch {
 	case err != nil:
-	case a.code == codeGranted:
-		l = c.lease(a.grant())
-	case a.rateMs >= 0:
-		err = &redsem.RateLimitedError{Name: e.cfg.Name, Family: e.familyName(), Rate: a.rateInForce, RetryAfter: time.Duration(a.rateMs) * time.Millisecond}
+	case a.Code == wire.CodeGranted:
+		l = c.lease(a.Grant())
+	case a.RateMs >= 0:
+		err = &redsem.RateLimitedError{Name: e.cfg.Name, Family: e.familyName(), Rate: a.RateInForce, RetryAfter: time.Duration(a.RateMs) * time.Millisecond}
 	default:
 		err = redsem.ErrNoSlot
 	}
@@ -158,7 +160,7 @@ type call struct {
 	replied bool  // Redis answered at least once
 	lastErr error // the last transient error ridden out, while no answer came since
 	// rateRoom: the latest reply said that the rate's window held the call
-	// back while a slot was free (acquireReply.rateMs): when the window
+	// back while a slot was free (wire.AcquireReply.rateMs): when the window
 	// has room, by the local clock, and the rate in force; zero otherwise.
 	rateRoom time.Time
 	rate     redsem.Rate
@@ -168,17 +170,17 @@ type call struct {
 	w       *waiter     // registered with the hub once the call waits
 }
 
-// begin checks n and that e is open, marks e busy (a family keeps the
+// newCall checks n and that e is open, marks e busy (a family keeps the
 // member) and binds Close into the call's context.
-func (e *Engine) begin(ctx context.Context, n int) (*call, error) {
+func newCall(ctx context.Context, e *Engine, n int) (*call, error) {
 	if n < 1 || n > MaxLimit {
-		return nil, errorf(redsem.ErrWeight, "redsem: %s: %d slots wanted, outside [1, limit]", e.who(), n)
+		return nil, wire.Errorf(redsem.ErrWeight, "redsem: %s: %d slots wanted, outside [1, limit]", e.who(), n)
 	}
 	if e.isClosed() {
 		return nil, redsem.ErrClosed
 	}
-	e.busy()
-	e.checkEvictionPolicy() // once, beside the first request
+	e.use.busy()
+	e.policy.check(e.cfg.Client, e.rep) // once, beside the first request
 	c := &call{e: e, parent: ctx, id: uuid.NewString(), n: n, start: time.Now()}
 	c.ctx, c.cancel = context.WithCancelCause(ctx)
 	c.unbind = context.AfterFunc(e.stopped, func() { c.cancel(redsem.ErrClosed) })
@@ -190,7 +192,7 @@ func (e *Engine) begin(ctx context.Context, n int) (*call, error) {
 // retry waits out a transient error with jittered backoff and returns nil
 // to go on; any other error (or the end of c.ctx) is returned as is.
 func (c *call) retry(err error) error {
-	if c.ctx.Err() != nil || !Transient(err) {
+	if c.ctx.Err() != nil || !wire.Transient(err) {
 		return err
 	}
 	c.lastErr = err // the request that learnt it raised the alert (answered)
@@ -214,7 +216,7 @@ func (c *call) sleep(d time.Duration) bool {
 
 // lease makes the lease of a grant.
 func (c *call) lease(g grant) *Lease {
-	l, _ := c.e.newLease(c.id, g.slots, g.token, g.deadline) // a new id: always fresh
+	l, _ := newLease(c.e, c.id, g.Slots, g.Token, g.Deadline) // a new id: always fresh
 	return l
 }
 
@@ -227,11 +229,11 @@ func (c *call) exit(l *Lease, err error) (redsem.Lease, error) {
 		c.unbind()
 		c.cancel(nil)
 		c.timer.Stop()
-		e.idle()
+		e.use.idle()
 	}()
 	if err == nil {
-		if err = e.confirmReplicas(c.ctx, l); err == nil {
-			e.emit(redsem.Event{Kind: redsem.EventAcquired, LeaseID: c.id, Slot: l.slots[0], Token: l.token, Wait: time.Since(c.start)})
+		if err = l.confirmReplicas(c.ctx); err == nil {
+			e.rep.emit(redsem.Event{Kind: redsem.EventAcquired, LeaseID: c.id, Slot: l.slots[0], Token: l.token, Wait: time.Since(c.start)})
 			return l, nil
 		}
 		// confirmReplicas handed the slots back (or the lease was lost).
@@ -240,18 +242,18 @@ func (c *call) exit(l *Lease, err error) (redsem.Lease, error) {
 	}
 	err, alert := acquireErr(err, c.end(err))
 	if alert != nil {
-		e.unreachable(alert) // a failed dial that no request reported
+		e.rep.unreachable(alert) // a failed dial that no request reported
 	}
 	switch {
 	case errors.Is(err, redsem.ErrNoSlot) && c.try:
 	case errors.Is(err, redsem.ErrUnavailable):
-		e.emit(redsem.Event{Kind: redsem.EventUnavailable, Wait: time.Since(c.start), Err: err})
+		e.rep.emit(redsem.Event{Kind: redsem.EventUnavailable, Wait: time.Since(c.start), Err: err})
 	case c.parent.Err() != nil:
-		e.emit(redsem.Event{Kind: redsem.EventAcquireTimedOut, Wait: time.Since(c.start), Err: err})
+		e.rep.emit(redsem.Event{Kind: redsem.EventAcquireTimedOut, Wait: time.Since(c.start), Err: err})
 	case errors.Is(err, redsem.ErrLimitMismatch):
-		e.emit(redsem.Event{Kind: redsem.EventLimitMismatch, Err: err})
+		e.rep.emit(redsem.Event{Kind: redsem.EventLimitMismatch, Err: err})
 	default:
-		e.emit(redsem.Event{Kind: redsem.EventAcquireFailed, Err: err})
+		e.rep.emit(redsem.Event{Kind: redsem.EventAcquireFailed, Err: err})
 	}
 	return nil, err
 }
@@ -270,8 +272,8 @@ func (c *call) heldByRate() (time.Time, redsem.Rate) {
 	if c.w == nil {
 		return time.Time{}, redsem.Rate{}
 	}
-	held := time.Unix(0, c.e.rateHeld.Load())
-	if !held.After(time.Now()) || c.e.rateHeldSeen.Load() < c.start.UnixNano() {
+	held, seen := c.e.rateHeld.get()
+	if !held.After(time.Now()) || seen.Before(c.start) {
 		return time.Time{}, redsem.Rate{} // not now, or learnt before this call waited
 	}
 	rate := c.rate
@@ -281,12 +283,36 @@ func (c *call) heldByRate() (time.Time, redsem.Rate) {
 	return held, rate
 }
 
-// holdByRate records that the rate's window holds back the semaphore's
-// next grant until until (rateHeld), learnt now.
-func (e *Engine) holdByRate(until time.Time) {
-	e.rateHeld.Store(until.UnixNano())
-	e.rateHeldSeen.Store(time.Now().UnixNano())
+// rateHold is until when (unix ns) the rate's window holds back a
+// semaphore's next grant, as the latest reply that said so (attempt) or
+// fair "w" message (session.go) or unfair "0" notice (unfairwait.go) told:
+// a waiter that gives up before then was held by the rate, whatever held
+// it before (heldByRate); and when it was last set (seen): only a waiter
+// that waited then was held by it.
+type rateHold struct {
+	until atomic.Int64
+	seen  atomic.Int64
 }
+
+// hold records that the rate's window holds back the semaphore's next
+// grant until until, learnt now.
+func (r *rateHold) hold(until time.Time) {
+	r.until.Store(until.UnixNano())
+	r.seen.Store(time.Now().UnixNano())
+}
+
+// get returns until when the rate holds back the next grant, and when
+// that was learnt (the zero unix time, 1970, for none).
+func (r *rateHold) get() (until, seen time.Time) {
+	return time.Unix(0, r.until.Load()), time.Unix(0, r.seen.Load())
+}
+
+// none reports that no hold was learnt since the last reset.
+func (r *rateHold) none() bool { return r.until.Load() == 0 }
+
+// reset forgets the hold (SetRate: what the former rate held back is no
+// one's reason now).
+func (r *rateHold) reset() { r.until.Store(0) }
 
 // end gathers what the call knew when it ended with err, for acquireErr:
 // a failed dial of its client since it began (when its context ended it
@@ -335,7 +361,9 @@ func (e *Engine) undo(ctx context.Context, id string) {
 	e.background(uctx, cancel, func(ctx context.Context) {
 		var b bounds.Backoff
 		for {
-			if _, err := e.release(ctx, id, "undo"); err == nil || !Transient(err) {
+			r, err := e.door.Release(ctx, id, "undo")
+			e.activeHub().deliverGrants(r.Grants)
+			if err == nil || !wire.Transient(err) {
 				return
 			}
 			if !b.Wait(ctx) {
@@ -348,50 +376,50 @@ func (e *Engine) undo(ctx context.Context, id string) {
 // attempt runs acquire.lua once in mode ("try", "wait" or "queue") with
 // session sid (queue mode). A reply with a code that is an error (limit
 // mismatch, weight, queue full, cancelled) comes back as that error.
-func (c *call) attempt(mode, sid string) (acquireReply, error) {
+func (c *call) attempt(mode, sid string) (wire.AcquireReply, error) {
 	if err := c.ctx.Err(); err != nil {
-		return acquireReply{}, err // nothing sent
+		return wire.AcquireReply{}, err // nothing sent
 	}
 	c.tried = true
 	if f := c.e.fam; f != nil {
 		if err := f.checkShards(c.ctx); err != nil {
-			return acquireReply{}, err // nothing sent that writes a member's keys
+			return wire.AcquireReply{}, err // nothing sent that writes a member's keys
 		}
 	}
-	refuseAfter, err := c.e.refuseAfter(c.ctx)
+	refuseAfter, err := c.e.door.RefuseAfter(c.ctx)
 	if err != nil {
-		return acquireReply{}, err // nothing sent that writes
+		return wire.AcquireReply{}, err // nothing sent that writes
 	}
 	sentBefore := c.sent
 	c.sent = true
-	a, err := c.e.acquire(c.ctx, acquireArgs{id: c.id, n: c.n, mode: mode, sid: sid, refuseAfter: refuseAfter})
-	if neverSent(err) {
+	a, err := c.e.door.Acquire(c.ctx, wire.AcquireArgs{ID: c.id, N: c.n, Mode: mode, SID: sid, RefuseAfter: refuseAfter})
+	if wire.NeverSent(err) {
 		// The dial gate refused it: it never left, and an undo for it
 		// would only wait for Redis to come back (while Redis refuses
 		// connections, callers that try again and again would leave one
 		// each, to run all at once on its return).
 		c.sent = sentBefore
 	}
-	if errors.Is(err, errCancelled) && refuseAfter > 0 && a.now > refuseAfter && c.ctx.Err() == nil {
+	if errors.Is(err, wire.ErrCancelled) && refuseAfter > 0 && a.Now > refuseAfter && c.ctx.Err() == nil {
 		// Refused by refuse_after while the caller still waits: the bound
 		// came from an older reply, and the server's clock has since
 		// stepped forward past it (an NTP correction, a resumed VM), not
 		// the request been held up (the caller would have given up). The
 		// script wrote nothing, and this reply's time is now the engine's:
 		// the request goes again once, bounded anew.
-		if refuseAfter, err = c.e.refuseAfter(c.ctx); err != nil {
-			return acquireReply{}, err
+		if refuseAfter, err = c.e.door.RefuseAfter(c.ctx); err != nil {
+			return wire.AcquireReply{}, err
 		}
-		a, err = c.e.acquire(c.ctx, acquireArgs{id: c.id, n: c.n, mode: mode, sid: sid, refuseAfter: refuseAfter})
+		a, err = c.e.door.Acquire(c.ctx, wire.AcquireArgs{ID: c.id, N: c.n, Mode: mode, SID: sid, RefuseAfter: refuseAfter})
 	}
 	if err == nil {
 		c.rateRoom, c.rate = time.Time{}, redsem.Rate{}
-		if a.code == codeQueued && a.rateMs >= 0 {
-			c.rateRoom, c.rate = time.Now().Add(time.Duration(a.rateMs)*time.Millisecond), a.rateInForce
-			c.e.holdByRate(c.rateRoom) // for the waiters behind this one
+		if a.Code == wire.CodeQueued && a.RateMs >= 0 {
+			c.rateRoom, c.rate = time.Now().Add(time.Duration(a.RateMs)*time.Millisecond), a.RateInForce
+			c.e.rateHeld.hold(c.rateRoom) // for the waiters behind this one
 		}
 	}
-	if err == nil || !Transient(err) {
+	if err == nil || !wire.Transient(err) {
 		if err == nil || !errors.Is(err, c.ctx.Err()) {
 			c.replied, c.lastErr, c.backoff = true, nil, bounds.Backoff{}
 		}

@@ -15,14 +15,14 @@
 //	                shard) and the registry of its local waiters
 //	lease.go        a granted lease: one owner for its state, its watchdog
 //	resume.go       Resume: a lease granted elsewhere, by its id
-//	protocol.go     every script as one typed call (arguments, reply, reply
-//	                codes and the errors they mean)
-//	send.go         the one door to Redis: run (FCALL, EVALSHA or EVAL),
-//	                the dial gate, the bound of the caller's context
-//	decode.go       reading a script's reply
-//	clock.go        the server's clock, and requests bounded in server time
-//	errors.go       what every error means, with no side effect (Transient,
-//	                Unreachable, wrap, acquireErr, needsUndo, own)
+//	errors.go       how errors name the semaphore (who), and what an acquire
+//	                call's error says (acquireErr) and may have left (needsUndo)
+//	wire/           the script boundary (package wire, no engine, hub or
+//	                logging in it): the Door, every script as one typed call
+//	                (calls.go), the one way to Redis (door.go: FCALL, EVALSHA
+//	                or EVAL, bounded by the caller's context), reply and
+//	                message decoding, the server's clock, the FUNCTION
+//	                library's state, and what every error means (errors.go)
 //	(every time bound, and the retries' backoff: package internal/bounds)
 //	functions.go    the FUNCTION library: when a client's calls use FCALL
 //	family.go, shards.go, total.go, keys.go   keyed families and the key layout
@@ -31,12 +31,15 @@ package core
 
 import (
 	"context"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/redis/go-redis/v9"
 	"github.com/redsem/redsem"
+	"github.com/redsem/redsem/internal/bounds"
+	"github.com/redsem/redsem/internal/core/wire"
 	"github.com/redsem/redsem/lua"
 )
 
@@ -46,38 +49,24 @@ type Engine struct {
 	keys Keys
 	pub  string // PUBLISH, or SPUBLISH on a cluster
 
-	clock serverClock
+	// door is the script boundary (package wire): every script call of
+	// the engine goes through it.
+	door *wire.Door
 
-	// rateHeld: until when (unix ns) the rate's window holds back this
-	// semaphore's next grant, as the latest reply that said so (acquire.go)
-	// or fair "w" message (session.go) told: a waiter that gives up before
-	// then was held by the rate, whatever held it before (heldByRate).
-	rateHeld atomic.Int64
-	// rateHeldSeen: when (unix ns) rateHeld was last set: only a waiter
-	// that waited then was held by it.
-	rateHeldSeen atomic.Int64
+	rateHeld rateHold // until when the rate's window holds back the next grant (acquire.go)
 
-	// The maxmemory-policy check (observe.go), once per engine or family.
-	policyMu   sync.Mutex
-	policyDone chan struct{} // nil: not started (or to be tried again); closed when it ended
-	policy     string
+	policy *policyCheck // the maxmemory-policy check (observe.go): a family's members share the root's
+	rep    *reporter    // events and conditions: what the engine tells (observe.go)
 
-	alerts *alerts   // conditions logged at Warn (shared by every engine of the client)
-	lib    *libState // whether the client's calls use FCALL (functions.go)
-
-	sent [lua.RenewMany + 1]atomic.Bool // scripts sent whole once (see loaded), by Script (RenewMany is the last)
+	alerts *alerts       // conditions logged at Warn (shared by every engine of the client)
+	lib    *wire.Library // whether the client's calls use FCALL (functions.go)
 
 	waiting waiting // the variant's waiting strategy
 
 	hubMu sync.Mutex
 	hub   *hub
 
-	// leases are the engine's live leases by id (resume.go): Resume of an
-	// id held here returns the same Lease. A lease enters when made
-	// (newLease) and leaves when it ends (finishLocked), under leasesMu,
-	// which is taken after a lease's mu, never before it.
-	leasesMu sync.Mutex
-	leases   map[string]*Lease
+	leases leaseSet // the engine's live leases by id (resume.go), renewed together (renewals.go)
 
 	// stopped ends on Close (a family's, for its members): the one place
 	// that says the semaphore is closed. Calls bind their context to it,
@@ -87,13 +76,11 @@ type Engine struct {
 	bg      sync.WaitGroup // background work (background): undos, give-ups, release retries
 
 	// A member of a keyed family shares the family's hub (hubMu and hub
-	// above are unused) and is dropped from the family's map once
-	// idle: no call in flight and no live lease (active), for the family's
-	// idle period since used (unix ns).
-	fam    *Family
-	shard  *famShard // the member's shard: its hub
-	active atomic.Int64
-	used   atomic.Int64
+	// above are unused) and is dropped from the family's map once idle
+	// (use: nil for a semaphore of its own).
+	fam   *Family
+	shard *famShard // the member's shard: its hub
+	use   *memberUse
 }
 
 // hubSlot returns where the engine's waiting machinery lives: the mutex
@@ -114,18 +101,27 @@ func waitingFor(cfg Config) waiting {
 	return unfairWait{}
 }
 
+// memberUse is how a family member is in use: it is dropped from the
+// family's map once idle, with no call in flight and no live lease
+// (active), for the family's idle period since used (unix ns).
+type memberUse struct {
+	active atomic.Int64
+	used   atomic.Int64
+}
+
 // busy and idle bracket a call or a lease of a family member, so that the
-// family keeps a member while it is in use (no-ops for a plain semaphore).
-func (e *Engine) busy() {
-	if e.fam != nil {
-		e.active.Add(1)
+// family keeps a member while it is in use (no-ops on a nil memberUse: a
+// plain semaphore).
+func (u *memberUse) busy() {
+	if u != nil {
+		u.active.Add(1)
 	}
 }
 
-func (e *Engine) idle() {
-	if e.fam != nil {
-		e.used.Store(time.Now().UnixNano())
-		e.active.Add(-1)
+func (u *memberUse) idle() {
+	if u != nil {
+		u.used.Store(time.Now().UnixNano())
+		u.active.Add(-1)
 	}
 }
 
@@ -135,14 +131,59 @@ func New(cfg Config) (*Engine, error) {
 		return nil, err
 	}
 	keys := KeysFor(cfg.Prefix, cfg.Name)
-	e := &Engine{cfg: cfg, keys: keys, pub: "PUBLISH", alerts: alertsFor(cfg.Client, keys), lib: libFor(cfg.Client)}
+	e := &Engine{cfg: cfg, keys: keys, pub: "PUBLISH", alerts: alertsFor(cfg.Client, keys), lib: wire.LibraryFor(cfg.Client)}
 	e.stopped, e.stop = context.WithCancel(context.Background())
 	e.waiting = waitingFor(cfg)
 	if _, ok := cfg.Client.(*redis.ClusterClient); ok {
 		e.pub = "SPUBLISH"
 	}
+	complete(e)
 	return e, nil
 }
+
+// complete makes the parts of e that follow from its settings, keys and
+// family, once those are set: its reporter, its policy check (a family's
+// members share the root's) and its door.
+func complete(e *Engine) {
+	e.rep = reporterFor(e)
+	e.policy = new(policyCheck)
+	if e.fam != nil {
+		e.policy = e.fam.root.policy
+	}
+	e.door = doorFor(e)
+}
+
+// doorFor makes the script boundary of e: what its calls send, how its
+// errors name it, and where it reports what its requests learn (watch). A
+// family's members (and its own engines) share the root's record of the
+// scripts sent whole.
+func doorFor(e *Engine) *wire.Door {
+	d := &wire.Door{
+		Client: e.cfg.Client, Keys: e.keys.Script(), Chan: e.keys.Chan, Pub: e.pub,
+		Limit: e.cfg.Limit, Rate: e.cfg.Rate, LeaseTTL: e.cfg.LeaseTTL, QueueTTL: e.cfg.QueueTTL, Fallback: e.cfg.Fallback,
+		Owner: e.cfg.Owner, MaxWaiters: e.cfg.MaxWaiters,
+		Who: e.who(), Name: e.cfg.Name, Family: e.familyName(),
+		Lib: e.lib, Sent: new(wire.Sent), Watch: watch{e},
+	}
+	if e.fam != nil {
+		d.FamName, d.Total = e.fam.Name(), e.fam.total
+		d.Sent = e.fam.root.door.Sent
+	}
+	if e.keys.Fam != nil {
+		// A member of a family with a total: its client's total and variant.
+		d.TotalArg = "+" + strconv.Itoa(e.fam.total) + ":" + e.waiting.tag()
+	}
+	return d
+}
+
+// watch is the engine's side of its door (wire.Watch): the dial gate, the
+// alerts that what a request learnt raises or clears, and the library load
+// that a reply may start.
+type watch struct{ e *Engine }
+
+func (w watch) Ready(ctx context.Context) error    { return w.e.alerts.ready(ctx) }
+func (w watch) Answered(sent time.Time, err error) { w.e.rep.answered(sent, err) }
+func (w watch) Used()                              { w.e.loadLibrary() }
 
 // Name is the semaphore's name.
 func (e *Engine) Name() string { return e.cfg.Name }
@@ -206,15 +247,16 @@ func (e *Engine) isClosed() bool { return e.stopped.Err() != nil }
 // returns the kind of release (ReleasedLease, ReleasedWaiter or
 // ReleasedNothing) and how many waiters it admitted into freed slots.
 func (e *Engine) ForceRelease(ctx context.Context, id string) (kind, admitted int, err error) {
-	r, err := e.release(ctx, id, "force")
-	return r.kind, r.admitted, err
+	r, err := e.door.Release(ctx, id, "force")
+	e.activeHub().deliverGrants(r.Grants)
+	return r.Kind, r.Admitted, err
 }
 
 // Status reads the live state. Like SetLimit and SetRate, it fails as soon
 // as a dial of the client fails (failFast), as TryAcquire does.
 func (e *Engine) Status(ctx context.Context) (st redsem.Status, err error) {
 	err = e.failFast(ctx, func(ctx context.Context) error {
-		st, err = e.status(ctx)
+		st, err = e.door.Status(ctx)
 		return err
 	})
 	return st, err
@@ -237,8 +279,8 @@ func (e *Engine) failFast(ctx context.Context, call func(ctx context.Context) er
 	err := call(cctx)
 	if err != nil && ctx.Err() == nil && cctx.Err() != nil {
 		if cause := context.Cause(cctx); cause != nil && cause != cctx.Err() {
-			e.unreachable(cause)
-			return wrap(e.who(), cause)
+			e.rep.unreachable(cause)
+			return wire.Wrap(e.who(), cause)
 		}
 	}
 	return err
@@ -250,22 +292,24 @@ func (e *Engine) SetLimit(ctx context.Context, limit int) error {
 		return cfgErr("limit", "%d is outside [1, %d]", limit, MaxLimit)
 	}
 	return e.failFast(ctx, func(ctx context.Context) error {
-		if err := e.sameShards(ctx); err != nil {
+		if err := e.fam.sameShards(ctx, e.who()); err != nil {
 			return err
 		}
-		return e.setLimit(ctx, limit)
+		g, cancel, err := e.door.SetLimit(ctx, limit)
+		return settled(ctx, e, g, cancel, err)
 	})
 }
 
-// sameShards refuses to change a family member whose family the Redis
-// record says is spread over another number of shards (its keys here
-// would be nobody's); a plain semaphore passes.
-func (e *Engine) sameShards(ctx context.Context) error {
-	if e.fam == nil {
+// sameShards refuses to change a family member (who, as errors name it)
+// whose family the Redis record says is spread over another number of
+// shards (its keys here would be nobody's); a plain semaphore (a nil
+// family) passes.
+func (f *Family) sameShards(ctx context.Context, who string) error {
+	if f == nil {
 		return nil
 	}
-	if err := e.fam.compareShards(ctx); err != nil {
-		return callErr(e.who(), ctx, err)
+	if err := f.compareShards(ctx); err != nil {
+		return wire.CallErr(who, ctx, err)
 	}
 	return nil
 }
@@ -278,13 +322,38 @@ func (e *Engine) SetRate(ctx context.Context, rate redsem.Rate) error {
 		return err
 	}
 	return e.failFast(ctx, func(ctx context.Context) error {
-		if err := e.sameShards(ctx); err != nil {
+		if err := e.fam.sameShards(ctx, e.who()); err != nil {
 			return err
 		}
-		if err := e.setRate(ctx, rate); err != nil {
+		g, cancel, err := e.door.SetRate(ctx, rate)
+		if err := settled(ctx, e, g, cancel, err); err != nil {
 			return err
 		}
-		e.rateHeld.Store(0) // what the former rate held back is no one's reason now
+		e.rateHeld.reset() // what the former rate held back is no one's reason now
 		return nil
 	})
 }
+
+// settled ends a setting call (SetLimit, SetRate, a family's SetTotal): the
+// grants it made go to local waiters, and a call whose caller gave up has
+// its cancel run in the background, within bounds.CancelCall.
+func settled(ctx context.Context, e *Engine, g wire.Grants, cancel wire.Cancel, err error) error {
+	if cancel != nil {
+		bctx, stop := context.WithTimeout(context.WithoutCancel(ctx), bounds.CancelCall)
+		e.background(bctx, stop, cancel)
+	}
+	e.activeHub().deliverGrants(g)
+	return err
+}
+
+// Script returns the runnable script for s (wire.Script): package fencing
+// and the tests run the scripts that the engine does not with it.
+func Script(s lua.Script) *redis.Script { return wire.Script(s) }
+
+// Kinds of release that release.lua reports (ForceRelease), as package
+// wire declares them.
+const (
+	ReleasedNothing = wire.ReleasedNothing // nothing live had the id (a lease: it was lost)
+	ReleasedLease   = wire.ReleasedLease
+	ReleasedWaiter  = wire.ReleasedWaiter
+)

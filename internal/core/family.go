@@ -99,7 +99,8 @@ func NewFamily(cfg Config, idleAfter time.Duration, shards, total int) (*Family,
 		script := append(append([]string{}, f.famKeys...), base+"sessions")
 		keys := Keys{Chan: base + "ch", Free: base + "ch:free", Fam: f.famKeys, script: script}
 		f.famEng = &Engine{cfg: root.cfg, keys: keys, pub: root.pub, fam: f, stopped: root.stopped, stop: root.stop,
-			alerts: root.alerts, lib: root.lib, waiting: root.waiting}
+			alerts: root.alerts, lib: root.lib, waiting: root.waiting, use: new(memberUse)}
+		complete(f.famEng)
 	}
 	return f, nil
 }
@@ -124,7 +125,7 @@ func (f *Family) Get(key string) (*Engine, error) {
 	f.mmu.Lock()
 	defer f.mmu.Unlock()
 	if e := f.members[key]; e != nil {
-		e.used.Store(time.Now().UnixNano())
+		e.use.used.Store(time.Now().UnixNano())
 		return e, nil
 	}
 	cfg := f.root.cfg
@@ -150,9 +151,10 @@ func (f *Family) Get(key string) (*Engine, error) {
 	e := &Engine{
 		cfg: cfg, keys: keys, pub: f.root.pub,
 		fam: f, shard: sh, stopped: f.root.stopped, stop: f.root.stop, alerts: sh.alerts, lib: f.root.lib,
-		waiting: f.root.waiting,
+		waiting: f.root.waiting, use: new(memberUse),
 	}
-	e.used.Store(time.Now().UnixNano())
+	complete(e)
+	e.use.used.Store(time.Now().UnixNano())
 	f.members[key] = e
 	if f.sweep == nil {
 		f.sweep = time.AfterFunc(f.idleAfter/2, f.dropIdle)
@@ -177,7 +179,7 @@ func (f *Family) dropIdle() {
 		return // closed
 	}
 	for k, e := range f.members {
-		if e.active.Load() == 0 && e.used.Load() < cutoff {
+		if e.use.active.Load() == 0 && e.use.used.Load() < cutoff {
 			delete(f.members, k)
 		}
 	}

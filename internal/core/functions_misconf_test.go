@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+	"github.com/redsem/redsem/internal/core/wire"
 	"github.com/redsem/redsem/internal/testkit/redistest"
 	"github.com/redsem/redsem/lua"
 )
@@ -36,8 +37,8 @@ func TestRefusedRealReplies(t *testing.T) {
 		if !errors.As(err, &re) {
 			t.Fatalf("%s: %v is not a Redis reply", what, err)
 		}
-		if got := refused(err); got != want {
-			t.Errorf("%s: refused(%q) = %v, want %v", what, err, got, want)
+		if got := wire.Refused(err); got != want {
+			t.Errorf("%s: wire.Refused(%q) = %v, want %v", what, err, got, want)
 		}
 	}
 
@@ -168,9 +169,7 @@ func TestLibraryAfterMisconf(t *testing.T) {
 	clear()
 	// The next load would wait bounds.LibRetry after the failed one: not what
 	// this test is about.
-	e.lib.mu.Lock()
-	e.lib.failed = time.Time{}
-	e.lib.mu.Unlock()
+	e.lib.ForgetFailure()
 	if _, err := e.Status(ctx); err != nil {
 		t.Fatal(err)
 	}

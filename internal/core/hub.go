@@ -8,7 +8,12 @@ import (
 	"github.com/redis/go-redis/v9"
 	"github.com/redsem/redsem"
 	"github.com/redsem/redsem/internal/bounds"
+	"github.com/redsem/redsem/internal/core/wire"
 )
+
+// grant is a grant as a script reply or a session message reports it
+// (package wire decodes both).
+type grant = wire.Grant
 
 type evKind int
 
@@ -408,4 +413,16 @@ func (h *hub) listener() listener {
 		return nil
 	}
 	return h.l
+}
+
+// deliverGrants wakes the local waiters named in a script reply's grant
+// list, without waiting for the pub/sub message; nothing for a nil hub
+// (no waiter of this process).
+func (h *hub) deliverGrants(g wire.Grants) {
+	if h == nil {
+		return
+	}
+	for _, gr := range g.Decode() {
+		h.deliver(gr.ID, event{kind: evGrant, grant: gr})
+	}
 }

@@ -8,6 +8,7 @@ import (
 
 	"github.com/redsem/redsem"
 	"github.com/redsem/redsem/internal/bounds"
+	"github.com/redsem/redsem/internal/core/wire"
 	"github.com/redsem/redsem/internal/sentinel"
 )
 
@@ -103,11 +104,11 @@ type Lease struct {
 
 var _ redsem.Lease = (*Lease)(nil)
 
-// newLease makes the lease of a grant (or of Resume), holding slots with
-// token until deadline (local), and registers it with
-// e (see Engine.leases): fresh. When e has a live lease of that id already
-// (only Resume can meet one), it returns that lease instead, not fresh.
-func (e *Engine) newLease(id string, slots []int, token int64, deadline time.Time) (_ *Lease, fresh bool) {
+// newLease makes the lease of e for a grant (or of Resume), holding slots
+// with token until deadline (local), and registers it with e (see
+// leaseSet): fresh. When e has a live lease of that id already (only
+// Resume can meet one), it returns that lease instead, not fresh.
+func newLease(e *Engine, id string, slots []int, token int64, deadline time.Time) (_ *Lease, fresh bool) {
 	l := &Lease{
 		e: e, id: id, slots: slots, token: token, deadline: deadline, granted: time.Now(),
 		done: make(chan struct{}),
@@ -115,21 +116,14 @@ func (e *Engine) newLease(id string, slots []int, token int64, deadline time.Tim
 	l.ctx, l.cancel = context.WithCancelCause(context.Background())
 	// Registered under mu, which is held until the lease is complete: a
 	// Resume that finds it in e.leases meanwhile waits for it (mu, then
-	// leasesMu: the order finishLocked takes them in).
+	// the set's mu: the order finishLocked takes them in).
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	e.leasesMu.Lock()
-	if old := e.leases[id]; old != nil {
-		e.leasesMu.Unlock()
+	if old := e.leases.add(l); old != nil {
 		l.cancel(nil)
 		return old, false
 	}
-	if e.leases == nil {
-		e.leases = make(map[string]*Lease)
-	}
-	e.leases[id] = l
-	e.leasesMu.Unlock()
-	e.busy() // a family keeps the member of a live lease; finish undoes it
+	e.use.busy() // a family keeps the member of a live lease; finish undoes it
 	// The first renewal comes after a third of the TTL, or sooner when the
 	// deadline is nearer than a full TTL (a fair grant not yet claimed
 	// lasts only as long as its session; a retried acquire returns what is
@@ -159,7 +153,7 @@ func (l *Lease) Context() context.Context { return l.ctx }
 func (l *Lease) Token() int64 { return l.token }
 
 // Deadline is the local estimate of when the lease expires unless renewed:
-// never later than the deadline Redis keeps (see expiresBy, and the session
+// never later than the deadline Redis keeps (see package wire's expiresBy, and the session
 // bound of an unclaimed fair grant in acquireFair).
 func (l *Lease) Deadline() time.Time {
 	l.mu.Lock()
@@ -265,14 +259,14 @@ func (l *Lease) Renew(ctx context.Context) error {
 		return err
 	}
 	l.mu.Unlock()
-	r, err := l.e.renew(octx, l.e.cfg.Client, l.id, false)
+	r, err := l.e.door.Renew(octx, l.e.cfg.Client, l.id, false)
 	return l.endRenew(octx, r, err, false)
 }
 
 // endRenew applies a renewal's outcome (auto: the watchdog's) and ends the
 // op; it returns what Renew reports. A reply that comes after the lease
 // ended (its deadline passed meanwhile) changes nothing.
-func (l *Lease) endRenew(octx context.Context, r renewReply, err error, auto bool) error {
+func (l *Lease) endRenew(octx context.Context, r wire.RenewReply, err error, auto bool) error {
 	l.mu.Lock()
 	var ev func()
 	switch {
@@ -283,10 +277,10 @@ func (l *Lease) endRenew(octx context.Context, r renewReply, err error, auto boo
 		// then, whatever Redis did meanwhile (giveUp undoes a renewal).
 		ev = l.lose(time.Now())
 		err = redsem.ErrLeaseLost
-	case err == nil && r.ok:
-		l.deadline = r.deadline
+	case err == nil && r.OK:
+		l.deadline = r.Deadline
 		l.renewAt = time.Now().Add(bounds.RenewEvery(l.e.cfg.LeaseTTL))
-	case err == nil && r.released:
+	case err == nil && r.Released:
 		// A holder released it: another handle of the lease (Resume), in
 		// this process or another. It ends quietly, as released.
 		l.answered = true
@@ -340,7 +334,7 @@ func (l *Lease) fire() {
 	l.due = true
 	l.arm()
 	l.mu.Unlock()
-	l.e.renewDue()
+	l.e.leases.renewDue(l.e.door, l.e.cfg.LeaseTTL)
 }
 
 // capHold stops the renewals of a lease held for MaxHold (under mu).
@@ -372,7 +366,8 @@ func (l *Lease) lose(at time.Time) func() {
 func (l *Lease) giveUp() {
 	ctx, cancel := context.WithTimeout(context.Background(), bounds.ExpireRelease(l.e.cfg.LeaseTTL))
 	l.e.background(ctx, func() { cancel() }, func(ctx context.Context) {
-		_, _ = l.e.releaseExpired(ctx, l.id)
+		r, _ := l.e.door.ReleaseExpired(ctx, l.id)
+		l.e.activeHub().deliverGrants(r.Grants)
 	})
 }
 
@@ -422,7 +417,8 @@ func (l *Lease) Release(ctx context.Context) error {
 	}
 	l.releasing--
 	l.mu.Unlock()
-	r, err := l.e.release(octx, l.id, "owner")
+	r, err := l.e.door.Release(octx, l.id, "owner")
+	l.e.activeHub().deliverGrants(r.Grants)
 	l.mu.Lock()
 	if l.state != held || l.overdue() {
 		// The deadline passed while the release ran: the lease was lost
@@ -436,12 +432,12 @@ func (l *Lease) Release(ctx context.Context) error {
 		l.noRenew = true
 		l.endOp()
 		l.mu.Unlock()
-		if Transient(err) {
+		if wire.Transient(err) {
 			l.releaseLater()
 		}
 		return err
 	}
-	return l.endRelease(r.kind, called)
+	return l.endRelease(r.Kind, called)
 }
 
 // overdue reports (under mu) whether the deadline of a held lease has
@@ -471,7 +467,7 @@ func (l *Lease) endLate() error {
 func (l *Lease) endRelease(kind int, called time.Time) error {
 	l.answered = true
 	st, err := released, error(nil)
-	if kind != ReleasedLease {
+	if kind != wire.ReleasedLease {
 		st, err = lost, redsem.ErrLeaseLost
 	}
 	ev := l.finishLocked(st, called)
@@ -503,7 +499,8 @@ func (l *Lease) releaseLater() {
 			}
 			l.mu.Unlock()
 			called := time.Now()
-			r, err := l.e.release(octx, l.id, "owner")
+			r, err := l.e.door.Release(octx, l.id, "owner")
+			l.e.activeHub().deliverGrants(r.Grants)
 			l.mu.Lock()
 			if l.state != held || l.overdue() {
 				_ = l.endLate() // lost at its deadline meanwhile
@@ -512,12 +509,12 @@ func (l *Lease) releaseLater() {
 			if err != nil {
 				l.endOp()
 				l.mu.Unlock()
-				if Transient(err) {
+				if wire.Transient(err) {
 					continue
 				}
 				return
 			}
-			_ = l.endRelease(r.kind, called)
+			_ = l.endRelease(r.Kind, called)
 			return
 		}
 	})
@@ -553,13 +550,13 @@ func (l *Lease) finishLocked(st leaseState, at time.Time) func() {
 	if l.op != opNone {
 		l.cancelOp(cause)
 	}
-	l.e.forget(l)
-	l.e.idle()
+	l.e.leases.forget(l)
+	l.e.use.idle()
 	l.timer.Stop()
 	kind := redsem.EventReleased
 	if st == lost {
 		kind = redsem.EventLeaseLost
 	}
 	ev := redsem.Event{Kind: kind, LeaseID: l.id, Slot: l.slots[0], Token: l.token, Hold: at.Sub(l.granted)}
-	return func() { l.e.emit(ev) }
+	return func() { l.e.rep.emit(ev) }
 }

@@ -15,24 +15,58 @@ import (
 	"github.com/redis/go-redis/v9"
 	"github.com/redsem/redsem"
 	"github.com/redsem/redsem/internal/bounds"
+	"github.com/redsem/redsem/internal/core/wire"
 )
+
+// What an engine tells: its events to the Observer and the Logger (emit),
+// and the conditions of its client (Redis unreachable, a maxmemory-policy
+// that may evict its keys) to the alerts that every engine of the client
+// shares, logged at Warn. Package wire tells nothing: what its requests
+// learn comes here through the engine's watch (answered).
+
+// reporter is an engine's voice: its name as events and records say it,
+// where they go, and its client's alerts. It is fixed when the engine is
+// made (reporterFor).
+type reporter struct {
+	name, family string // the semaphore's name, and its family's (Engine.familyName)
+	observer     redsem.Observer
+	logger       *slog.Logger // Config.Logger: events go there only if set
+	client       redis.UniversalClient
+	alerts       *alerts
+}
+
+// reporterFor makes the reporter of e, once its settings and family are
+// set.
+func reporterFor(e *Engine) *reporter {
+	return &reporter{name: e.cfg.Name, family: e.familyName(), observer: e.cfg.Observer, logger: e.cfg.Logger,
+		client: e.cfg.Client, alerts: e.alerts}
+}
+
+// warn is where conditions (and the Debug records of the engine) are
+// logged: Options.Logger, else slog.Default() as it is now.
+func (r *reporter) warn() *slog.Logger {
+	if r.logger != nil {
+		return r.logger
+	}
+	return slog.Default()
+}
 
 // emit reports ev to the Observer and the Logger, if set. Both nil costs a
 // pair of nil checks.
-func (e *Engine) emit(ev redsem.Event) {
-	if e.cfg.Observer == nil && e.cfg.Logger == nil {
+func (r *reporter) emit(ev redsem.Event) {
+	if r.observer == nil && r.logger == nil {
 		return
 	}
-	ev.Name, ev.Family = e.cfg.Name, e.familyName()
-	if e.cfg.Observer != nil {
-		e.cfg.Observer(ev)
+	ev.Name, ev.Family = r.name, r.family
+	if r.observer != nil {
+		r.observer(ev)
 	}
-	if e.cfg.Logger != nil {
-		e.log(ev)
+	if r.logger != nil {
+		r.log(ev)
 	}
 }
 
-func (e *Engine) log(ev redsem.Event) {
+func (r *reporter) log(ev redsem.Event) {
 	level := slog.LevelDebug
 	switch ev.Kind {
 	case redsem.EventLeaseLost, redsem.EventWaiterEvicted, redsem.EventLimitMismatch, redsem.EventAcquireFailed:
@@ -59,7 +93,7 @@ func (e *Engine) log(ev redsem.Event) {
 	if ev.Err != nil {
 		attrs = append(attrs, slog.String("error", ev.Err.Error()))
 	}
-	e.cfg.Logger.LogAttrs(context.Background(), level, "redsem: "+ev.Kind.String(), attrs...)
+	r.logger.LogAttrs(context.Background(), level, "redsem: "+ev.Kind.String(), attrs...)
 }
 
 // A condition is a failure that a user must see without configuring
@@ -339,21 +373,12 @@ func alertsByKey(key any, c redis.UniversalClient, slot int) (a *alerts, added b
 	return v.(*alerts), added
 }
 
-// logger is where conditions are logged: Options.Logger, else
-// slog.Default().
-func (c *Config) logger() *slog.Logger {
-	if c.Logger != nil {
-		return c.Logger
-	}
-	return slog.Default()
-}
-
 // raise records evidence, from time at (zero: now), that cond holds: it
 // changes nothing if at is not after the latest evidence that it does not
 // (clear). It logs msg at Warn if cond was last logged bounds.AlertEvery ago (or
 // never): when it starts, and at most once a minute while it lasts.
-func (e *Engine) raise(cond condition, at time.Time, msg string, attrs ...slog.Attr) {
-	a := e.alerts
+func (r *reporter) raise(cond condition, at time.Time, msg string, attrs ...slog.Attr) {
+	a := r.alerts
 	now := time.Now()
 	if at.IsZero() {
 		at = now
@@ -374,8 +399,8 @@ func (e *Engine) raise(cond condition, at time.Time, msg string, attrs ...slog.A
 	a.any.Store(true)
 	a.mu.Unlock()
 	if log {
-		attrs = append([]slog.Attr{slog.String("semaphore", e.cfg.Name)}, attrs...)
-		e.cfg.logger().LogAttrs(context.Background(), slog.LevelWarn, msg, attrs...)
+		attrs = append([]slog.Attr{slog.String("semaphore", r.name)}, attrs...)
+		r.warn().LogAttrs(context.Background(), slog.LevelWarn, msg, attrs...)
 	}
 }
 
@@ -383,8 +408,8 @@ func (e *Engine) raise(cond condition, at time.Time, msg string, attrs ...slog.A
 // ends if it held and at is after the latest evidence that it did, and
 // msg is logged at Warn if its start was (Warn, so that whoever saw it
 // start sees it end). While no condition holds, it costs an atomic load.
-func (e *Engine) clear(cond condition, at time.Time, msg string) {
-	a := e.alerts
+func (r *reporter) clear(cond condition, at time.Time, msg string) {
+	a := r.alerts
 	if !a.any.Load() {
 		return
 	}
@@ -403,7 +428,7 @@ func (e *Engine) clear(cond condition, at time.Time, msg string) {
 	a.any.Store(any)
 	a.mu.Unlock()
 	if told {
-		e.cfg.logger().LogAttrs(context.Background(), slog.LevelWarn, msg, slog.String("semaphore", e.cfg.Name))
+		r.warn().LogAttrs(context.Background(), slog.LevelWarn, msg, slog.String("semaphore", r.name))
 	}
 }
 
@@ -425,36 +450,36 @@ func later(a, b time.Time) time.Time {
 // reload interval (a minute by default), so after a master died and its
 // replica took over, the calls for its slots would keep dialling the dead
 // node. go-redis runs one reload at a time, at most every 200 ms.
-func (e *Engine) unreachable(err error) {
-	if cc, ok := e.cfg.Client.(*redis.ClusterClient); ok {
+func (r *reporter) unreachable(err error) {
+	if cc, ok := r.client.(*redis.ClusterClient); ok {
 		cc.ReloadState(context.Background())
 	}
 	var at time.Time
-	if dialFailed(err) {
+	if wire.DialFailed(err) {
 		var okSince bool
-		if at, okSince = e.alerts.dials.lastFailure(); okSince && !at.IsZero() {
+		if at, okSince = r.alerts.dials.lastFailure(); okSince && !at.IsZero() {
 			return
 		}
 	}
-	e.raise(condUnreachable, at, "redsem: Redis unreachable", slog.String("error", err.Error()))
+	r.raise(condUnreachable, at, "redsem: Redis unreachable", slog.String("error", err.Error()))
 }
 
 // reached records that a request sent at sent got an answer from Redis.
-func (e *Engine) reached(sent time.Time) {
-	e.clear(condUnreachable, sent, "redsem: Redis reachable again")
+func (r *reporter) reached(sent time.Time) {
+	r.clear(condUnreachable, sent, "redsem: Redis reachable again")
 }
 
 // answered records what a request sent at sent learnt of Redis: that it
 // answered (err nil, or an error of the request), or that it could not be
 // reached (an error that matches Unreachable). Called where requests leave
-// (run, readClock, the shard record, the replicas' WAIT), so that
-// classifying an error (wrap, acquireErr) has no side effect.
-func (e *Engine) answered(sent time.Time, err error) {
+// (the door's requests, through watch; the shard record, the replicas' WAIT), so that
+// classifying an error (wire.Wrap, acquireErr) has no side effect.
+func (r *reporter) answered(sent time.Time, err error) {
 	switch {
 	case err == nil:
-		e.reached(sent)
-	case Unreachable(err):
-		e.unreachable(err)
+		r.reached(sent)
+	case wire.Unreachable(err):
+		r.unreachable(err)
 	}
 }
 
@@ -464,61 +489,65 @@ func EvictingPolicy(policy string) bool {
 	return strings.HasPrefix(policy, "allkeys-") || strings.HasPrefix(policy, "volatile-")
 }
 
-// checkEvictionPolicy reads maxmemory-policy once per Engine (once per
-// family), at the start of its first acquire, on a goroutine of its own
-// (at most a second) that no call waits for: it runs beside the first
-// request instead of before or after it. A policy that can evict the
-// semaphore's keys, and a server that refuses to tell (CONFIG GET not
-// allowed), are reported (EventEvictionPolicy, and a Warn record). A
-// check that could not reach Redis, or that Redis did not let in (no or
-// wrong credentials), runs again at the next acquire.
-func (e *Engine) checkEvictionPolicy() {
-	root := e
-	if e.fam != nil {
-		root = e.fam.root // once per family
-	}
-	root.policyMu.Lock()
-	if root.policyDone != nil {
-		root.policyMu.Unlock()
+// policyCheck is the maxmemory-policy check, once per engine or family
+// (a family's members share the root's).
+type policyCheck struct {
+	mu     sync.Mutex
+	done   chan struct{} // nil: not started (or to be tried again); closed when it ended
+	policy string
+}
+
+// check reads maxmemory-policy once (once per family), at the start of the
+// engine's first acquire, on a goroutine of its own (at most a second)
+// that no call waits for: it runs beside the first request instead of
+// before or after it. A policy that can evict the semaphore's keys, and a
+// server that refuses to tell (CONFIG GET not allowed), are reported (rep:
+// EventEvictionPolicy, and a Warn record). A check that could not reach
+// Redis, or that Redis did not let in (no or wrong credentials), runs
+// again at the next acquire.
+func (p *policyCheck) check(client redis.UniversalClient, rep *reporter) {
+	p.mu.Lock()
+	if p.done != nil {
+		p.mu.Unlock()
 		return // running, or done
 	}
 	done := make(chan struct{})
-	root.policyDone = done
-	root.policyMu.Unlock()
+	p.done = done
+	p.mu.Unlock()
 	go func() {
 		defer close(done)
 		ctx, cancel := context.WithTimeout(context.Background(), bounds.PolicyCheck)
 		defer cancel()
-		v, err := root.cfg.Client.ConfigGet(ctx, "maxmemory-policy").Result()
+		v, err := client.ConfigGet(ctx, "maxmemory-policy").Result()
 		switch {
-		case err != nil && (Unreachable(err) || authError(err) || ctx.Err() != nil):
+		case err != nil && (wire.Unreachable(err) || wire.AuthError(err) || ctx.Err() != nil):
 			// Not reached, or not let in (the acquire reports either):
 			// nothing is known of the policy. Ask again next time.
-			root.policyMu.Lock()
-			root.policyDone = nil
-			root.policyMu.Unlock()
+			p.mu.Lock()
+			p.done = nil
+			p.mu.Unlock()
 			return
-		case noCommand(err):
+		case wire.NoCommand(err):
 			// A server without CONFIG (miniredis, some proxies): nothing
 			// can be told, so nothing is raised; the event still says so.
-			e.cfg.logger().LogAttrs(context.Background(), slog.LevelDebug, "redsem: the server has no CONFIG GET: maxmemory-policy not checked",
-				slog.String("semaphore", e.cfg.Name), slog.String("error", err.Error()))
-			e.emit(redsem.Event{Kind: redsem.EventEvictionPolicy, Err: err})
+			rep.warn().LogAttrs(context.Background(), slog.LevelDebug, "redsem: the server has no CONFIG GET: maxmemory-policy not checked",
+				slog.String("semaphore", rep.name), slog.String("error", err.Error()))
+			rep.emit(redsem.Event{Kind: redsem.EventEvictionPolicy, Err: err})
 			return
 		case err != nil:
-			e.raise(condPolicyUnknown, time.Time{}, "redsem: cannot read maxmemory-policy; make sure it is noeviction, or the semaphore's keys may be evicted",
+			rep.raise(condPolicyUnknown, time.Time{}, "redsem: cannot read maxmemory-policy; make sure it is noeviction, or the semaphore's keys may be evicted",
 				slog.String("error", err.Error()))
-			e.emit(redsem.Event{Kind: redsem.EventEvictionPolicy, Err: err})
+			rep.emit(redsem.Event{Kind: redsem.EventEvictionPolicy, Err: err})
 			return
 		}
 		policy := v["maxmemory-policy"]
-		root.policyMu.Lock()
-		root.policy = policy
-		root.policyMu.Unlock()
+		p.mu.Lock()
+		p.policy = policy
+		p.mu.Unlock()
 		if EvictingPolicy(policy) {
-			e.raise(condEvicting, time.Time{}, "redsem: Redis maxmemory-policy may evict the semaphore's keys; use noeviction",
+			rep.raise(condEvicting, time.Time{}, "redsem: Redis maxmemory-policy may evict the semaphore's keys; use noeviction",
 				slog.String("maxmemory_policy", policy))
-			e.emit(redsem.Event{Kind: redsem.EventEvictionPolicy, Policy: policy})
+			rep.emit(redsem.Event{Kind: redsem.EventEvictionPolicy, Policy: policy})
 		}
 	}()
 }
@@ -527,19 +556,16 @@ func (e *Engine) checkEvictionPolicy() {
 // when the server does not allow CONFIG GET); it waits for a check in
 // progress (at most a second).
 func (e *Engine) MaxMemoryPolicy() string {
-	root := e
-	if e.fam != nil {
-		root = e.fam.root
-	}
-	root.policyMu.Lock()
-	done := root.policyDone
-	root.policyMu.Unlock()
+	p := e.policy
+	p.mu.Lock()
+	done := p.done
+	p.mu.Unlock()
 	if done != nil {
 		<-done
 	}
-	root.policyMu.Lock()
-	defer root.policyMu.Unlock()
-	return root.policy
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.policy
 }
 
 // ready is the client's dialWatch.ready (always ready without alerts).

@@ -5,6 +5,7 @@ import (
 	"time"
 
 	"github.com/redsem/redsem/internal/bounds"
+	"github.com/redsem/redsem/internal/core/wire"
 )
 
 // Renewals: a process renews all its leases of a semaphore together. Each
@@ -28,20 +29,21 @@ import (
 // takes up to 4096); a batch of more is sent in several calls at once.
 const renewBatchMax = 1000
 
-// renewDue renews every lease of e that is due (or soon due) and has no
-// operation in flight, in one call per renewBatchMax leases, sent at once.
+// renewDue renews every lease of the set that is due (or soon due) and has
+// no operation in flight, through d with lease TTL ttl, in one call per
+// renewBatchMax leases, sent at once.
 // Batches do not wait for each other: a lease that falls due while a call
 // runs (one Redis has not answered, on a connection gone dead) goes in a
 // call of its own, on another connection, and the leases in that call are
 // not held up by it beyond bounds.RenewBy.
-func (e *Engine) renewDue() {
-	batch := e.dueLeases()
+func (s *leaseSet) renewDue(d *wire.Door, ttl time.Duration) {
+	batch := s.due(ttl)
 	for len(batch) > renewBatchMax {
-		go e.renewBatch(batch[:renewBatchMax])
+		go renewBatch(d, ttl, batch[:renewBatchMax])
 		batch = batch[renewBatchMax:]
 	}
 	if len(batch) > 0 {
-		e.renewBatch(batch)
+		renewBatch(d, ttl, batch)
 	}
 }
 
@@ -53,18 +55,18 @@ type renewing struct {
 	deadline time.Time
 }
 
-// dueLeases starts the renewal of every lease of e whose watchdog asked for
+// due starts the renewal of every lease of the set whose watchdog asked for
 // it (due) or whose renewal falls due within bounds.RenewWindow, when it may renew
 // now: held, no operation in flight, auto-renewal on.
-func (e *Engine) dueLeases() []renewing {
-	e.leasesMu.Lock()
-	all := make([]*Lease, 0, len(e.leases))
-	for _, l := range e.leases {
+func (s *leaseSet) due(ttl time.Duration) []renewing {
+	s.mu.Lock()
+	all := make([]*Lease, 0, len(s.m))
+	for _, l := range s.m {
 		all = append(all, l)
 	}
-	e.leasesMu.Unlock()
+	s.mu.Unlock()
 	now := time.Now()
-	soon := now.Add(bounds.RenewWindow(e.cfg.LeaseTTL))
+	soon := now.Add(bounds.RenewWindow(ttl))
 	var batch []renewing
 	for _, l := range all {
 		l.mu.Lock()
@@ -86,32 +88,32 @@ func (e *Engine) dueLeases() []renewing {
 	return batch
 }
 
-// renewBatch sends the renewals of batch in one call, bounded by the
+// renewBatch sends the renewals of batch through d in one call, bounded by the
 // earliest of their bounds (bounds.RenewBy: a renewal window before
 // the deadline, while two are left), and hands each lease
 // its reply.
-func (e *Engine) renewBatch(batch []renewing) {
+func renewBatch(d *wire.Door, ttl time.Duration, batch []renewing) {
 	now := time.Now()
 	var bound time.Time
 	ids := make([]string, len(batch))
 	own := make([]func() bool, len(batch))
 	for i, b := range batch {
-		if by := bounds.RenewBy(now, b.deadline, e.cfg.LeaseTTL); i == 0 || by.Before(bound) {
+		if by := bounds.RenewBy(now, b.deadline, ttl); i == 0 || by.Before(bound) {
 			bound = by
 		}
 		ids[i] = b.l.id
 		// A lease whose operation ends first (Release, its deadline) ends
 		// its renewal at once: the reply is then not its to apply.
-		own[i] = context.AfterFunc(b.ctx, func() { _ = b.l.endRenew(b.ctx, renewReply{}, b.ctx.Err(), true) })
+		own[i] = context.AfterFunc(b.ctx, func() { _ = b.l.endRenew(b.ctx, wire.RenewReply{}, b.ctx.Err(), true) })
 	}
 	ctx, cancel := context.WithDeadline(context.Background(), bound)
 	defer cancel()
-	replies, err := e.renewMany(ctx, ids)
+	replies, err := d.RenewMany(ctx, ids)
 	for i, b := range batch {
 		if !own[i]() {
 			continue // ended already, on its own
 		}
-		var r renewReply
+		var r wire.RenewReply
 		if err == nil {
 			r = replies[i]
 		}

@@ -8,6 +8,7 @@ import (
 	"github.com/redis/go-redis/v9"
 	"github.com/redsem/redsem"
 	"github.com/redsem/redsem/internal/bounds"
+	"github.com/redsem/redsem/internal/core/wire"
 	"github.com/redsem/redsem/internal/detach"
 )
 
@@ -20,12 +21,13 @@ import (
 // there: the replication stream is in order, so a replica that acknowledged
 // the renewal has the grant too. When too few replicas acknowledge, or the
 // check itself fails, the lease is released and the error returned.
-func (e *Engine) confirmReplicas(ctx context.Context, l *Lease) error {
+func (l *Lease) confirmReplicas(ctx context.Context) error {
+	e := l.e
 	if e.cfg.MinReplicas <= 0 {
 		return nil
 	}
 	// WAIT on a dedicated connection honours no context: bound it.
-	err := boundedErr(ctx, func() error { return e.waitReplicas(ctx, l) })
+	err := wire.BoundedErr(ctx, func() error { return l.waitReplicas(ctx) })
 	if err == nil {
 		return nil
 	}
@@ -36,7 +38,10 @@ func (e *Engine) confirmReplicas(ctx context.Context, l *Lease) error {
 	return err
 }
 
-func (e *Engine) waitReplicas(ctx context.Context, l *Lease) error {
+// waitReplicas renews l on one connection to its primary, then waits
+// there for MinReplicas replicas to acknowledge (WAIT).
+func (l *Lease) waitReplicas(ctx context.Context) error {
+	e := l.e
 	var node *redis.Client
 	switch c := e.cfg.Client.(type) {
 	case *redis.Client:
@@ -44,26 +49,26 @@ func (e *Engine) waitReplicas(ctx context.Context, l *Lease) error {
 	case *redis.ClusterClient:
 		var err error
 		if node, err = c.MasterForKey(ctx, e.keys.List[0]); err != nil {
-			e.answered(time.Now(), err)
-			return wrap(e.who(), err)
+			e.rep.answered(time.Now(), err)
+			return wire.Wrap(e.who(), err)
 		}
 	default: // rejected by validate
-		return wrap(e.who(), fmt.Errorf("MinReplicas with %T", e.cfg.Client))
+		return wire.Wrap(e.who(), fmt.Errorf("MinReplicas with %T", e.cfg.Client))
 	}
 	conn := node.Conn()
 	defer conn.Close()
-	r, err := e.renew(ctx, conn, l.id, false)
+	r, err := e.door.Renew(ctx, conn, l.id, false)
 	if err != nil {
 		return err
 	}
-	if !r.ok {
+	if !r.OK {
 		l.markLost()
 		return redsem.ErrLeaseLost
 	}
 	n, err := conn.Wait(ctx, e.cfg.MinReplicas, e.cfg.ReplicaTimeout).Result()
 	if err != nil {
-		e.answered(time.Now(), err)
-		return wrap(e.who(), err)
+		e.rep.answered(time.Now(), err)
+		return wire.Wrap(e.who(), err)
 	}
 	if int(n) < e.cfg.MinReplicas {
 		return &redsem.ReplicationError{Name: e.cfg.Name, Family: e.familyName(), Want: e.cfg.MinReplicas, Got: int(n), Timeout: e.cfg.ReplicaTimeout}

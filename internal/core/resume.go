@@ -3,8 +3,10 @@ package core
 import (
 	"context"
 	"errors"
+	"sync"
 
 	"github.com/redsem/redsem"
+	"github.com/redsem/redsem/internal/core/wire"
 )
 
 // Leases by id. A lease lives in Redis as a holder entry and a record
@@ -20,12 +22,12 @@ import (
 //     no handle's Deadline is later than Redis's whatever the handles'
 //     lease TTLs;
 //   - a handle whose renewal finds the lease released by a holder (its "R"
-//     tombstone) ends as released, quietly (renewReply.released);
+//     tombstone) ends as released, quietly (wire.RenewReply.released);
 //   - a handle that gives the lease up at its local deadline (no renewal:
 //     DisableAutoRenew, MaxHold) releases it in Redis only if no other
 //     handle renewed it since (release.lua's "expire" mode, Lease.expire).
 //
-// An engine keeps one Lease per id (leases): Resume of an id it holds
+// An engine keeps one Lease per id (leaseSet): Resume of an id it holds
 // already returns that Lease, renewed.
 
 // Resume returns the live lease id, granted by any process, as a lease of
@@ -37,9 +39,9 @@ func (e *Engine) Resume(ctx context.Context, id string) (redsem.Lease, error) {
 	if e.isClosed() {
 		return nil, redsem.ErrClosed
 	}
-	e.busy() // a family keeps the member while the call runs
-	defer e.idle()
-	if l := e.liveLease(id); l != nil {
+	e.use.busy() // a family keeps the member while the call runs
+	defer e.use.idle()
+	if l := e.leases.live(id); l != nil {
 		switch err := l.Renew(ctx); {
 		case err == nil:
 			return l, nil
@@ -49,16 +51,16 @@ func (e *Engine) Resume(ctx context.Context, id string) (redsem.Lease, error) {
 			return nil, err
 		}
 	}
-	r, err := e.renew(ctx, e.cfg.Client, id, true)
+	r, err := e.door.Renew(ctx, e.cfg.Client, id, true)
 	if err != nil {
 		return nil, err
 	}
-	if !r.ok {
+	if !r.OK {
 		return nil, noLease(e.who(), id)
 	}
-	l, fresh := e.newLease(id, r.slots, r.token, r.deadline)
+	l, fresh := newLease(e, id, r.Slots, r.Token, r.Deadline)
 	if fresh {
-		e.emit(redsem.Event{Kind: redsem.EventResumed, LeaseID: id, Slot: l.slots[0], Token: l.token})
+		e.rep.emit(redsem.Event{Kind: redsem.EventResumed, LeaseID: id, Slot: l.slots[0], Token: l.token})
 	}
 	return l, nil
 }
@@ -66,23 +68,48 @@ func (e *Engine) Resume(ctx context.Context, id string) (redsem.Lease, error) {
 // noLease is Resume's error for an id that has no live lease of the
 // semaphore who (Engine.who).
 func noLease(who, id string) error {
-	return errorf(redsem.ErrLeaseLost, "redsem: %s: no live lease %s (lost, released, or never granted)", who, id)
+	return wire.Errorf(redsem.ErrLeaseLost, "redsem: %s: no live lease %s (lost, released, or never granted)", who, id)
 }
 
-// liveLease returns the engine's live lease of id, or nil.
-func (e *Engine) liveLease(id string) *Lease {
-	e.leasesMu.Lock()
-	defer e.leasesMu.Unlock()
-	return e.leases[id]
+// leaseSet is an engine's live leases by id: Resume of an id held here
+// returns the same Lease, and the watchdogs' renewals are made together
+// over it (renewals.go). A lease enters when made (newLease) and leaves
+// when it ends (finishLocked), under mu, which is taken after a lease's
+// mu, never before it.
+type leaseSet struct {
+	mu sync.Mutex
+	m  map[string]*Lease
 }
 
-// forget drops an ended lease from the engine's leases.
-func (e *Engine) forget(l *Lease) {
-	e.leasesMu.Lock()
-	if e.leases[l.id] == l {
-		delete(e.leases, l.id)
+// add registers l, unless the set has a live lease of its id already:
+// that one is returned then (and l is not added).
+func (s *leaseSet) add(l *Lease) (old *Lease) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if old := s.m[l.id]; old != nil {
+		return old
 	}
-	e.leasesMu.Unlock()
+	if s.m == nil {
+		s.m = make(map[string]*Lease)
+	}
+	s.m[l.id] = l
+	return nil
+}
+
+// live returns the live lease of id, or nil.
+func (s *leaseSet) live(id string) *Lease {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.m[id]
+}
+
+// forget drops an ended lease.
+func (s *leaseSet) forget(l *Lease) {
+	s.mu.Lock()
+	if s.m[l.id] == l {
+		delete(s.m, l.id)
+	}
+	s.mu.Unlock()
 }
 
 // maxIDLen is the longest id the scripts accept (id_arg in lib_args.lua).

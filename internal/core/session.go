@@ -12,6 +12,7 @@ import (
 	"github.com/redis/go-redis/v9"
 	"github.com/redsem/redsem"
 	"github.com/redsem/redsem/internal/bounds"
+	"github.com/redsem/redsem/internal/core/wire"
 )
 
 // The fair variant's waiting room: how a call waits (fairWait, at the end
@@ -141,10 +142,10 @@ func (s *session) handle(m *redis.Message) {
 		if we == nil {
 			return
 		}
-		msg.ev.grant.deadline = grantDeadline(we.clock.localAtLeast(msg.deadline), time.Now(), msg.deadline, msg.ev.grant.token)
+		msg.ev.grant.Deadline = grantDeadline(we.door.LocalAtLeast(msg.deadline), time.Now(), msg.deadline, msg.ev.grant.Token)
 		// The channel names the session the waiter was queued under when
 		// Redis granted it: the waiter refuses a grant of another session.
-		msg.ev.grant.sid = strings.TrimPrefix(m.Channel, h.e.keys.Chan+":s:")
+		msg.ev.grant.SID = strings.TrimPrefix(m.Channel, h.e.keys.Chan+":s:")
 		h.deliver(msg.id, msg.ev)
 	case evWeight:
 		h.deliver(msg.id, msg.ev)
@@ -155,7 +156,7 @@ func (s *session) handle(m *redis.Message) {
 		// early.
 		if we := h.engineOf(msg.id); we != nil {
 			at := time.Now().Add(time.Duration(msg.ev.wait+1) * time.Millisecond)
-			we.holdByRate(at)
+			we.rateHeld.hold(at)
 			if s.wakeAt(we, at) {
 				s.poke()
 			}
@@ -172,7 +173,7 @@ func (s *session) handle(m *redis.Message) {
 // grantDeadline is the local deadline of a grant message received at
 // local time got, whose server deadline is deadlineMs and token token:
 // mapped, the deadline through the engine's server clock (localAtLeast),
-// less a millisecond (expiresBy), which is never late while the server's
+// less a millisecond (as wire's expiresBy), which is never late while the server's
 // clock runs evenly. A step forward of the server's clock since the
 // engine's latest reply makes it late by the step; it is then after the
 // grant's whole lifetime counted from when the message came (the grant was
@@ -197,33 +198,25 @@ type message struct {
 }
 
 // parseMessage decodes the payload of a message on a fair session's
-// channel: "g id token deadline_ms slots" (a grant), "x id limit" (SetLimit
-// made the limit smaller than the waiter's weight; "x id limit rate":
-// SetRate made the rate's), "w id ms" (the rate holds back the head waiter
-// id for ms) or "r id" (an operator removed the waiter). It reports false
-// for anything else; it never panics.
+// channel (wire.ParseMessage) as the event it hands its waiter. It reports
+// false for anything else; it never panics.
 func parseMessage(payload string) (message, bool) {
-	f := strings.Fields(payload)
-	switch {
-	case len(f) == 5 && f[0] == "g":
-		r := reader{script: "grant message", v: []any{f[1], f[2], f[3], f[4]}}
-		g := grant{id: r.str(), token: r.int()}
-		g.until = r.int()
-		g.slots = r.slots()
-		if r.err != nil {
-			return message{}, false
-		}
-		return message{id: g.id, ev: event{kind: evGrant, grant: g}, deadline: g.until}, true
-	case len(f) == 3 && f[0] == "x":
-		return message{id: f[1], ev: event{kind: evWeight, limit: int(toInt(f[2]))}}, true
-	case len(f) == 4 && f[0] == "x" && f[3] == "rate":
-		return message{id: f[1], ev: event{kind: evWeight, limit: int(toInt(f[2])), rate: true}}, true
-	case len(f) == 3 && f[0] == "w":
-		return message{id: f[1], ev: event{kind: evWake, wait: max(toInt(f[2]), 0)}}, true
-	case len(f) == 2 && f[0] == "r":
-		return message{id: f[1], ev: event{kind: evRequeue}}, true
+	m, ok := wire.ParseMessage(payload)
+	if !ok {
+		return message{}, false
 	}
-	return message{}, false
+	out := message{id: m.ID}
+	switch m.Kind {
+	case 'g':
+		out.ev, out.deadline = event{kind: evGrant, grant: m.Grant}, m.Grant.Until
+	case 'x':
+		out.ev = event{kind: evWeight, limit: m.Limit, rate: m.Rate}
+	case 'w':
+		out.ev = event{kind: evWake, wait: m.Wait}
+	case 'r':
+		out.ev = event{kind: evRequeue}
+	}
+	return out, true
 }
 
 // run is the heartbeat: it keeps the session alive for as long as the hub
@@ -280,7 +273,7 @@ func (s *session) run(quit <-chan struct{}) {
 			stopOnQuit := afterClose(quit, cancel)
 			id := s.ID()
 			switch err := s.beat(ctx, target, id, "old"); {
-			case err == errSessionDied:
+			case err == wire.ErrSessionDied:
 				_ = s.replace(ctx, id)
 			case err != nil && early:
 				// A failed early beat is not run again at once (a refusing
@@ -302,7 +295,7 @@ func (s *session) run(quit <-chan struct{}) {
 // beat runs one heartbeat for session id on e's keys (extending the
 // session, shared by a family's members, with the keys of every member
 // where this process waits, and admitting e's waiters whose turn came;
-// heartbeat.lua's grants go to their waiters) and records e's expiry hint. It returns errSessionDied when the session had expired in
+// heartbeat.lua's grants go to their waiters) and records e's expiry hint. It returns wire.ErrSessionDied when the session had expired in
 // Redis.
 func (s *session) beat(ctx context.Context, e *Engine, id, age string) error {
 	// The other members of the family where this process waits: one beat
@@ -314,11 +307,12 @@ func (s *session) beat(ctx context.Context, e *Engine, id, age string) error {
 			keep = append(keep, o.keys.memberBase())
 		}
 	}
-	r, err := e.heartbeat(ctx, id, age, keep)
-	if err != nil && err != errSessionDied {
+	r, err := e.door.Heartbeat(ctx, id, age, keep)
+	e.activeHub().deliverGrants(r.Grants)
+	if err != nil && err != wire.ErrSessionDied {
 		return err
 	}
-	s.setHint(e, r.hint)
+	s.setHint(e, r.Hint)
 	return err
 }
 
@@ -380,7 +374,7 @@ func afterClose(ch <-chan struct{}, f func()) (stop func()) {
 //
 // The call's goroutine is the one owner of its waiter's state: the hub only
 // hands it events, and it decides what each means against the queue
-// attempt it made last (its session and its floor, see acquireReply.floor). A
+// attempt it made last (its session and its floor, see wire.AcquireReply.floor). A
 // waiter is, in turn:
 //
 //	asking   acquire.lua runs (queue mode)         granted: done; queued: waiting; session died: replace it, ask again
@@ -407,17 +401,17 @@ func (fairWait) next(c *call) (grant, bool, error) {
 	sid := s.ID()
 	a, err := c.attempt("queue", sid)
 	switch {
-	case err == nil && a.code == codeGranted:
-		return a.grant(), true, nil
-	case errors.Is(err, errSessionDied):
+	case err == nil && a.Code == wire.CodeGranted:
+		return a.Grant(), true, nil
+	case errors.Is(err, wire.ErrSessionDied):
 		// Its session expired (the process was paused, or cut off): a new
 		// one, and every waiter of the process queues again.
 		return grant{}, false, s.replace(c.ctx, sid)
 	case err != nil:
 		return grant{}, false, err
 	}
-	s.queued(c.e, a.hint)
-	return c.awaitGrant(c.w, sid, a.floor)
+	s.queued(c.e, a.Hint)
+	return c.awaitGrant(c.w, sid, a.Floor)
 }
 
 func (fairWait) listener(h *hub) listener { return newSession(h) }
@@ -438,14 +432,14 @@ func (c *call) awaitGrant(w *waiter, sid string, floor int64) (g grant, ok bool,
 			switch ev.kind {
 			case evGrant:
 				g := ev.grant
-				if g.token <= floor || (g.sid != "" && g.sid != sid) {
+				if g.Token <= floor || (g.SID != "" && g.SID != sid) {
 					// Made before this attempt ran: a delayed message, or one
 					// from before a data loss. Redis says what holds now.
-					c.e.cfg.logger().LogAttrs(context.Background(), slog.LevelDebug, "redsem: a grant older than the queue attempt refused",
-						slog.String("semaphore", c.e.cfg.Name), slog.String("waiter", c.id), slog.Int64("token", g.token))
+					c.e.rep.warn().LogAttrs(context.Background(), slog.LevelDebug, "redsem: a grant older than the queue attempt refused",
+						slog.String("semaphore", c.e.cfg.Name), slog.String("waiter", c.id), slog.Int64("token", g.Token))
 					return grant{}, false, nil
 				}
-				if !time.Now().Before(g.deadline) {
+				if !time.Now().Before(g.Deadline) {
 					// Granted, but this process learned too late, or cannot
 					// tell when the grant ends (grantDeadline): ask again.
 					return grant{}, false, nil
@@ -458,7 +452,7 @@ func (c *call) awaitGrant(w *waiter, sid string, floor int64) (g grant, ok bool,
 				return grant{}, false, nil
 			case evRequeue:
 				if ev.evicted {
-					c.e.emit(redsem.Event{Kind: redsem.EventWaiterEvicted, LeaseID: c.id})
+					c.e.rep.emit(redsem.Event{Kind: redsem.EventWaiterEvicted, LeaseID: c.id})
 				}
 				return grant{}, false, nil
 			}
@@ -471,7 +465,8 @@ func (c *call) awaitGrant(w *waiter, sid string, floor int64) (g grant, ok bool,
 func (fairWait) leaveAtClose(c *call) bool {
 	ctx, cancel := context.WithTimeout(c.parent, bounds.CloseUndo)
 	defer cancel()
-	_, err := c.e.release(ctx, c.id, "undo")
+	r, err := c.e.door.Release(ctx, c.id, "undo")
+	c.e.activeHub().deliverGrants(r.Grants)
 	return err == nil
 }
 

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+	"github.com/redsem/redsem/internal/core/wire"
 )
 
 // A family's members are spread over shards: each shard is one hash tag
@@ -139,11 +140,11 @@ func (f *Family) compareShards(ctx context.Context) error {
 	var n int
 	var ok bool
 	sent := time.Now()
-	err := boundedErr(ctx, func() (err error) {
+	err := wire.BoundedErr(ctx, func() (err error) {
 		n, ok, err = ReadShards(ctx, f.root.cfg.Client, f.root.cfg.Prefix, f.root.cfg.Name)
 		return err
 	})
-	f.root.answered(sent, err)
+	f.root.rep.answered(sent, err)
 	if err != nil {
 		return err
 	}
@@ -188,7 +189,7 @@ func (f *Family) checkShards(ctx context.Context) error {
 	want := strconv.Itoa(len(f.shards))
 	var got string
 	sent := time.Now()
-	err := boundedErr(ctx, func() error {
+	err := wire.BoundedErr(ctx, func() error {
 		pipe := f.root.cfg.Client.Pipeline()
 		pipe.SetNX(ctx, key, want, 0)
 		get := pipe.Get(ctx, key)
@@ -196,7 +197,7 @@ func (f *Family) checkShards(ctx context.Context) error {
 		got = get.Val()
 		return err
 	})
-	f.root.answered(sent, err)
+	f.root.rep.answered(sent, err)
 	if err != nil {
 		return err
 	}

@@ -5,10 +5,9 @@ import (
 	"sync"
 	"time"
 
-	"github.com/google/uuid"
 	"github.com/redis/go-redis/v9"
 	"github.com/redsem/redsem"
-	"github.com/redsem/redsem/lua"
+	"github.com/redsem/redsem/internal/core/wire"
 )
 
 // A family's total (FamilyOptions.Total): the slots held across all of its
@@ -16,7 +15,9 @@ import (
 // (FamilyKeys) after their own and count every lease there, in the same
 // call that grants, renews, releases or expires it, so that a grant finds
 // room in its member and in the total in one atomic admission; see
-// lua/lib_family.lua and lua/lib_total.lua.
+// lua/lib_family.lua and lua/lib_total.lua. The family-level calls
+// (settotal.lua, famstatus.lua) run through the door of the family's own
+// engine (famEng), as wire.Door.SetTotal and FamilyStatus.
 
 // SetTotal sets the family's total for every client (0 removes the bound;
 // the family keeps counting, so a later total holds at once). It needs a
@@ -34,9 +35,10 @@ func (f *Family) SetTotal(ctx context.Context, total int) error {
 	}
 	return f.famEng.failFast(ctx, func(ctx context.Context) error {
 		if err := f.compareShards(ctx); err != nil {
-			return callErr(f.famEng.who(), ctx, err)
+			return wire.CallErr(f.famEng.who(), ctx, err)
 		}
-		return f.setTotal(ctx, total)
+		g, cancel, err := f.famEng.door.SetTotal(ctx, total)
+		return settled(ctx, f.famEng, g, cancel, err)
 	})
 }
 
@@ -49,7 +51,7 @@ func (f *Family) Status(ctx context.Context) (st redsem.FamilyStatus, err error)
 			st, err = f.scanStatus(ctx)
 			return err
 		}
-		st, err = f.status(ctx)
+		st, err = f.famEng.door.FamilyStatus(ctx)
 		if err == nil && f.root.waiting.localQueue() {
 			st.Waiting = f.localWaiters()
 		}
@@ -86,7 +88,7 @@ func (f *Family) scanStatus(ctx context.Context) (redsem.FamilyStatus, error) {
 		// ContextTimeoutEnabled reads on until its own timeout); the
 		// masters of a cluster are scanned at once (ForEachMaster).
 		sent := time.Now()
-		found, err := bounded(ctx, func() ([]any, error) {
+		found, err := wire.Bounded(ctx, func() ([]any, error) {
 			var mu sync.Mutex
 			var found []any
 			err := forEachNode(ctx, client, func(ctx context.Context, c redis.UniversalClient) error {
@@ -102,15 +104,16 @@ func (f *Family) scanStatus(ctx context.Context) (redsem.FamilyStatus, error) {
 			defer mu.Unlock()
 			return found, err
 		})
-		f.root.answered(sent, err)
+		f.root.rep.answered(sent, err)
 		if err != nil {
-			return st, callErr(f.root.who(), ctx, err)
+			return st, wire.CallErr(f.root.who(), ctx, err)
 		}
 		for _, v := range found {
 			meta := v.(string)
 			keys := memberKeys(f.root.cfg.Prefix, tag, memberKeyOf(f.root.cfg.Prefix, meta))
 			e := &Engine{cfg: f.root.cfg, keys: keys, pub: f.root.pub, lib: f.root.lib, alerts: f.root.alerts, stopped: f.root.stopped, waiting: f.root.waiting}
-			ms, err := e.status(ctx)
+			complete(e)
+			ms, err := e.door.Status(ctx)
 			if err != nil {
 				return st, err
 			}
@@ -135,9 +138,10 @@ func forEachNode(ctx context.Context, client redis.UniversalClient, fn func(cont
 	return fn(ctx, client)
 }
 
-// totalKey reports whether key is the f:tot key of e's family's total.
-func (e *Engine) totalKey(key string) bool {
-	return e.keys.Fam != nil && e.keys.Fam[FamTot] == key
+// isTotal reports whether key is the f:tot key of the total of the family
+// that k's semaphore is a member of.
+func (k Keys) isTotal(key string) bool {
+	return k.Fam != nil && k.Fam[FamTot] == key
 }
 
 // ReadFamilyTotal returns the total of the family called name and its use
@@ -156,32 +160,6 @@ func ReadFamilyTotal(ctx context.Context, client redis.UniversalClient, prefix, 
 		return redsem.FamilyStatus{}, false, err
 	}
 	defer f.Close()
-	st, err := f.status(ctx)
+	st, err := f.famEng.door.FamilyStatus(ctx)
 	return st, err == nil, err
-}
-
-// ---- settotal.lua, famstatus.lua: a family's total ----
-
-// setTotal runs settotal.lua on the family's keys: ARGV[4] the total (0:
-// none). Its reply is now and the grants it made.
-func (f *Family) setTotal(ctx context.Context, total int) error {
-	e := f.famEng
-	return e.setCall(ctx, "settotal", lua.SetTotal, e.cfg.Limit, []any{total, uuid.NewString()})
-}
-
-// status runs famstatus.lua (read-only) on the family's keys: total in
-// force, slots held, queue entries, now.
-func (f *Family) status(ctx context.Context) (redsem.FamilyStatus, error) {
-	e := f.famEng
-	v, _, err := e.run(ctx, e.cfg.Client, lua.FamilyStatus, e.cfg.Limit)
-	if err != nil {
-		return redsem.FamilyStatus{}, callErr(e.who(), ctx, err)
-	}
-	r := reader{script: "famstatus", v: v}
-	st := redsem.FamilyStatus{Total: int(r.int()), Held: int(r.int()), Waiting: int(r.int())}
-	r.int() // now
-	if r.err != nil {
-		return redsem.FamilyStatus{}, wrap(e.who(), r.err)
-	}
-	return st, nil
 }

@@ -3,11 +3,11 @@ package core
 import (
 	"context"
 	"slices"
-	"strings"
 	"time"
 
 	"github.com/redis/go-redis/v9"
 	"github.com/redsem/redsem/internal/bounds"
+	"github.com/redsem/redsem/internal/core/wire"
 )
 
 // The unfair variant's waiting room: how a call waits (unfairWait: sleep
@@ -33,7 +33,7 @@ func (unfairWait) next(c *call) (grant, bool, error) {
 			return grant{}, false, err
 		}
 		c.w = w
-		if at, ok := wakeOf(w).behind(w); ok && c.e.cfg.Rate.IsZero() && c.e.rateHeld.Load() == 0 {
+		if at, ok := wakeOf(w).behind(w); ok && c.e.cfg.Rate.IsZero() && c.e.rateHeld.none() {
 			// An older call of this process waits for as many slots: the
 			// next freed slot wakes it first. This call waits behind it
 			// instead of trying for that slot too (a try that one of the
@@ -59,11 +59,11 @@ func (unfairWait) next(c *call) (grant, bool, error) {
 	switch {
 	case err != nil:
 		return grant{}, false, err
-	case a.code == codeGranted:
+	case a.Code == wire.CodeGranted:
 		if c.w != nil {
 			c.w.granted = true
 		}
-		return a.grant(), true, nil
+		return a.Grant(), true, nil
 	case c.w == nil:
 		w, err := c.e.register(c.ctx, c.id, c.n)
 		c.w = w
@@ -75,14 +75,14 @@ func (unfairWait) next(c *call) (grant, bool, error) {
 	// wakes the next; the others sleep as if the slots held them back. So
 	// the moment the window frees a slot costs one try per process, not one
 	// per waiter.
-	d := waitFor(e.cfg.Fallback, a.hint, a.rateMs)
-	if a.rateMs < 0 {
+	d := waitFor(e.cfg.Fallback, a.Hint, a.RateMs)
+	if a.RateMs < 0 {
 		wakeOf(w).passGate(w)
 	} else if !wakeOf(w).takeGate(w) {
 		// The hint is the sooner of a holder's expiry and the window's
 		// room: only the former, if sooner, wakes it.
-		hint := a.hint
-		if hint >= a.rateMs {
+		hint := a.Hint
+		if hint >= a.RateMs {
 			hint = -1
 		}
 		d = waitFor(e.cfg.Fallback, hint, -1)
@@ -207,27 +207,26 @@ func (u *unfairWake) count() int {
 // semaphore whose meta key that is; a bare "n" (an older version) wakes
 // waiters of any.
 func (u *unfairWake) handle(m *redis.Message) {
-	count, meta, _ := strings.Cut(m.Payload, " ")
-	if count == "0" {
+	count, meta, wait, held := wire.ParseFree(m.Payload)
+	if held {
 		// "0 META ms": slots are free but the rate's window holds the
 		// next grant back for ms: nobody is woken; the waiters of that
 		// semaphore that give up meanwhile were held by the rate.
-		meta, wait, _ := strings.Cut(meta, " ")
-		u.rateHeldOf(meta, time.Duration(max(toInt(wait), 0)+1)*time.Millisecond)
+		u.rateHeldOf(meta, time.Duration(wait+1)*time.Millisecond)
 		return
 	}
-	u.wakeOf(meta, max(int(toInt(count)), 1))
+	u.wakeOf(meta, count)
 }
 
 // rateHeldOf records that the rate's window holds back the next grant of
-// the semaphore whose meta key is meta for d (Engine.rateHeld).
+// the semaphore whose meta key is meta for d (rateHold).
 func (u *unfairWake) rateHeldOf(meta string, d time.Duration) {
 	at := time.Now().Add(d)
 	u.h.mu.Lock()
 	defer u.h.mu.Unlock()
 	for _, w := range u.list {
 		if w.e.keys.List[KeyMeta] == meta {
-			w.e.holdByRate(at)
+			w.e.rateHeld.hold(at)
 		}
 	}
 }
@@ -256,7 +255,7 @@ func (u *unfairWake) wakeOf(meta string, free int) {
 		if free <= 0 {
 			return
 		}
-		if w.n > free || (meta != "" && w.e.keys.List[KeyMeta] != meta && !w.e.totalKey(meta)) {
+		if w.n > free || (meta != "" && w.e.keys.List[KeyMeta] != meta && !w.e.keys.isTotal(meta)) {
 			continue
 		}
 		select {

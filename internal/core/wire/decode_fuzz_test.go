@@ -1,4 +1,4 @@
-package core
+package wire
 
 import (
 	"errors"
@@ -104,19 +104,19 @@ func FuzzDecode(f *testing.F) {
 		a, err := decodeAttempt(v, sent)
 		checkReplyErr(t, "decodeAttempt", err)
 		if err == nil {
-			switch a.code {
-			case codeGranted:
-				if len(a.slots) == 0 {
+			switch a.Code {
+			case CodeGranted:
+				if len(a.Slots) == 0 {
 					t.Fatalf("decodeAttempt(%v): granted without slots", v)
 				}
-				for _, s := range a.slots {
+				for _, s := range a.Slots {
 					if s < 0 {
 						t.Fatalf("decodeAttempt(%v): negative slot %d", v, s)
 					}
 				}
-			case codeQueued, codeMismatch, codeCancelled, codeWeight, codeQueueFull:
+			case CodeQueued, codeMismatch, codeCancelled, codeWeight, codeQueueFull:
 			default:
-				t.Fatalf("decodeAttempt(%v): accepted unknown code %d", v, a.code)
+				t.Fatalf("decodeAttempt(%v): accepted unknown code %d", v, a.Code)
 			}
 		}
 
@@ -132,8 +132,8 @@ func FuzzDecode(f *testing.F) {
 		gs, err := decodeGrants("fuzz", v, from, 0, sent)
 		checkReplyErr(t, "decodeGrants", err)
 		for _, g := range gs {
-			if len(g.slots) == 0 {
-				t.Fatalf("decodeGrants(%v, %d): grant %q without slots", v, from, g.id)
+			if len(g.Slots) == 0 {
+				t.Fatalf("decodeGrants(%v, %d): grant %q without slots", v, from, g.ID)
 			}
 		}
 
@@ -157,34 +157,14 @@ func FuzzDecode(f *testing.F) {
 		r.int()
 		checkReplyErr(t, "reader", r.err)
 
-		m, ok := parseMessage(payload)
+		m, ok := ParseMessage(payload)
 		if ok {
-			if m.id == "" {
-				t.Fatalf("parseMessage(%q): no id", payload)
+			if m.ID == "" {
+				t.Fatalf("ParseMessage(%q): no id", payload)
 			}
-			if m.ev.kind == evGrant && len(m.ev.grant.slots) == 0 {
-				t.Fatalf("parseMessage(%q): grant without slots", payload)
+			if m.Kind == 'g' && len(m.Grant.Slots) == 0 {
+				t.Fatalf("ParseMessage(%q): grant without slots", payload)
 			}
 		}
 	})
-}
-
-// TestParseMessage checks the three messages of a fair session's channel.
-func TestParseMessage(t *testing.T) {
-	m, ok := parseMessage("g w1 17 1000 0,2")
-	if !ok || m.id != "w1" || m.ev.kind != evGrant || m.ev.grant.token != 17 || m.deadline != 1000 ||
-		len(m.ev.grant.slots) != 2 || m.ev.grant.slots[1] != 2 || m.ev.grant.id != "w1" {
-		t.Fatalf("grant: %+v %v", m, ok)
-	}
-	if m, ok := parseMessage("x w2 3"); !ok || m.id != "w2" || m.ev.kind != evWeight || m.ev.limit != 3 {
-		t.Fatalf("weight: %+v %v", m, ok)
-	}
-	if m, ok := parseMessage("r w3"); !ok || m.id != "w3" || m.ev.kind != evRequeue {
-		t.Fatalf("requeue: %+v %v", m, ok)
-	}
-	for _, bad := range []string{"", "g w1 17 1000", "g w1 x 1000 0", "g w1 1 2 a", "q w1", "r", "x w1"} {
-		if m, ok := parseMessage(bad); ok {
-			t.Fatalf("parseMessage(%q) = %+v, want false", bad, m)
-		}
-	}
 }

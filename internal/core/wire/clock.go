@@ -1,4 +1,4 @@
-package core
+package wire
 
 import (
 	"context"
@@ -8,10 +8,10 @@ import (
 	"github.com/redsem/redsem/internal/bounds"
 )
 
-// The server's clock: requests are bounded in server time (refuseAfter), and
+// The server's clock: requests are bounded in server time (RefuseAfter), and
 // the lifetimes scripts report become local deadlines that are never late.
 
-// refuseAfter is the server time (ms) after which an acquire request of a
+// RefuseAfter is the server time (ms) after which an acquire request of a
 // call with ctx must write nothing, 0 for none. A request that reaches
 // Redis after its caller gave up (held in the network, or behind a paused
 // server) must write nothing, even once its undo's cancellation record is
@@ -19,25 +19,25 @@ import (
 // time, with a second's margin for the clocks' drift. A context without a
 // deadline (or cancelled long before it) relies on the cancellation record
 // alone.
-func (e *Engine) refuseAfter(ctx context.Context) (int64, error) {
-	return e.refuseAfterMargin(ctx, bounds.AcquireMargin)
+func (d *Door) RefuseAfter(ctx context.Context) (int64, error) {
+	return d.refuseAfterMargin(ctx, bounds.AcquireMargin)
 }
 
-// refuseAfterMargin is refuseAfter with margin ms after the deadline.
-func (e *Engine) refuseAfterMargin(ctx context.Context, margin int64) (int64, error) {
-	d, ok := ctx.Deadline()
+// refuseAfterMargin is RefuseAfter with margin ms after the deadline.
+func (d *Door) refuseAfterMargin(ctx context.Context, margin int64) (int64, error) {
+	dl, ok := ctx.Deadline()
 	if !ok {
 		return 0, nil
 	}
-	s, known := e.clock.serverAt(d)
+	s, known := d.clock.serverAt(dl)
 	if !known {
-		// Once per Engine: the first call has no reply to go by. A failure
+		// Once per Door: the first call has no reply to go by. A failure
 		// to reach Redis is the acquire's; any other error leaves this one
 		// request bounded by its cancellation record only.
-		if err := e.readClock(ctx); err != nil && (ctx.Err() != nil || Transient(err)) {
+		if err := d.readClock(ctx); err != nil && (ctx.Err() != nil || Transient(err)) {
 			return 0, err
 		}
-		if s, known = e.clock.serverAt(d); !known {
+		if s, known = d.clock.serverAt(dl); !known {
 			return 0, nil
 		}
 	}
@@ -45,18 +45,18 @@ func (e *Engine) refuseAfterMargin(ctx context.Context, margin int64) (int64, er
 }
 
 // readClock reads the server's clock (TIME) within ctx, so that the first
-// acquire of an Engine can bound its request in server time too. Its errors
+// acquire of an engine can bound its request in server time too. Its errors
 // are raw (the acquire call classifies them).
-func (e *Engine) readClock(ctx context.Context) error {
+func (d *Door) readClock(ctx context.Context) error {
 	sent := time.Now()
-	if err := e.alerts.ready(ctx); err != nil {
-		e.answered(sent, err)
+	if err := d.Watch.Ready(ctx); err != nil {
+		d.Watch.Answered(sent, err)
 		return err
 	}
-	v, err := bounded(ctx, func() ([]any, error) {
+	v, err := Bounded(ctx, func() ([]any, error) {
 		var t time.Time
 		err := onLiveConn(ctx, func() (err error) {
-			t, err = e.cfg.Client.Time(ctx).Result()
+			t, err = d.Client.Time(ctx).Result()
 			return err
 		})
 		if err != nil {
@@ -64,13 +64,17 @@ func (e *Engine) readClock(ctx context.Context) error {
 		}
 		return []any{t.UnixMilli()}, nil
 	})
-	e.answered(sent, err)
+	d.Watch.Answered(sent, err)
 	if err != nil {
 		return err
 	}
-	e.clock.observe(sent, v[0].(int64))
+	d.clock.observe(sent, v[0].(int64))
 	return nil
 }
+
+// LocalAtLeast returns an early local estimate of server time serverMs, by
+// the Door's clock (from its latest reply).
+func (d *Door) LocalAtLeast(serverMs int64) time.Time { return d.clock.localAtLeast(serverMs) }
 
 // serverClock relates the Redis server's clock to the local monotonic clock,
 // from the latest reply: server time ns happened after local time sent, so

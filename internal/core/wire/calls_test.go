@@ -1,4 +1,4 @@
-package core
+package wire
 
 import (
 	"os"
@@ -14,7 +14,7 @@ import (
 // which have their own protocol in package fencing).
 func luaSources(t *testing.T) map[string]string {
 	t.Helper()
-	files, err := filepath.Glob("../../lua/*.lua")
+	files, err := filepath.Glob("../../../lua/*.lua")
 	if err != nil || len(files) == 0 {
 		t.Fatalf("no lua files: %v", err)
 	}
@@ -33,7 +33,7 @@ func luaSources(t *testing.T) map[string]string {
 }
 
 // TestAcquireCodesKnown holds acquire.lua's reply codes (the integer that
-// opens each reply table) to the ones declared in protocol.go, both ways:
+// opens each reply table) to the ones declared in calls.go, both ways:
 // a code the script returns that Go does not know would fail every call
 // that gets it ("unknown code"), and a code Go declares that no script
 // returns is a stale declaration.
@@ -48,21 +48,21 @@ func TestAcquireCodesKnown(t *testing.T) {
 	}
 	for code := range seen {
 		if _, ok := acquireCodes[code]; !ok {
-			t.Errorf("acquire.lua returns code %d, which protocol.go does not declare", code)
+			t.Errorf("acquire.lua returns code %d, which calls.go does not declare", code)
 		}
 	}
 	for code, name := range acquireCodes {
 		if !seen[code] {
-			t.Errorf("protocol.go declares code %d (%s), which acquire.lua never returns", code, name)
+			t.Errorf("calls.go declares code %d (%s), which acquire.lua never returns", code, name)
 		}
 	}
 	// Every declared code decodes: decodeAttempt knows them all.
 	for code := range acquireCodes {
 		v := []any{code, int64(0)}
 		switch code {
-		case codeGranted:
+		case CodeGranted:
 			v = append(v, int64(1), int64(100), int64(0))
-		case codeQueued:
+		case CodeQueued:
 			v = append(v, int64(-1), int64(0))
 		case codeMismatch, codeWeight, codeQueueFull, codeTotalDiffer:
 			v = append(v, int64(3))

@@ -1,4 +1,17 @@
-package core
+// Package wire is the script boundary of the engine: every semaphore script
+// as one typed Go call (calls.go), the one way such a call reaches Redis
+// (Door.run: FCALL, EVALSHA or EVAL, bounded by the caller's context), the
+// decoding of script replies and channel messages (decode.go), the
+// server's clock (clock.go) and what every error of a call means
+// (errors.go).
+//
+// It holds no engine, no hub and no logging: a call returns its reply
+// (the grants a script made among it, for the caller to hand to its
+// waiters) and its error, classified by pure functions. What a request
+// learnt of Redis (it answered, or could not be reached) goes to the
+// engine through Watch, which raises and clears the alerts; the dial gate
+// is asked there too.
+package wire
 
 import (
 	"context"
@@ -7,15 +20,71 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+	"github.com/redsem/redsem"
 	"github.com/redsem/redsem/internal/bounds"
 	"github.com/redsem/redsem/lua"
 )
 
-// How a script call reaches Redis, the one door for all of them: run sends
-// a script (as a function of the library once loaded, else EVALSHA, or EVAL
-// the first time), through the client's dial gate (dialWatch.ready), bounded
-// by the caller's context (bounded), and records whether Redis answered
-// (reached, unreachable). The typed calls of protocol.go use nothing else.
+// Watch is what a Door tells of each request and asks before it: the
+// engine's side of the boundary (alerts, the dial gate, the library load).
+// A Door calls it where a request leaves and where it comes back, and
+// nowhere else.
+type Watch interface {
+	// Ready is the client's dial gate: nil when a request may go to
+	// go-redis now, else the failed dial that says it would not get
+	// through.
+	Ready(ctx context.Context) error
+	// Answered is what a request sent at sent learnt of Redis: that it
+	// answered (err nil, or an error of the request), or that it could not
+	// be reached (err matches Unreachable).
+	Answered(sent time.Time, err error)
+	// Used says that a script call got a reply, or found the FUNCTION
+	// library gone: the engine loads the library (in the background) if
+	// that is due (Library).
+	Used()
+}
+
+// Door is one semaphore's (or a family total's) door to Redis: what its
+// script calls need, fixed when the engine is made. Its methods are the
+// typed calls of calls.go; nothing else runs a script of the engine.
+type Door struct {
+	Client redis.UniversalClient
+	Keys   []string // the keys the scripts get (Keys.Script)
+	Chan   string   // channel base: ARGV[1]
+	Pub    string   // PUBLISH, or SPUBLISH on a cluster: ARGV[2]
+
+	// The config values the calls send.
+	Limit      int
+	Rate       redsem.Rate // the client's rate (ARGV[3], limitArg)
+	LeaseTTL   time.Duration
+	QueueTTL   time.Duration
+	Fallback   time.Duration
+	Owner      string
+	MaxWaiters int
+	// TotalArg is what a member of a family with a total adds to ARGV[3]:
+	// "+" the client's total ":" the variant's tag ("f" or "u"); "" for
+	// any other semaphore.
+	TotalArg string
+
+	// How errors name the semaphore: Who (the engine's who), Name and
+	// Family (a *redsem.LimitMismatchError's); FamName and Total: the
+	// family of a member with a total, for a total mismatch's text.
+	Who, Name, Family string
+	FamName           string
+	Total             int
+
+	Lib   *Library // whether the client's calls use FCALL
+	Sent  *Sent    // scripts sent whole once (a family's members share one)
+	Watch Watch
+
+	clock serverClock
+}
+
+// Sent holds, per script, whether an engine (its family, for a member) sent
+// it whole once already: later calls send its SHA1.
+type Sent struct {
+	s [lua.RenewMany + 1]atomic.Bool // by Script (RenewMany is the last)
+}
 
 // scripts holds the one *redis.Script of each lua.Script: built once, never
 // reassigned, and reachable only inside the module.
@@ -29,18 +98,18 @@ var scripts = func() map[lua.Script]*redis.Script {
 
 // Script returns the runnable script for s (EVALSHA with a fallback to EVAL
 // when the server's script cache was emptied). The engine calls the
-// semaphore scripts only through run; package fencing and the tests use
+// semaphore scripts only through a Door; package fencing and the tests use
 // this for the rest.
 func Script(s lua.Script) *redis.Script { return scripts[s] }
 
 // run calls script s on c with the semaphore's keys and ARGV: the common
 // prefix (channel base, publish command, limit and the client's rate: see
 // limitArg), then args. It returns the reply, when the request left, and
-// the error as the client (or ctx) reported it: each protocol call decides
+// the error as the client (or ctx) reported it: each typed call decides
 // how to report it.
 //
 // It runs s as a function of the library once the client loaded it (FCALL;
-// functions.go), else with EVALSHA; status.lua, which writes nothing, runs
+// Library), else with EVALSHA; status.lua, which writes nothing, runs
 // with FCALL_RO or EVALSHA_RO so that it may run on a read-only replica.
 //
 // The call returns once ctx ends, whatever the client does: go-redis honours
@@ -48,15 +117,15 @@ func Script(s lua.Script) *redis.Script { return scripts[s] }
 // retries a failed command on its own, so the command runs on a goroutine of
 // its own and is abandoned (its reply ignored) when ctx ends first. What an
 // abandoned request may still do in Redis is made harmless by the scripts:
-// see undo.
-func (e *Engine) run(ctx context.Context, c redis.Scripter, s lua.Script, limit int, args ...any) ([]any, time.Time, error) {
+// see the engine's undo.
+func (d *Door) run(ctx context.Context, c redis.Scripter, s lua.Script, limit int, args ...any) ([]any, time.Time, error) {
 	argv := make([]any, 0, 3+len(args))
-	argv = append(argv, e.keys.Chan, e.pub, e.limitArg(limit))
+	argv = append(argv, d.Chan, d.Pub, d.limitArg(limit))
 	argv = append(argv, args...)
-	keys := e.keys.Script()
+	keys := d.Keys
 	sent := time.Now()
 	call := func() ([]any, error) {
-		if v, ok, err := e.fcall(ctx, c, s, argv); ok {
+		if v, ok, err := d.fcall(ctx, c, s, argv); ok {
 			return v, err
 		}
 		var cmd *redis.Cmd
@@ -69,7 +138,7 @@ func (e *Engine) run(ctx context.Context, c redis.Scripter, s lua.Script, limit 
 				// nothing, so run it as a plain script.
 				cmd = script.Run(ctx, c, keys, argv...)
 			}
-		} else if loaded := e.loaded(s); !loaded.Load() {
+		} else if loaded := &d.Sent.s[s]; !loaded.Load() {
 			// The engine's first call of this script sends it whole (EVAL
 			// caches it on the server): one round trip, where EVALSHA
 			// would take two on a server that has not seen it (NOSCRIPT,
@@ -77,7 +146,7 @@ func (e *Engine) run(ctx context.Context, c redis.Scripter, s lua.Script, limit 
 			cmd = script.Eval(ctx, c, keys, argv...)
 			if err := cmd.Err(); err == nil {
 				loaded.Store(true)
-			} else if Unreachable(err) && !dialFailed(err) && ctx.Err() == nil {
+			} else if Unreachable(err) && !DialFailed(err) && ctx.Err() == nil {
 				// A server can close the connection while the whole script
 				// is still being written (one that requires a password
 				// closes an unauthenticated connection that sends more
@@ -99,14 +168,14 @@ func (e *Engine) run(ctx context.Context, c redis.Scripter, s lua.Script, limit 
 		}
 		return cmd.Slice()
 	}
-	if err := e.alerts.ready(ctx); err != nil {
-		e.answered(sent, err)
+	if err := d.Watch.Ready(ctx); err != nil {
+		d.Watch.Answered(sent, err)
 		return nil, sent, notSent{err}
 	}
-	v, err := bounded(ctx, call)
-	e.answered(sent, err)
+	v, err := Bounded(ctx, call)
+	d.Watch.Answered(sent, err)
 	if err == nil {
-		e.loadLibrary()
+		d.Watch.Used()
 	}
 	return v, sent, err
 }
@@ -120,58 +189,63 @@ type fcaller interface {
 // fcall runs script s as a function on c when the library is loaded;
 // ok is false when it did not (not loaded, c cannot, or the server no longer
 // has the library), and the caller then runs it with EVALSHA.
-func (e *Engine) fcall(ctx context.Context, c redis.Scripter, s lua.Script, argv []any) (v []any, ok bool, err error) {
+func (d *Door) fcall(ctx context.Context, c redis.Scripter, s lua.Script, argv []any) (v []any, ok bool, err error) {
 	fn := s.Function()
 	f, can := c.(fcaller)
-	if fn == "" || !can || !e.lib.ready() {
+	if fn == "" || !can || !d.Lib.Ready() {
 		return nil, false, nil
 	}
 	var cmd *redis.Cmd
 	if s == lua.Status || s == lua.FamilyStatus {
-		cmd = f.FCallRO(ctx, fn, e.keys.Script(), argv...)
+		cmd = f.FCallRO(ctx, fn, d.Keys, argv...)
 	} else {
-		cmd = f.FCall(ctx, fn, e.keys.Script(), argv...)
+		cmd = f.FCall(ctx, fn, d.Keys, argv...)
 	}
 	v, err = cmd.Slice()
 	if functionGone(err) {
-		e.lib.mode.CompareAndSwap(libReady, libUnknown)
-		e.loadLibrary()
+		d.Lib.mode.CompareAndSwap(LibReady, LibUnknown)
+		d.Watch.Used()
 		return nil, false, nil
 	}
 	return v, true, err
 }
 
 // limitArg is ARGV[3] of a script call: the limit, and the client's rate
-// if it has one ("limit:rate_limit:per_ms", the Lua library's client_arg).
-func (e *Engine) limitArg(limit int) any {
+// if it has one ("limit:rate_limit:per_ms", the Lua library's client_arg),
+// then, for a member of a family with a total, TotalArg.
+func (d *Door) limitArg(limit int) any {
 	var s string
-	if r := e.cfg.Rate; !r.IsZero() {
+	if r := d.Rate; !r.IsZero() {
 		s = strconv.Itoa(limit) + ":" + strconv.Itoa(r.Limit) + ":" + strconv.FormatInt(ms(r.Per), 10)
-	} else if e.keys.Fam == nil {
+	} else if d.TotalArg == "" {
 		return limit
 	} else {
 		s = strconv.Itoa(limit)
 	}
-	if e.keys.Fam != nil {
-		// A member of a family with a total: its client's total and variant.
-		s += "+" + strconv.Itoa(e.fam.total) + ":" + e.waiting.tag()
-	}
-	return s
+	return s + d.TotalArg
 }
 
-// loaded is the flag that says the engine (its family, for a member) sent
-// script s whole once already.
-func (e *Engine) loaded(s lua.Script) *atomic.Bool {
-	if e.fam != nil {
-		e = e.fam.root
+// onLiveConn runs send, a request safe to send twice (TIME, a script's
+// SHA1 after its body was cut off), again while it fails on a connection
+// the server had closed (EOF or a reset, not a failed dial) and ctx lives:
+// go-redis's pool may hand out such a connection once (a server that
+// replied to an unauthenticated client, then closed its connection), and
+// each failure drops one. Three tries at most; a client with MaxRetries
+// set already retries these itself.
+func onLiveConn(ctx context.Context, send func() error) error {
+	var err error
+	for try := 0; try < 3; try++ {
+		if err = send(); !Unreachable(err) || DialFailed(err) || ctx.Err() != nil {
+			break
+		}
 	}
-	return &e.sent[s]
+	return err
 }
 
-// bounded runs call and returns its result, or ctx's error as soon as ctx
+// Bounded runs call and returns its result, or ctx's error as soon as ctx
 // ends while call still runs (call then finishes on its own; its result is
 // dropped). A context that can never end costs no goroutine.
-func bounded(ctx context.Context, call func() ([]any, error)) ([]any, error) {
+func Bounded(ctx context.Context, call func() ([]any, error)) ([]any, error) {
 	if ctx.Done() == nil {
 		return call()
 	}
@@ -227,8 +301,8 @@ func runner(job func()) {
 	}
 }
 
-// boundedErr is bounded for a call that returns only an error.
-func boundedErr(ctx context.Context, call func() error) error {
-	_, err := bounded(ctx, func() ([]any, error) { return nil, call() })
+// BoundedErr is Bounded for a call that returns only an error.
+func BoundedErr(ctx context.Context, call func() error) error {
+	_, err := Bounded(ctx, func() ([]any, error) { return nil, call() })
 	return err
 }

@@ -1,4 +1,4 @@
-package core
+package wire
 
 import (
 	"context"
@@ -55,8 +55,8 @@ func TestRefused(t *testing.T) {
 		{"ERR max number of clients reached", false},
 		{"NOAUTH Authentication required.", false},
 	} {
-		if got := refused(replyErr(c.msg)); got != c.want {
-			t.Errorf("refused(reply %q) = %v, want %v", c.msg, got, c.want)
+		if got := Refused(replyErr(c.msg)); got != c.want {
+			t.Errorf("Refused(reply %q) = %v, want %v", c.msg, got, c.want)
 		}
 	}
 	// Not replies of the server: never a refusal, whatever the words.
@@ -66,8 +66,8 @@ func TestRefused(t *testing.T) {
 		context.DeadlineExceeded,
 		redis.ErrClosed,
 	} {
-		if refused(err) {
-			t.Errorf("refused(%v) = true for an error that is not a Redis reply", err)
+		if Refused(err) {
+			t.Errorf("Refused(%v) = true for an error that is not a Redis reply", err)
 		}
 	}
 }

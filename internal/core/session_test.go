@@ -1,0 +1,23 @@
+package core
+
+import "testing"
+
+// TestParseMessage checks the three messages of a fair session's channel.
+func TestParseMessage(t *testing.T) {
+	m, ok := parseMessage("g w1 17 1000 0,2")
+	if !ok || m.id != "w1" || m.ev.kind != evGrant || m.ev.grant.Token != 17 || m.deadline != 1000 ||
+		len(m.ev.grant.Slots) != 2 || m.ev.grant.Slots[1] != 2 || m.ev.grant.ID != "w1" {
+		t.Fatalf("grant: %+v %v", m, ok)
+	}
+	if m, ok := parseMessage("x w2 3"); !ok || m.id != "w2" || m.ev.kind != evWeight || m.ev.limit != 3 {
+		t.Fatalf("weight: %+v %v", m, ok)
+	}
+	if m, ok := parseMessage("r w3"); !ok || m.id != "w3" || m.ev.kind != evRequeue {
+		t.Fatalf("requeue: %+v %v", m, ok)
+	}
+	for _, bad := range []string{"", "g w1 17 1000", "g w1 x 1000 0", "g w1 1 2 a", "q w1", "r", "x w1"} {
+		if m, ok := parseMessage(bad); ok {
+			t.Fatalf("parseMessage(%q) = %+v, want false", bad, m)
+		}
+	}
+}
