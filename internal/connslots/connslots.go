@@ -40,7 +40,6 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/redsem/redsem"
-	"github.com/redsem/redsem/internal/core"
 	"github.com/redsem/redsem/internal/detach"
 )
 
@@ -96,9 +95,9 @@ const (
 // Pool is the slots of one connection pool (one connector, one pgxpool).
 type Pool struct {
 	sem     redsem.Semaphore
-	eng     *core.Engine // nil: sem is not ours; demand stays in this pool
-	id      string       // on demand notices, so that a pool ignores its own
-	prefix  string       // of errors: "redsemsql", "redsempgx"
+	demand  *demand // nil: sem is not ours; demand stays in this pool
+	id      string  // on demand notices, so that a pool ignores its own
+	prefix  string  // of errors: "redsemsql", "redsempgx"
 	timeout time.Duration
 	always  bool          // the timeout bounds every wait, not only those without a deadline
 	minHold time.Duration // 0: give back at once
@@ -148,7 +147,7 @@ func New(sem redsem.Semaphore, prefix string, opts Options) (*Pool, error) {
 				"before a busy connection of another process gave one back; shorten MinHold (negative: give "+
 				"back at once) or lengthen ConnectTimeout (negative: unbounded)", minHold, bound)}
 	}
-	return &Pool{sem: sem, eng: core.EngineOf(sem), id: uuid.NewString(), prefix: prefix,
+	return &Pool{sem: sem, demand: demandOf(sem), id: uuid.NewString(), prefix: prefix,
 		timeout: timeout, always: opts.BoundAll, minHold: minHold,
 		slots: map[*Slot]struct{}{}, owed: map[string]time.Time{}, answering: map[string]time.Time{}}, nil
 }
@@ -212,9 +211,9 @@ func (p *Pool) ask(ctx context.Context) {
 			return
 		case <-t.C:
 		}
-		if !p.reclaim(false) && p.eng != nil {
+		if !p.reclaim(false) && p.demand != nil {
 			// Redis down: Acquire reports it.
-			_ = p.eng.PublishDemand(ctx, fmt.Sprintf("%s %s-%d", p.id, waiter, seq))
+			_ = p.demand.publish(ctx, fmt.Sprintf("%s %s-%d", p.id, waiter, seq))
 		}
 		t.Reset(demandEvery)
 	}
@@ -224,7 +223,7 @@ func (p *Pool) ask(ctx context.Context) {
 func (p *Pool) listen() {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if p.eng == nil || p.listening || p.closed {
+	if p.demand == nil || p.listening || p.closed {
 		return
 	}
 	p.listening = true
@@ -240,7 +239,7 @@ func (p *Pool) serve(ctx context.Context) {
 	var answers sync.WaitGroup
 	defer close(p.stopped)
 	defer answers.Wait() // ctx is done: they return at once
-	ps := p.eng.SubscribeDemand(ctx)
+	ps := p.demand.subscribe(ctx)
 	defer func() { _ = ps.Close() }()
 	ch := ps.Channel()
 	for {
@@ -312,7 +311,7 @@ func (p *Pool) answer(ctx context.Context, notice string) {
 			return // it asks every demandEvery: served meanwhile, or gone
 		}
 	}
-	won, err := p.eng.ClaimDemand(ctx, waiter, owedFor)
+	won, err := p.demand.claim(ctx, waiter, owedFor)
 	if err != nil || !won {
 		return
 	}

@@ -63,7 +63,7 @@ func TestOwedGiveBack(t *testing.T) {
 	var closes atomic.Int64
 	a := open(t, ctx, pools[0], &closes) // in use
 	redistest.WaitFor(t, 5*time.Second, "pool 0 subscribed to demand notices", func() (bool, error) {
-		ch := pools[0].eng.Keys().Want
+		ch := pools[0].demand.Channel
 		n, err := redistest.Client(t).PubSubNumSub(ctx, ch).Result()
 		return n[ch] >= 1, err
 	})
@@ -157,7 +157,7 @@ func TestConnectTimeout(t *testing.T) {
 func subscribed(t *testing.T, ctx context.Context, p *Pool) {
 	t.Helper()
 	redistest.WaitFor(t, 5*time.Second, "the pool subscribed to demand notices", func() (bool, error) {
-		ch := p.eng.Keys().Want
+		ch := p.demand.Channel
 		n, err := redistest.Client(t).PubSubNumSub(ctx, ch).Result()
 		return n[ch] >= 1, err
 	})
