@@ -417,6 +417,11 @@ func TestMiddlewareLostLeaseKeepsHandler(t *testing.T) {
 			if ans.err != nil || ans.code != http.StatusOK || ans.body != "finished after the loss" {
 				t.Fatalf("response: %d %q, %v; want the handler's 200", ans.code, ans.body, ans.err)
 			}
+			// The event is reported once the lease's lock is let go, just
+			// after Done closed: the handler may have answered first.
+			redistest.WaitFor(t, 5*time.Second, "the loss reported", func() (bool, error) {
+				return ev.count(redsem.EventLeaseLost) >= 1, nil
+			})
 			if l, r := ev.count(redsem.EventLeaseLost), ev.count(redsem.EventReleased); l != 1 || r != 0 {
 				t.Fatalf("%d lost, %d released; want 1, 0", l, r)
 			}
