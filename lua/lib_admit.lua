@@ -110,13 +110,14 @@ local function notify_free(now, limit)
   if rate_limit > 0 then
     if not rate_fits(1, call.clock_us) then
       -- Slots are free but the window is full: tell the waiters so (once
-      -- per time the window has room), without waking them ("0 META ms":
-      -- a waiter that gives up before then was held by the rate, not by
-      -- the limit). An older client reads it as a notice of no slot.
+      -- per time the window has room), without waking them ("0 META ms
+      -- now": a waiter that gives up before then was held by the rate,
+      -- not by the limit, unless the rate was set after now). An older
+      -- client reads it as a notice of no slot.
       local wake = fmt(call.rate_room_at_us) .. ' ~'
       if get('_rwake') ~= wake then
         put('_rwake', wake)
-        publish(channel .. ':free', '0 ' .. meta_key .. ' ' .. rate_ms(call.clock_us))
+        publish(channel .. ':free', '0 ' .. meta_key .. ' ' .. rate_ms(call.clock_us) .. ' ' .. fmt(now))
       end
       return
     end

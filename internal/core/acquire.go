@@ -3,7 +3,7 @@ package core
 import (
 	"context"
 	"errors"
-	"sync/atomic"
+	"sync"
 	"time"
 
 	"github.com/google/uuid"
@@ -283,36 +283,56 @@ func (c *call) heldByRate() (time.Time, redsem.Rate) {
 	return held, rate
 }
 
-// rateHold is until when (unix ns) the rate's window holds back a
-// semaphore's next grant, as the latest reply that said so (attempt) or
-// fair "w" message (session.go) or unfair "0" notice (unfairwait.go) told:
-// a waiter that gives up before then was held by the rate, whatever held
-// it before (heldByRate); and when it was last set (seen): only a waiter
-// that waited then was held by it.
+// rateHold is until when the rate's window holds back a semaphore's next
+// grant, as the latest reply that said so (attempt) or fair "w" message
+// (session.go) or unfair "0" notice (unfairwait.go) told: a waiter that
+// gives up before then was held by the rate, whatever held it before
+// (heldByRate); and when it was last set (seen): only a waiter that waited
+// then was held by it. News that a script found before this process's
+// latest SetRate ran (by the server clock: a notice delayed on the
+// subscription's connection past SetRate's reply) is no one's reason.
 type rateHold struct {
-	until atomic.Int64
-	seen  atomic.Int64
+	mu    sync.Mutex
+	until time.Time // zero: none
+	seen  time.Time
+	reset int64 // server ms of the latest SetRate of this process
 }
 
 // hold records that the rate's window holds back the semaphore's next
-// grant until until, learnt now.
-func (r *rateHold) hold(until time.Time) {
-	r.until.Store(until.UnixNano())
-	r.seen.Store(time.Now().UnixNano())
+// grant until until, as a script that ran at server time at (ms; 0:
+// unknown) found, learnt now.
+func (r *rateHold) hold(until time.Time, at int64) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if at != 0 && at <= r.reset {
+		return // found before the rate was set anew (or in its ms: unsure)
+	}
+	r.until, r.seen = until, time.Now()
 }
 
 // get returns until when the rate holds back the next grant, and when
-// that was learnt (the zero unix time, 1970, for none).
+// that was learnt (zero times for none).
 func (r *rateHold) get() (until, seen time.Time) {
-	return time.Unix(0, r.until.Load()), time.Unix(0, r.seen.Load())
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.until, r.seen
 }
 
-// none reports that no hold was learnt since the last reset.
-func (r *rateHold) none() bool { return r.until.Load() == 0 }
+// none reports that no hold was learnt since the last SetRate.
+func (r *rateHold) none() bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.until.IsZero()
+}
 
-// reset forgets the hold (SetRate: what the former rate held back is no
-// one's reason now).
-func (r *rateHold) reset() { r.until.Store(0) }
+// setRate forgets the hold: SetRate ran at server time at (ms), and what
+// the former rate held back is no one's reason now, nor is news found
+// before then that arrives later.
+func (r *rateHold) setRate(at int64) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.until, r.seen, r.reset = time.Time{}, time.Time{}, max(r.reset, at)
+}
 
 // end gathers what the call knew when it ended with err, for acquireErr:
 // a failed dial of its client since it began (when its context ended it
@@ -416,7 +436,7 @@ func (c *call) attempt(mode, sid string) (wire.AcquireReply, error) {
 		c.rateRoom, c.rate = time.Time{}, redsem.Rate{}
 		if a.Code == wire.CodeQueued && a.RateMs >= 0 {
 			c.rateRoom, c.rate = time.Now().Add(time.Duration(a.RateMs)*time.Millisecond), a.RateInForce
-			c.e.rateHeld.hold(c.rateRoom) // for the waiters behind this one
+			c.e.rateHeld.hold(c.rateRoom, a.Now) // for the waiters behind this one
 		}
 	}
 	if err == nil || !wire.Transient(err) {

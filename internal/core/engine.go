@@ -329,7 +329,7 @@ func (e *Engine) SetRate(ctx context.Context, rate redsem.Rate) error {
 		if err := settled(ctx, e, g, cancel, err); err != nil {
 			return err
 		}
-		e.rateHeld.reset() // what the former rate held back is no one's reason now
+		e.rateHeld.setRate(g.Now()) // what the former rate held back is no one's reason now
 		return nil
 	})
 }

@@ -156,7 +156,7 @@ func (s *session) handle(m *redis.Message) {
 		// early.
 		if we := h.engineOf(msg.id); we != nil {
 			at := time.Now().Add(time.Duration(msg.ev.wait+1) * time.Millisecond)
-			we.rateHeld.hold(at)
+			we.rateHeld.hold(at, 0) // the message does not say when its script ran
 			if s.wakeAt(we, at) {
 				s.poke()
 			}

@@ -207,26 +207,27 @@ func (u *unfairWake) count() int {
 // semaphore whose meta key that is; a bare "n" (an older version) wakes
 // waiters of any.
 func (u *unfairWake) handle(m *redis.Message) {
-	count, meta, wait, held := wire.ParseFree(m.Payload)
+	count, meta, wait, at, held := wire.ParseFree(m.Payload)
 	if held {
-		// "0 META ms": slots are free but the rate's window holds the
+		// "0 META ms at": slots are free but the rate's window holds the
 		// next grant back for ms: nobody is woken; the waiters of that
 		// semaphore that give up meanwhile were held by the rate.
-		u.rateHeldOf(meta, time.Duration(wait+1)*time.Millisecond)
+		u.rateHeldOf(meta, time.Duration(wait+1)*time.Millisecond, at)
 		return
 	}
 	u.wakeOf(meta, count)
 }
 
 // rateHeldOf records that the rate's window holds back the next grant of
-// the semaphore whose meta key is meta for d (rateHold).
-func (u *unfairWake) rateHeldOf(meta string, d time.Duration) {
-	at := time.Now().Add(d)
+// the semaphore whose meta key is meta for d, as a script that ran at
+// server time at (ms) found (rateHold).
+func (u *unfairWake) rateHeldOf(meta string, d time.Duration, at int64) {
+	until := time.Now().Add(d)
 	u.h.mu.Lock()
 	defer u.h.mu.Unlock()
 	for _, w := range u.list {
 		if w.e.keys.List[KeyMeta] == meta {
-			w.e.rateHeld.hold(at)
+			w.e.rateHeld.hold(until, at)
 		}
 	}
 }

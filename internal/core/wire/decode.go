@@ -152,15 +152,18 @@ func ParseMessage(payload string) (Message, bool) {
 // ParseFree decodes a freed-slot notice of the unfair channel (the Lua
 // library's notify_free): "n meta-key", n slots free in the semaphore whose
 // meta key that is (a bare "n", from an older version: of any); or
-// "0 meta-key ms", slots free but the rate's window holds the next grant
-// back for ms (held). count is at least 1 for a notice that wakes.
-func ParseFree(payload string) (count int, meta string, wait int64, held bool) {
-	n, meta, _ := strings.Cut(payload, " ")
+// "0 meta-key ms at", slots free but the rate's window holds the next
+// grant back for ms (held), as the script that ran at server time at (ms)
+// found ("0 meta-key ms" from an older version: at 0, unknown). count is
+// at least 1 for a notice that wakes.
+func ParseFree(payload string) (count int, meta string, wait, at int64, held bool) {
+	n, rest, _ := strings.Cut(payload, " ")
 	if n == "0" {
-		meta, ms, _ := strings.Cut(meta, " ")
-		return 0, meta, max(toInt(ms), 0), true
+		meta, rest, _ := strings.Cut(rest, " ")
+		ms, at, _ := strings.Cut(rest, " ")
+		return 0, meta, max(toInt(ms), 0), max(toInt(at), 0), true
 	}
-	return max(int(toInt(n)), 1), meta, 0, false
+	return max(int(toInt(n)), 1), rest, 0, 0, false
 }
 
 // ---- grant lists ----
@@ -206,6 +209,9 @@ type Grants struct {
 	now    int64     // the server time of the reply
 	sent   time.Time // when its request left
 }
+
+// Now is the server time (ms) of the reply.
+func (g Grants) Now() int64 { return g.now }
 
 // Decode decodes the list; none (nil) if the reply has none or it does not
 // decode (the pub/sub message, or a resync, delivers them then).
