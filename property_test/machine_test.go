@@ -85,6 +85,8 @@ func runMachine(t *testing.T, isFair bool) {
 			actions["enqueue"] = m.enqueue
 			actions["enqueueDead"] = m.enqueueDead
 			actions["cancel"] = m.cancelWaiter
+		} else {
+			actions["acquireBehind"] = m.acquireBehind
 		}
 		for name := range machineSkip() {
 			delete(actions, name)
@@ -889,6 +891,79 @@ func (m *machine) acquireShort(rt *rapid.T) {
 	}
 	e := m.takeLease(rt, l, n, normalTTL, floor, w, arrival)
 	m.noJump(rt, e, w)
+}
+
+// acquireBehind (unfair): k callers of one process Acquire a slot each at
+// once, so that the later ones may wait behind an earlier one (a caller
+// that finds an older waiter of its process asleep for as many slots sleeps
+// behind it without trying, and is woken when that one is granted or
+// gives up); the leases the machine holds are released back to back (two
+// freed-slot notices in a row, the second perhaps landing on a waiter
+// whose attempt is already granted); each caller, once granted, holds its
+// lease a moment and releases it. Each grant is checked as any other (slots
+// nobody holds, within the limit and the rate), and every caller must be
+// granted within waitBound unless something the machine cannot release
+// may hold every slot that long.
+func (m *machine) acquireBehind(rt *rapid.T) {
+	k := rapid.IntRange(2, 4).Draw(rt, "callers")
+	hold := time.Duration(rapid.SampledFrom([]int{0, 5}).Draw(rt, "hold_ms")) * time.Millisecond
+	releaseHeld := rapid.Bool().Draw(rt, "release_held")
+	floor := m.maxToken
+	b := callStart()
+	ctx, cancel := context.WithTimeout(context.Background(), waitBound)
+	defer cancel()
+	ctx, stop := context.WithCancel(ctx) // ended early when a caller may not be granted
+	defer stop()
+	type result struct {
+		l   redsem.Lease
+		err error
+	}
+	results := make(chan result, k)
+	sem := m.norm
+	for range k {
+		go func() {
+			l, err := sem.Acquire(ctx)
+			results <- result{l, err}
+		}()
+	}
+	time.Sleep(10 * time.Millisecond) // the callers wait (or were granted at once): the state, not an assertion
+	if releaseHeld {
+		for _, e := range m.held() {
+			m.releaseOne(rt, e)
+		}
+	}
+	// Live if a slot is certainly free within waitBound/2, leases the
+	// callers take aside: none of what may hold every other slot lives
+	// that long.
+	late := window{b: b + waitBound.Milliseconds()/2, a: b + waitBound.Milliseconds()/2}
+	_, stuck, _ := m.counts(late)
+	mustSucceed := stuck+1 <= m.limit
+	if !mustSucceed {
+		// Not asserted: the callers get a moment, not waitBound (the
+		// machine's checks stay short).
+		time.AfterFunc(100*time.Millisecond, stop)
+	}
+	for got := 0; got < k; got++ {
+		r := <-results
+		w := window{b: b, a: callEnd()}
+		if r.err != nil {
+			if !errors.Is(r.err, context.DeadlineExceeded) && !errors.Is(r.err, context.Canceled) {
+				fatalf(rt, "Acquire (one of %d callers of one process): %v, want an error matching its context's", k, r.err)
+			}
+			if mustSucceed {
+				fatalf(rt, "Acquire (one of %d callers of one process) not granted within %v although at most %d of %d slots may be held by others then (%v)", k, waitBound, stuck, m.limit, r.err)
+			}
+			m.awaitUndo(rt)
+			m.add(&entity{kind: kLease, weight: 1, gone: true, grantedBy: callEnd(), arrival: -1}, "T")
+			continue
+		}
+		m.lastWrite, m.lastPrune = b, b
+		e := m.takeLease(rt, r.l, 1, normalTTL, floor, w, -1)
+		time.Sleep(hold)
+		m.releaseOne(rt, e)
+	}
+	rt.Logf("%d callers of one process, held leases released: %v", k, releaseHeld)
+	trace("acquireBehind: %d callers, live %v, %v", k, mustSucceed, time.Since(time.UnixMilli(b)))
 }
 
 // held returns the entities with a lease object not yet released.

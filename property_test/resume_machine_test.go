@@ -91,10 +91,17 @@ func (m *machine) checkFormers(rt *rapid.T) {
 			if !f.crash {
 				continue // a normalTTL handle ends after the check
 			}
+			// Done first: a check that runs later than waitBound after the
+			// deadline (after a long action) finds both ready, and a select
+			// picks among ready cases at random.
 			select {
 			case <-f.l.Done():
-			case <-time.After(time.Until(f.l.Deadline()) + waitBound):
-				fatalf(rt, "%s: a replaced handle (deadline %v) still open %v after its deadline", e, f.l.Deadline(), waitBound)
+			default:
+				select {
+				case <-f.l.Done():
+				case <-time.After(time.Until(f.l.Deadline()) + waitBound):
+					fatalf(rt, "%s: a replaced handle (deadline %v) still open %v after its deadline", e, f.l.Deadline(), waitBound)
+				}
 			}
 			// Done closes first, the Context right after it under the
 			// same lock (so that code woken by the Context finds Done
