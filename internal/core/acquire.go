@@ -17,7 +17,7 @@ import (
 //
 //	AcquireN / TryAcquireN
 //	  newCall          a call: the caller's context, ended also by Close (cause ErrClosed)
-//	  e.waiting.next   the variant's round (below): fairWait registers with the hub,
+//	  e.variant.next   the variant's round (below): fairWait registers with the hub,
 //	                   queues under the session and waits for a grant; unfairWait
 //	                   tries, subscribes and waits for freed-slot notices. Both send
 //	                   through c.attempt, one run of acquire.lua (wire.Door.Acquire)
@@ -41,13 +41,13 @@ func (e *Engine) AcquireN(ctx context.Context, n int) (redsem.Lease, error) {
 		return nil, err
 	}
 	for {
-		g, ok, err := e.waiting.next(c)
+		g, ok, err := e.variant.next(c)
 		if err != nil {
 			err = c.retry(err) // nil: ridden out, ask again
 		}
 		switch {
 		case err != nil:
-			e.waiting.done(c)
+			e.variant.done(c)
 			return c.exit(nil, err)
 		case ok && late(g):
 			// Granted, but the reply came after the lease's deadline as
@@ -55,7 +55,7 @@ func (e *Engine) AcquireN(ctx context.Context, n int) (redsem.Lease, error) {
 			// the lease it holds for this id, its remaining time counted
 			// from the new request).
 		case ok:
-			e.waiting.done(c)
+			e.variant.done(c)
 			return c.exit(c.lease(g), nil)
 		}
 	}
@@ -70,7 +70,7 @@ func late(g grant) bool { return !time.Now().Before(g.Deadline) }
 // waiting is how a call waits for its grant: the variant's strategy,
 // chosen when the engine is made. The call's goroutine runs it, and is the
 // one owner of its waiter's state.
-type waiting interface {
+type variant interface {
 	// next makes the call's next acquire request and waits as the variant
 	// does: until it is granted (ok), must ask again (ok false), or fails
 	// (a raw error: the call's loop rides a transient one out).
@@ -81,7 +81,7 @@ type waiting interface {
 	// session, or the unfair wake list.
 	listener(h *hub) listener
 	// leaveAtClose removes, within bounds.CloseUndo, what a call that Close
-	// ended left queued in Redis; false if it leaves that to Engine.undo
+	// ended left queued in Redis; false if it leaves that to Engine.undoLater
 	// (fair: its entry would hold up the queue until its session expired;
 	// unfair: nothing queues).
 	leaveAtClose(c *call) bool
@@ -354,12 +354,12 @@ func (c *call) end(err error) callEnd {
 // Close ended leaves the queue at once, within the caller's context (Close
 // stops detached undos, and its entry would hold up the queue until its
 // session expired); anything else, or if that failed, on a detached
-// goroutine (Engine.undo), so that no caller waits for it.
+// goroutine (Engine.undoLater), so that no caller waits for it.
 func (c *call) undo() {
-	if c.parent.Err() == nil && context.Cause(c.ctx) == redsem.ErrClosed && c.e.waiting.leaveAtClose(c) {
+	if c.parent.Err() == nil && context.Cause(c.ctx) == redsem.ErrClosed && c.e.variant.leaveAtClose(c) {
 		return
 	}
-	c.e.undo(c.parent, c.id)
+	c.e.undoLater(c.parent, c.id)
 }
 
 // undo cancels id after a failed or abandoned acquire: a reply lost on the
@@ -376,7 +376,7 @@ func (c *call) undo() {
 // for at most LeaseTTL (a grant it could not undo expires by then; a queue
 // entry of this process's session is evicted when it reaches the head and
 // nobody claims it). Close stops those retries.
-func (e *Engine) undo(ctx context.Context, id string) {
+func (e *Engine) undoLater(ctx context.Context, id string) {
 	uctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), e.cfg.LeaseTTL)
 	e.background(uctx, cancel, func(ctx context.Context) {
 		var b bounds.Backoff

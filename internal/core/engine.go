@@ -61,7 +61,7 @@ type Engine struct {
 	alerts *alerts       // conditions logged at Warn (shared by every engine of the client)
 	lib    *wire.Library // whether the client's calls use FCALL (functions.go)
 
-	waiting waiting // the variant's waiting strategy
+	variant variant // the variant's waiting strategy
 
 	hubMu sync.Mutex
 	hub   *hub
@@ -92,9 +92,9 @@ func (e *Engine) hubSlot() (*sync.Mutex, **hub) {
 	return &e.hubMu, &e.hub
 }
 
-// waitingFor is the variant's waiting strategy: the one place that the
+// variantFor is the variant's waiting strategy: the one place that the
 // variant is chosen.
-func waitingFor(cfg Config) waiting {
+func variantFor(cfg Config) variant {
 	if cfg.Fair {
 		return fairWait{}
 	}
@@ -133,7 +133,7 @@ func New(cfg Config) (*Engine, error) {
 	keys := KeysFor(cfg.Prefix, cfg.Name)
 	e := &Engine{cfg: cfg, keys: keys, pub: "PUBLISH", alerts: alertsFor(cfg.Client, keys), lib: wire.LibraryFor(cfg.Client)}
 	e.stopped, e.stop = context.WithCancel(context.Background())
-	e.waiting = waitingFor(cfg)
+	e.variant = variantFor(cfg)
 	if _, ok := cfg.Client.(*redis.ClusterClient); ok {
 		e.pub = "SPUBLISH"
 	}
@@ -171,7 +171,7 @@ func doorFor(e *Engine) *wire.Door {
 	}
 	if e.keys.Fam != nil {
 		// A member of a family with a total: its client's total and variant.
-		d.TotalArg = "+" + strconv.Itoa(e.fam.total) + ":" + e.waiting.tag()
+		d.TotalArg = "+" + strconv.Itoa(e.fam.total) + ":" + e.variant.tag()
 	}
 	return d
 }

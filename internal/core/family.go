@@ -99,7 +99,7 @@ func NewFamily(cfg Config, idleAfter time.Duration, shards, total int) (*Family,
 		script := append(append([]string{}, f.famKeys...), base+"sessions")
 		keys := Keys{Chan: base + "ch", Free: base + "ch:free", Fam: f.famKeys, script: script}
 		f.famEng = &Engine{cfg: root.cfg, keys: keys, pub: root.pub, fam: f, stopped: root.stopped, stop: root.stop,
-			alerts: root.alerts, lib: root.lib, waiting: root.waiting, use: new(memberUse)}
+			alerts: root.alerts, lib: root.lib, variant: root.variant, use: new(memberUse)}
 		complete(f.famEng)
 	}
 	return f, nil
@@ -151,7 +151,7 @@ func (f *Family) Get(key string) (*Engine, error) {
 	e := &Engine{
 		cfg: cfg, keys: keys, pub: f.root.pub,
 		fam: f, shard: sh, stopped: f.root.stopped, stop: f.root.stop, alerts: sh.alerts, lib: f.root.lib,
-		waiting: f.root.waiting, use: new(memberUse),
+		variant: f.root.variant, use: new(memberUse),
 	}
 	complete(e)
 	e.use.used.Store(time.Now().UnixNano())

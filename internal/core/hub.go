@@ -155,7 +155,7 @@ func (e *Engine) register(ctx context.Context, id string, n int) (*waiter, error
 			e: e, readyCh: make(chan struct{}), waiters: map[string]*waiter{}, count: map[*Engine]int{},
 			quit: make(chan struct{}),
 		}
-		h.l = e.waiting.listener(h)
+		h.l = e.variant.listener(h)
 		*slot = h
 		h.wg.Add(1)
 		go h.run()
@@ -386,7 +386,7 @@ func (h *hub) lastEngine() *Engine {
 }
 
 // waiting reports whether e has waiters in the hub.
-func (h *hub) waiting(e *Engine) bool {
+func (h *hub) hasWaiters(e *Engine) bool {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	return h.count[e] > 0

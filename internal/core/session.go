@@ -259,7 +259,7 @@ func (s *session) run(quit <-chan struct{}) {
 		case <-quit:
 			return
 		case <-t.C:
-			early := target != nil && h.waiting(target)
+			early := target != nil && h.hasWaiters(target)
 			if !early {
 				// The periodic beat: on some engine with waiters (a
 				// family's members take turns), else on the engine of the

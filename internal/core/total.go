@@ -52,7 +52,7 @@ func (f *Family) Status(ctx context.Context) (st redsem.FamilyStatus, err error)
 			return err
 		}
 		st, err = f.famEng.door.FamilyStatus(ctx)
-		if err == nil && f.root.waiting.localQueue() {
+		if err == nil && f.root.variant.localQueue() {
 			st.Waiting = f.localWaiters()
 		}
 		return err
@@ -111,7 +111,7 @@ func (f *Family) scanStatus(ctx context.Context) (redsem.FamilyStatus, error) {
 		for _, v := range found {
 			meta := v.(string)
 			keys := memberKeys(f.root.cfg.Prefix, tag, memberKeyOf(f.root.cfg.Prefix, meta))
-			e := &Engine{cfg: f.root.cfg, keys: keys, pub: f.root.pub, lib: f.root.lib, alerts: f.root.alerts, stopped: f.root.stopped, waiting: f.root.waiting}
+			e := &Engine{cfg: f.root.cfg, keys: keys, pub: f.root.pub, lib: f.root.lib, alerts: f.root.alerts, stopped: f.root.stopped, variant: f.root.variant}
 			complete(e)
 			ms, err := e.door.Status(ctx)
 			if err != nil {
@@ -123,7 +123,7 @@ func (f *Family) scanStatus(ctx context.Context) (redsem.FamilyStatus, error) {
 			st.Waiting += len(ms.Waiters)
 		}
 	}
-	if f.root.waiting.localQueue() {
+	if f.root.variant.localQueue() {
 		st.Waiting = f.localWaiters()
 	}
 	return st, nil

@@ -117,7 +117,7 @@ func (d *Door) Acquire(ctx context.Context, a AcquireArgs) (AcquireReply, error)
 	if sid == "" {
 		sid = "-"
 	}
-	v, sent, err := d.run(ctx, d.Client, lua.Acquire, d.Limit, a.ID, a.N, ms(d.LeaseTTL), a.Mode, sid,
+	v, sent, err := d.runScript(ctx, d.Client, lua.Acquire, d.Limit, a.ID, a.N, ms(d.LeaseTTL), a.Mode, sid,
 		ms(3*d.Fallback), d.Owner, d.MaxWaiters, a.RefuseAfter)
 	if err != nil {
 		return AcquireReply{}, err
@@ -236,7 +236,7 @@ func (d *Door) Renew(ctx context.Context, c redis.Scripter, id string, resume bo
 	if resume {
 		args = append(args, "resume", d.Owner) // the lease's owner is now this process
 	}
-	v, sent, err := d.run(ctx, c, lua.Renew, d.Limit, args...)
+	v, sent, err := d.runScript(ctx, c, lua.Renew, d.Limit, args...)
 	if err != nil {
 		return RenewReply{}, CallErr(d.Who, ctx, err)
 	}
@@ -276,7 +276,7 @@ func (d *Door) RenewMany(ctx context.Context, ids []string) ([]RenewReply, error
 	for _, id := range ids {
 		args = append(args, id)
 	}
-	v, sent, err := d.run(ctx, d.Client, lua.RenewMany, d.Limit, args...)
+	v, sent, err := d.runScript(ctx, d.Client, lua.RenewMany, d.Limit, args...)
 	if err != nil {
 		return nil, CallErr(d.Who, ctx, err)
 	}
@@ -342,7 +342,7 @@ func (d *Door) ReleaseExpired(ctx context.Context, id string) (ReleaseReply, err
 }
 
 func (d *Door) runRelease(ctx context.Context, id, mode string, arg int64) (ReleaseReply, error) {
-	v, sent, err := d.run(ctx, d.Client, lua.Release, d.Limit, id, mode, arg)
+	v, sent, err := d.runScript(ctx, d.Client, lua.Release, d.Limit, id, mode, arg)
 	if err != nil {
 		return ReleaseReply{}, CallErr(d.Who, ctx, err)
 	}
@@ -377,7 +377,7 @@ func (d *Door) Heartbeat(ctx context.Context, sid, age string, keep []string) (H
 	for _, k := range keep {
 		args = append(args, k)
 	}
-	v, sent, err := d.run(ctx, d.Client, lua.Heartbeat, d.Limit, args...)
+	v, sent, err := d.runScript(ctx, d.Client, lua.Heartbeat, d.Limit, args...)
 	if err != nil {
 		return HeartbeatReply{}, CallErr(d.Who, ctx, err)
 	}
@@ -398,7 +398,7 @@ func (d *Door) Heartbeat(ctx context.Context, sid, age string, keep []string) (H
 
 // Status runs status.lua (no arguments of its own; read-only).
 func (d *Door) Status(ctx context.Context) (redsem.Status, error) {
-	v, _, err := d.run(ctx, d.Client, lua.Status, d.Limit)
+	v, _, err := d.runScript(ctx, d.Client, lua.Status, d.Limit)
 	if err != nil {
 		return redsem.Status{}, CallErr(d.Who, ctx, err)
 	}
@@ -489,7 +489,7 @@ func (d *Door) setCall(ctx context.Context, script string, s lua.Script, limit i
 			return Grants{}, nil, CallErr(d.Who, ctx, err)
 		}
 		argv := append(append([]any{}, args...), refuseAfter)
-		if v, sent, err = d.run(ctx, d.Client, s, limit, argv...); err != nil {
+		if v, sent, err = d.runScript(ctx, d.Client, s, limit, argv...); err != nil {
 			break
 		}
 		if refused := len(v) > 0 && v[0] == int64(-1); !refused {
@@ -513,7 +513,7 @@ func (d *Door) setCall(ctx context.Context, script string, s lua.Script, limit i
 		if ctx.Err() != nil {
 			cancelArgv := append(append([]any{}, args...), 0, "cancel")
 			cancel = func(ctx context.Context) {
-				_, _, _ = d.run(ctx, d.Client, s, limit, cancelArgv...)
+				_, _, _ = d.runScript(ctx, d.Client, s, limit, cancelArgv...)
 			}
 		}
 		return Grants{}, cancel, CallErr(d.Who, ctx, err)
@@ -531,7 +531,7 @@ func (d *Door) setCall(ctx context.Context, script string, s lua.Script, limit i
 // FamilyStatus runs famstatus.lua (read-only) on a family's keys (a Door
 // of the family's own): total in force, slots held, queue entries, now.
 func (d *Door) FamilyStatus(ctx context.Context) (redsem.FamilyStatus, error) {
-	v, _, err := d.run(ctx, d.Client, lua.FamilyStatus, d.Limit)
+	v, _, err := d.runScript(ctx, d.Client, lua.FamilyStatus, d.Limit)
 	if err != nil {
 		return redsem.FamilyStatus{}, CallErr(d.Who, ctx, err)
 	}

@@ -1,6 +1,6 @@
 // Package wire is the script boundary of the engine: every semaphore script
 // as one typed Go call (calls.go), the one way such a call reaches Redis
-// (Door.run: FCALL, EVALSHA or EVAL, bounded by the caller's context), the
+// (Door.runScript: FCALL, EVALSHA or EVAL, bounded by the caller's context), the
 // decoding of script replies and channel messages (decode.go), the
 // server's clock (clock.go) and what every error of a call means
 // (errors.go).
@@ -102,7 +102,7 @@ var scripts = func() map[lua.Script]*redis.Script {
 // this for the rest.
 func Script(s lua.Script) *redis.Script { return scripts[s] }
 
-// run calls script s on c with the semaphore's keys and ARGV: the common
+// runScript calls script s on c with the semaphore's keys and ARGV: the common
 // prefix (channel base, publish command, limit and the client's rate: see
 // limitArg), then args. It returns the reply, when the request left, and
 // the error as the client (or ctx) reported it: each typed call decides
@@ -117,8 +117,8 @@ func Script(s lua.Script) *redis.Script { return scripts[s] }
 // retries a failed command on its own, so the command runs on a goroutine of
 // its own and is abandoned (its reply ignored) when ctx ends first. What an
 // abandoned request may still do in Redis is made harmless by the scripts:
-// see the engine's undo.
-func (d *Door) run(ctx context.Context, c redis.Scripter, s lua.Script, limit int, args ...any) ([]any, time.Time, error) {
+// see the engine's undoLater.
+func (d *Door) runScript(ctx context.Context, c redis.Scripter, s lua.Script, limit int, args ...any) ([]any, time.Time, error) {
 	argv := make([]any, 0, 3+len(args))
 	argv = append(argv, d.Chan, d.Pub, d.limitArg(limit))
 	argv = append(argv, args...)

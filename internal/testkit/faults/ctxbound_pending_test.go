@@ -14,11 +14,11 @@ import (
 
 // Cases that these tests found escaping the context bound, each fixed in
 // the engine since (docs/reliability.md has the diagnosis): calls that
-// waited on something outside the engine's door (wire.Door.run), and an acquire request that ran
+// waited on something outside the engine's door (wire.Door.runScript), and an acquire request that ran
 // after its caller gave up.
 
 // The first acquire of an Engine reads maxmemory-policy (policyCheck.check)
-// with a plain go-redis call, not through the engine's door (wire.Door.run): with a default client,
+// with a plain go-redis call, not through the engine's door (wire.Door.runScript): with a default client,
 // whose reads ignore the context, a slow CONFIG GET holds the call past its
 // context, and the call then returns a lease after its deadline.
 func TestFirstAcquireEvictionCheckBounded(t *testing.T) {
