@@ -71,7 +71,9 @@ func ReadTotal(ctx context.Context, c redis.Cmdable, fam []string, members map[s
 		t.Bases[name] = strings.TrimSuffix(keys[lkHolders], "holders")
 	}
 	t.Total, t.HasTot = total.Val(), total.Err() == nil
-	t.HasTTL = ttl.Val() > 0
+	// PTTL: -1 no TTL, -2 no key; 0 for a key in its last millisecond
+	// (it has one: a check polling an idle family hit it).
+	t.HasTTL = ttl.Val() >= 0
 	for name, m := range mc {
 		t.Members[name] = &Layout{Now: t.Now, Meta: m.meta.Val(), Holders: strip(m.zs[lkHolders].Val()), Queue: strip(m.zs[lkQueue].Val())}
 	}
