@@ -905,8 +905,11 @@ func (m *machine) acquireShort(rt *rapid.T) {
 // granted within waitBound unless something the machine cannot release
 // may hold every slot that long.
 func (m *machine) acquireBehind(rt *rapid.T) {
-	k := rapid.IntRange(2, 4).Draw(rt, "callers")
-	hold := time.Duration(rapid.SampledFrom([]int{0, 5}).Draw(rt, "hold_ms")) * time.Millisecond
+	if rapid.IntRange(0, 2).Draw(rt, "behind_die") != 0 {
+		rt.Skip("acquireBehind is slow (a rate's window, crashed holders' deadlines): a third of the draws")
+	}
+	k := rapid.IntRange(2, 3).Draw(rt, "callers")
+	hold := time.Duration(rapid.SampledFrom([]int{0, 2}).Draw(rt, "hold_ms")) * time.Millisecond
 	releaseHeld := rapid.Bool().Draw(rt, "release_held")
 	floor := m.maxToken
 	b := callStart()
@@ -941,8 +944,9 @@ func (m *machine) acquireBehind(rt *rapid.T) {
 	if !mustSucceed {
 		// Not asserted: the callers get a moment, not waitBound (the
 		// machine's checks stay short).
-		time.AfterFunc(100*time.Millisecond, stop)
+		time.AfterFunc(50*time.Millisecond, stop)
 	}
+	undone := false
 	for got := 0; got < k; got++ {
 		r := <-results
 		w := window{b: b, a: callEnd()}
@@ -953,7 +957,7 @@ func (m *machine) acquireBehind(rt *rapid.T) {
 			if mustSucceed {
 				fatalf(rt, "Acquire (one of %d callers of one process) not granted within %v although at most %d of %d slots may be held by others then (%v)", k, waitBound, stuck, m.limit, r.err)
 			}
-			m.awaitUndo(rt)
+			undone = true
 			m.add(&entity{kind: kLease, weight: 1, gone: true, grantedBy: callEnd(), arrival: -1}, "T")
 			continue
 		}
@@ -961,6 +965,9 @@ func (m *machine) acquireBehind(rt *rapid.T) {
 		e := m.takeLease(rt, r.l, 1, normalTTL, floor, w, -1)
 		time.Sleep(hold)
 		m.releaseOne(rt, e)
+	}
+	if undone {
+		m.awaitUndo(rt)
 	}
 	rt.Logf("%d callers of one process, held leases released: %v", k, releaseHeld)
 	trace("acquireBehind: %d callers, live %v, %v", k, mustSucceed, time.Since(time.UnixMilli(b)))
