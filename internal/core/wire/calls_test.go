@@ -96,3 +96,29 @@ func TestScriptRefusalsKnown(t *testing.T) {
 		}
 	}
 }
+
+// ParseFree reads every form of the unfair freed-slot notice: "n META",
+// a bare "n" (an older version: of any semaphore), "0 META ms at" (the
+// window is full; at: when the script ran) and the older "0 META ms".
+func TestParseFree(t *testing.T) {
+	type parsed struct {
+		count    int
+		meta     string
+		wait, at int64
+		held     bool
+	}
+	for payload, want := range map[string]parsed{
+		"3 redsem:{a}:meta":                   {count: 3, meta: "redsem:{a}:meta"},
+		"2":                                   {count: 2},
+		"0 redsem:{a}:meta 120 1796599411117": {meta: "redsem:{a}:meta", wait: 120, at: 1796599411117, held: true},
+		"0 redsem:{a}:meta 120":               {meta: "redsem:{a}:meta", wait: 120, held: true},
+		"0 redsem:{a}:meta -5 x":              {meta: "redsem:{a}:meta", held: true},
+		"junk redsem:{a}:meta":                {count: 1, meta: "redsem:{a}:meta"},
+	} {
+		var got parsed
+		got.count, got.meta, got.wait, got.at, got.held = ParseFree(payload)
+		if got != want {
+			t.Errorf("ParseFree(%q) = %+v, want %+v", payload, got, want)
+		}
+	}
+}
