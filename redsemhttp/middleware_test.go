@@ -15,6 +15,7 @@ import (
 	"github.com/redis/go-redis/v9"
 	"github.com/redsem/redsem"
 	"github.com/redsem/redsem/fair"
+	"github.com/redsem/redsem/internal/core"
 	"github.com/redsem/redsem/internal/testkit/redistest"
 	"github.com/redsem/redsem/redsemhttp"
 	"github.com/redsem/redsem/unfair"
@@ -438,6 +439,89 @@ func TestMiddlewareRateAfterLimit(t *testing.T) {
 			}
 			if codes[http.StatusOK] != 5 || codes[http.StatusTooManyRequests] != 15 {
 				t.Fatalf("answers %v, want 5 served (200) and 15 held by the rate (429)", codes)
+			}
+		})
+	}
+}
+
+// TestMiddlewareRateRemovedIs503: once SetRate removed the rate, a request
+// that the slots alone hold back past MaxWait is answered 503, not 429,
+// even when news of the former rate's full window reaches the process late
+// (a freed-slot notice published before SetRate ran, held on the
+// subscription's connection past its reply). Before the notice said when
+// its script ran, the unfair variant answered 429 with the removed rate's
+// Retry-After.
+func TestMiddlewareRateRemovedIs503(t *testing.T) {
+	rate := redsem.Rate{Limit: 2, Per: 10 * time.Second}
+	for _, variant := range []string{"fair", "unfair"} {
+		t.Run(variant, func(t *testing.T) {
+			ctx := redistest.Ctx(t, 20*time.Second)
+			d := redistest.NewDelayer(redistest.DelayConfig{})
+			d.SetOn(false) // only the hold below
+			c := d.NewClient(redistest.Shared(t).Options())
+			t.Cleanup(func() { _ = c.Close() })
+			var sem redsem.Semaphore
+			if variant == "fair" {
+				sem = newFair(t, c, redistest.Name(t), 3, fair.Options{Rate: rate})
+			} else {
+				s, err := unfair.New(c, redistest.Name(t), 3, unfair.Options{Rate: rate})
+				if err != nil {
+					t.Fatal(err)
+				}
+				t.Cleanup(func() { _ = s.Close() })
+				sem = s
+			}
+			var held []redsem.Lease
+			t.Cleanup(func() {
+				for _, l := range held {
+					_ = l.Release(context.Background())
+				}
+			})
+			for range rate.Limit {
+				l, err := sem.TryAcquire(ctx)
+				if err != nil {
+					t.Fatal(err)
+				}
+				held = append(held, l)
+			}
+			h := redsemhttp.Middleware(redsemhttp.Options{Semaphore: fixed(sem), MaxWait: 5 * time.Second})(
+				http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { _, _ = io.WriteString(w, "ok") }))
+			// A request that the window holds back (a slot is free), so
+			// that a release tells the waiters that the window is full.
+			wctx, stopWaiter := context.WithCancel(ctx)
+			waited := make(chan struct{})
+			go func() { serve(h, wctx); close(waited) }()
+			meta := core.EngineOf(sem).Keys().List[core.KeyMeta]
+			redistest.WaitFor(t, 5*time.Second, "the request to wait", func() (bool, error) {
+				if variant == "unfair" {
+					return c.HExists(ctx, meta, "_want").Result()
+				}
+				_, waiters := counts(t, sem)
+				return waiters > 0, nil
+			})
+			d.HoldPubSub(redistest.MaxDelay)
+			if err := held[0].Release(ctx); err != nil {
+				t.Fatal(err)
+			}
+			held = held[1:]
+			if err := sem.SetRate(ctx, redsem.Rate{}); err != nil {
+				t.Fatal(err)
+			}
+			stopWaiter()
+			<-waited
+			for {
+				l, err := sem.TryAcquire(ctx)
+				if errors.Is(err, redsem.ErrNoSlot) {
+					break
+				} else if err != nil {
+					t.Fatal(err)
+				}
+				held = append(held, l)
+			}
+			h = redsemhttp.Middleware(redsemhttp.Options{Semaphore: fixed(sem), MaxWait: 3 * redistest.MaxDelay})(
+				http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { _, _ = io.WriteString(w, "ok") }))
+			if rec := serve(h, ctx); rec.Code != http.StatusServiceUnavailable {
+				t.Fatalf("status %d (%s, Retry-After %q), want 503: the slots held it back, the rate is gone", rec.Code, rec.Body, rec.Header().Get("Retry-After"))
 			}
 		})
 	}
