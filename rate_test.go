@@ -14,8 +14,8 @@ import (
 	"github.com/redis/go-redis/v9"
 	"github.com/redsem/redsem"
 	"github.com/redsem/redsem/fair"
-	"github.com/redsem/redsem/internal/core"
 	"github.com/redsem/redsem/internal/testkit/redistest"
+	"github.com/redsem/redsem/internal/testkit/stale"
 	"github.com/redsem/redsem/unfair"
 )
 
@@ -688,63 +688,15 @@ func TestRateNewsOlderThanSetRate(t *testing.T) {
 		t.Run(variant, func(t *testing.T) {
 			ctx := redistest.Ctx(t, 20*time.Second)
 			d := redistest.NewDelayer(redistest.DelayConfig{})
-			d.SetOn(false) // only the hold below
+			d.SetOn(false) // only stale.RateRemoved's hold
 			c := d.NewClient(redistest.Shared(t).Options())
 			t.Cleanup(func() { _ = c.Close() })
-			rate := redsem.Rate{Limit: 2, Per: 10 * time.Second}
-			s := mustRated(t, variant, c, redistest.Name(t), 3, rate)
-			var held []redsem.Lease
-			t.Cleanup(func() {
-				for _, l := range held {
+			s := mustRated(t, variant, c, redistest.Name(t), 3, redsem.Rate{Limit: 2, Per: 10 * time.Second})
+			stale.RateRemoved(t, ctx, s, c, d, func(ctx context.Context) {
+				if l, err := s.Acquire(ctx); err == nil {
 					_ = l.Release(context.Background())
 				}
 			})
-			for range rate.Limit {
-				l, err := s.TryAcquire(ctx)
-				if err != nil {
-					t.Fatal(err)
-				}
-				held = append(held, l)
-			}
-			// A waiter that the rate holds back (a slot is free), so that
-			// a release tells the waiters that the window is full.
-			wctx, stopWaiter := context.WithCancel(ctx)
-			waited := make(chan error, 1)
-			go func() {
-				l, err := s.Acquire(wctx)
-				if err == nil {
-					_ = l.Release(ctx)
-				}
-				waited <- err
-			}()
-			meta := core.EngineOf(s).Keys().List[core.KeyMeta]
-			redistest.WaitFor(t, 5*time.Second, "the waiter to wait", func() (bool, error) {
-				if variant == "unfair" {
-					return c.HExists(ctx, meta, "_want").Result() // it asked for notices
-				}
-				st, err := s.Status(ctx)
-				return err == nil && len(st.Waiters) > 0, err
-			})
-			d.HoldPubSub(redistest.MaxDelay)
-			if err := held[0].Release(ctx); err != nil {
-				t.Fatal(err)
-			}
-			if err := s.SetRate(ctx, redsem.Rate{}); err != nil {
-				t.Fatal(err)
-			}
-			stopWaiter()
-			<-waited
-			// Every slot taken, then a caller that the slots hold back
-			// while the held news arrives.
-			for {
-				l, err := s.TryAcquire(ctx)
-				if errors.Is(err, redsem.ErrNoSlot) {
-					break
-				} else if err != nil {
-					t.Fatal(err)
-				}
-				held = append(held, l)
-			}
 			actx, cancel := context.WithTimeout(ctx, 3*redistest.MaxDelay)
 			defer cancel()
 			if _, err := s.Acquire(actx); !errors.Is(err, context.DeadlineExceeded) || errors.Is(err, redsem.ErrRateLimited) {

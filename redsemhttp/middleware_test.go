@@ -15,8 +15,8 @@ import (
 	"github.com/redis/go-redis/v9"
 	"github.com/redsem/redsem"
 	"github.com/redsem/redsem/fair"
-	"github.com/redsem/redsem/internal/core"
 	"github.com/redsem/redsem/internal/testkit/redistest"
+	"github.com/redsem/redsem/internal/testkit/stale"
 	"github.com/redsem/redsem/redsemhttp"
 	"github.com/redsem/redsem/unfair"
 )
@@ -457,7 +457,7 @@ func TestMiddlewareRateRemovedIs503(t *testing.T) {
 		t.Run(variant, func(t *testing.T) {
 			ctx := redistest.Ctx(t, 20*time.Second)
 			d := redistest.NewDelayer(redistest.DelayConfig{})
-			d.SetOn(false) // only the hold below
+			d.SetOn(false) // only stale.RateRemoved's hold
 			c := d.NewClient(redistest.Shared(t).Options())
 			t.Cleanup(func() { _ = c.Close() })
 			var sem redsem.Semaphore
@@ -471,55 +471,12 @@ func TestMiddlewareRateRemovedIs503(t *testing.T) {
 				t.Cleanup(func() { _ = s.Close() })
 				sem = s
 			}
-			var held []redsem.Lease
-			t.Cleanup(func() {
-				for _, l := range held {
-					_ = l.Release(context.Background())
-				}
-			})
-			for range rate.Limit {
-				l, err := sem.TryAcquire(ctx)
-				if err != nil {
-					t.Fatal(err)
-				}
-				held = append(held, l)
-			}
-			h := redsemhttp.Middleware(redsemhttp.Options{Semaphore: fixed(sem), MaxWait: 5 * time.Second})(
-				http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { _, _ = io.WriteString(w, "ok") }))
-			// A request that the window holds back (a slot is free), so
-			// that a release tells the waiters that the window is full.
-			wctx, stopWaiter := context.WithCancel(ctx)
-			waited := make(chan struct{})
-			go func() { serve(h, wctx); close(waited) }()
-			meta := core.EngineOf(sem).Keys().List[core.KeyMeta]
-			redistest.WaitFor(t, 5*time.Second, "the request to wait", func() (bool, error) {
-				if variant == "unfair" {
-					return c.HExists(ctx, meta, "_want").Result()
-				}
-				_, waiters := counts(t, sem)
-				return waiters > 0, nil
-			})
-			d.HoldPubSub(redistest.MaxDelay)
-			if err := held[0].Release(ctx); err != nil {
-				t.Fatal(err)
-			}
-			held = held[1:]
-			if err := sem.SetRate(ctx, redsem.Rate{}); err != nil {
-				t.Fatal(err)
-			}
-			stopWaiter()
-			<-waited
-			for {
-				l, err := sem.TryAcquire(ctx)
-				if errors.Is(err, redsem.ErrNoSlot) {
-					break
-				} else if err != nil {
-					t.Fatal(err)
-				}
-				held = append(held, l)
-			}
-			h = redsemhttp.Middleware(redsemhttp.Options{Semaphore: fixed(sem), MaxWait: 3 * redistest.MaxDelay})(
-				http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { _, _ = io.WriteString(w, "ok") }))
+			ok := http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { _, _ = io.WriteString(w, "ok") })
+			// The request that the window holds back waits as long as
+			// stale.RateRemoved lets it.
+			long := redsemhttp.Middleware(redsemhttp.Options{Semaphore: fixed(sem), MaxWait: 5 * time.Second})(ok)
+			stale.RateRemoved(t, ctx, sem, c, d, func(ctx context.Context) { serve(long, ctx) })
+			h := redsemhttp.Middleware(redsemhttp.Options{Semaphore: fixed(sem), MaxWait: 3 * redistest.MaxDelay})(ok)
 			if rec := serve(h, ctx); rec.Code != http.StatusServiceUnavailable {
 				t.Fatalf("status %d (%s, Retry-After %q), want 503: the slots held it back, the rate is gone", rec.Code, rec.Body, rec.Header().Get("Retry-After"))
 			}
