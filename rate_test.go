@@ -14,6 +14,7 @@ import (
 	"github.com/redis/go-redis/v9"
 	"github.com/redsem/redsem"
 	"github.com/redsem/redsem/fair"
+	"github.com/redsem/redsem/internal/core"
 	"github.com/redsem/redsem/internal/testkit/redistest"
 	"github.com/redsem/redsem/internal/testkit/stale"
 	"github.com/redsem/redsem/unfair"
@@ -703,5 +704,123 @@ func TestRateNewsOlderThanSetRate(t *testing.T) {
 				t.Fatalf("Acquire held back by the slots: %v, want the deadline alone", err)
 			}
 		})
+	}
+}
+
+// A waiter that the window held back, then the slots (another process
+// removed the rate and took the free slot, and the waiter's next attempt
+// was refused for the slot), gives up with the deadline alone: the
+// process's earlier news of the window is older than the waiter's own
+// latest reply. (Outside review: ErrRateLimited, "retry after 2s", in 10
+// of 12 runs.) Unfair: a fair head the window holds back is admitted by
+// SetRate itself. A run in which the waiter wins the slot proves nothing
+// and is made again.
+func TestRateRemovedElsewhereSlotsHoldWaiter(t *testing.T) {
+	ctx := redistest.Ctx(t, 60*time.Second)
+	rate := redsem.Rate{Limit: 1, Per: 4 * time.Second}
+	for run := 1; ; run++ {
+		name := redistest.Name(t)
+		d := redistest.NewDelayer(redistest.DelayConfig{})
+		d.SetOn(false) // only the hold below
+		pc := d.NewClient(redistest.Shared(t).Options())
+		t.Cleanup(func() { _ = pc.Close() })
+		p := mustRated(t, "unfair", pc, name, 1, rate)                  // the waiter's process
+		q := mustRated(t, "unfair", redistest.Client(t), name, 1, rate) // another process
+		l, err := p.TryAcquire(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := l.Release(ctx); err != nil { // the slot free, the window full for 4 s
+			t.Fatal(err)
+		}
+		waited := make(chan error, 1)
+		wctx, cancel := context.WithTimeout(ctx, 1500*time.Millisecond)
+		go func() {
+			l, err := p.Acquire(wctx)
+			if err == nil {
+				_ = l.Release(ctx)
+			}
+			waited <- err
+		}()
+		meta := core.EngineOf(p).Keys().List[core.KeyMeta]
+		redistest.WaitFor(t, 5*time.Second, "the waiter to wait", func() (bool, error) {
+			return redistest.Client(t).HExists(ctx, meta, "_want").Result()
+		})
+		// The notice that SetRate publishes reaches the waiter's process
+		// after the other one took the slot.
+		d.HoldPubSub(redistest.MaxDelay)
+		if err := q.SetRate(ctx, redsem.Rate{}); err != nil {
+			t.Fatal(err)
+		}
+		ql, qerr := q.TryAcquire(ctx)
+		err = <-waited
+		cancel()
+		if qerr != nil || err == nil {
+			// The waiter, woken by SetRate, took the slot first.
+			if ql != nil {
+				_ = ql.Release(ctx)
+			}
+			if run == 5 {
+				t.Fatalf("the waiter won the slot in %d runs of %d: nothing checked", run, run)
+			}
+			continue
+		}
+		_ = ql.Release(ctx)
+		if !errors.Is(err, context.DeadlineExceeded) || errors.Is(err, redsem.ErrRateLimited) {
+			t.Fatalf("run %d: waiter held back by the slots after the rate was removed: %v, want the deadline alone", run, err)
+		}
+		return
+	}
+}
+
+// A fair waiter queued behind a head that the window holds back hears no
+// later reply once its process's SetRate removed the rate and the head
+// took the slot: its own reply's "the rate holds the head" is older than
+// that SetRate, and it gives up with the deadline alone. (Outside review:
+// ErrRateLimited in 6 of 6 runs.)
+func TestRateRemovedFairWaiterBehindHead(t *testing.T) {
+	ctx := redistest.Ctx(t, 20*time.Second)
+	rate := redsem.Rate{Limit: 1, Per: 4 * time.Second}
+	s := mustRated(t, "fair", redistest.Client(t), redistest.Name(t), 1, rate)
+	l, err := s.TryAcquire(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := l.Release(ctx); err != nil { // the slot free, the window full for 4 s
+		t.Fatal(err)
+	}
+	head := make(chan redsem.Lease, 1)
+	go func() {
+		l, _ := s.Acquire(ctx)
+		head <- l
+	}()
+	waitQueued := func(n int) {
+		redistest.WaitFor(t, 5*time.Second, "the waiters to queue", func() (bool, error) {
+			st, err := s.Status(ctx)
+			return err == nil && len(st.Waiters) == n, err
+		})
+	}
+	waitQueued(1)
+	behind := make(chan error, 1)
+	bctx, cancel := context.WithTimeout(ctx, 1500*time.Millisecond)
+	defer cancel()
+	go func() {
+		l, err := s.Acquire(bctx)
+		if err == nil {
+			_ = l.Release(ctx)
+		}
+		behind <- err
+	}()
+	waitQueued(2)
+	if err := s.SetRate(ctx, redsem.Rate{}); err != nil {
+		t.Fatal(err)
+	}
+	hl := <-head
+	if hl == nil {
+		t.Fatal("the head was not granted when SetRate removed the rate")
+	}
+	defer func() { _ = hl.Release(ctx) }()
+	if err := <-behind; !errors.Is(err, context.DeadlineExceeded) || errors.Is(err, redsem.ErrRateLimited) {
+		t.Fatalf("waiter behind the head, held back by the slot after SetRate removed the rate: %v, want the deadline alone", err)
 	}
 }

@@ -164,6 +164,11 @@ type call struct {
 	// has room, by the local clock, and the rate in force; zero otherwise.
 	rateRoom time.Time
 	rate     redsem.Rate
+	// replyAt, replyLocal: when the latest reply's script ran (server ms)
+	// and when the reply came (local): news of the rate older than that
+	// reply is not the call's reason (heldByRate).
+	replyAt    int64
+	replyLocal time.Time
 
 	backoff bounds.Backoff
 	timer   *time.Timer // the call's one timer (retry pauses, unfair waits)
@@ -266,15 +271,27 @@ func (c *call) exit(l *Lease, err error) (redsem.Lease, error) {
 // any call of the process, or the fair "w" message; its rate: the latest a
 // reply of this call named, else the client's); zero otherwise.
 func (c *call) heldByRate() (time.Time, redsem.Rate) {
+	held, seen, at, reset := c.e.rateHeld.get()
 	if !c.rateRoom.IsZero() {
+		if c.replyAt <= reset {
+			// This process's SetRate ran after that reply: what the
+			// former rate held back is not the reason now (a fair waiter
+			// behind a head the window held hears no later reply).
+			return time.Time{}, redsem.Rate{}
+		}
 		return c.rateRoom, c.rate
 	}
 	if c.w == nil {
 		return time.Time{}, redsem.Rate{}
 	}
-	held, seen := c.e.rateHeld.get()
 	if !held.After(time.Now()) || seen.Before(c.start) {
 		return time.Time{}, redsem.Rate{} // not now, or learnt before this call waited
+	}
+	if (at != 0 && at <= c.replyAt) || (at == 0 && !c.replyLocal.IsZero() && seen.Before(c.replyLocal)) {
+		// The call's own latest reply is newer news: it was not held by
+		// the rate then (e.g. another process's SetRate removed it, and
+		// the slots refused the call).
+		return time.Time{}, redsem.Rate{}
 	}
 	rate := c.rate
 	if rate.IsZero() {
@@ -295,6 +312,7 @@ type rateHold struct {
 	mu    sync.Mutex
 	until time.Time // zero: none
 	seen  time.Time
+	at    int64 // server ms at which the script that found it ran; 0: unknown
 	reset int64 // server ms of the latest SetRate of this process
 }
 
@@ -307,15 +325,16 @@ func (r *rateHold) hold(until time.Time, at int64) {
 	if at != 0 && at <= r.reset {
 		return // found before the rate was set anew (or in its ms: unsure)
 	}
-	r.until, r.seen = until, time.Now()
+	r.until, r.seen, r.at = until, time.Now(), at
 }
 
-// get returns until when the rate holds back the next grant, and when
-// that was learnt (zero times for none).
-func (r *rateHold) get() (until, seen time.Time) {
+// get returns until when the rate holds back the next grant, when that
+// was learnt, the server time (ms) its script ran (0: unknown), and when
+// this process's latest SetRate ran (server ms; 0: none).
+func (r *rateHold) get() (until, seen time.Time, at, reset int64) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	return r.until, r.seen
+	return r.until, r.seen, r.at, r.reset
 }
 
 // none reports that no hold was learnt since the last SetRate.
@@ -331,7 +350,7 @@ func (r *rateHold) none() bool {
 func (r *rateHold) setRate(at int64) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	r.until, r.seen, r.reset = time.Time{}, time.Time{}, max(r.reset, at)
+	r.until, r.seen, r.at, r.reset = time.Time{}, time.Time{}, 0, max(r.reset, at)
 }
 
 // end gathers what the call knew when it ended with err, for acquireErr:
@@ -434,6 +453,7 @@ func (c *call) attempt(mode, sid string) (wire.AcquireReply, error) {
 	}
 	if err == nil {
 		c.rateRoom, c.rate = time.Time{}, redsem.Rate{}
+		c.replyAt, c.replyLocal = a.Now, time.Now()
 		if a.Code == wire.CodeQueued && a.RateMs >= 0 {
 			c.rateRoom, c.rate = time.Now().Add(time.Duration(a.RateMs)*time.Millisecond), a.RateInForce
 			c.e.rateHeld.hold(c.rateRoom, a.Now) // for the waiters behind this one
