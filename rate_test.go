@@ -14,7 +14,6 @@ import (
 	"github.com/redis/go-redis/v9"
 	"github.com/redsem/redsem"
 	"github.com/redsem/redsem/fair"
-	"github.com/redsem/redsem/internal/core"
 	"github.com/redsem/redsem/internal/testkit/redistest"
 	"github.com/redsem/redsem/internal/testkit/stale"
 	"github.com/redsem/redsem/unfair"
@@ -161,11 +160,19 @@ func TestRateAcquireGivesUp(t *testing.T) {
 			ctx := redistest.Ctx(t, 20*time.Second)
 			rate := redsem.Rate{Limit: 2, Per: 10 * time.Second}
 			s := mustRated(t, variant, redistest.Client(t), redistest.Name(t), 3, rate)
+			var held []redsem.Lease // released at the end: leases outlive Close, and renew
+			t.Cleanup(func() {
+				for _, l := range held {
+					_ = l.Release(context.Background())
+				}
+			})
 			start := time.Now()
 			for range rate.Limit {
-				if _, err := s.TryAcquire(ctx); err != nil {
+				l, err := s.TryAcquire(ctx)
+				if err != nil {
 					t.Fatal(err)
 				}
+				held = append(held, l)
 			}
 			errs := make(chan error, 2)
 			for range cap(errs) {
@@ -192,9 +199,11 @@ func TestRateAcquireGivesUp(t *testing.T) {
 			if err := s.SetRate(ctx, redsem.Rate{}); err != nil {
 				t.Fatal(err)
 			}
-			if _, err := s.Acquire(ctx); err != nil { // after the undos of the two above
+			l, err := s.Acquire(ctx) // after the undos of the two above
+			if err != nil {
 				t.Fatal(err)
 			}
+			held = append(held, l)
 			actx, cancel := context.WithTimeout(ctx, 150*time.Millisecond)
 			defer cancel()
 			if _, err := s.Acquire(actx); !errors.Is(err, context.DeadlineExceeded) || errors.Is(err, redsem.ErrRateLimited) {
@@ -688,10 +697,7 @@ func TestRateNewsOlderThanSetRate(t *testing.T) {
 	for _, variant := range rateVariants {
 		t.Run(variant, func(t *testing.T) {
 			ctx := redistest.Ctx(t, 20*time.Second)
-			d := redistest.NewDelayer(redistest.DelayConfig{})
-			d.SetOn(false) // only stale.RateRemoved's hold
-			c := d.NewClient(redistest.Shared(t).Options())
-			t.Cleanup(func() { _ = c.Close() })
+			c, d := redistest.HoldingClient(t) // only stale.RateRemoved's hold
 			s := mustRated(t, variant, c, redistest.Name(t), 3, redsem.Rate{Limit: 2, Per: 10 * time.Second})
 			stale.RateRemoved(t, ctx, s, c, d, func(ctx context.Context) {
 				if l, err := s.Acquire(ctx); err == nil {
@@ -720,10 +726,7 @@ func TestRateRemovedElsewhereSlotsHoldWaiter(t *testing.T) {
 	rate := redsem.Rate{Limit: 1, Per: 4 * time.Second}
 	for run := 1; ; run++ {
 		name := redistest.Name(t)
-		d := redistest.NewDelayer(redistest.DelayConfig{})
-		d.SetOn(false) // only the hold below
-		pc := d.NewClient(redistest.Shared(t).Options())
-		t.Cleanup(func() { _ = pc.Close() })
+		pc, d := redistest.HoldingClient(t)                             // only the hold below
 		p := mustRated(t, "unfair", pc, name, 1, rate)                  // the waiter's process
 		q := mustRated(t, "unfair", redistest.Client(t), name, 1, rate) // another process
 		l, err := p.TryAcquire(ctx)
@@ -742,10 +745,7 @@ func TestRateRemovedElsewhereSlotsHoldWaiter(t *testing.T) {
 			}
 			waited <- err
 		}()
-		meta := core.EngineOf(p).Keys().List[core.KeyMeta]
-		redistest.WaitFor(t, 5*time.Second, "the waiter to wait", func() (bool, error) {
-			return redistest.Client(t).HExists(ctx, meta, "_want").Result()
-		})
+		stale.AwaitWaiter(t, ctx, p, pc)
 		// The notice that SetRate publishes reaches the waiter's process
 		// after the other one took the slot.
 		d.HoldPubSub(redistest.MaxDelay)

@@ -456,10 +456,7 @@ func TestMiddlewareRateRemovedIs503(t *testing.T) {
 	for _, variant := range []string{"fair", "unfair"} {
 		t.Run(variant, func(t *testing.T) {
 			ctx := redistest.Ctx(t, 20*time.Second)
-			d := redistest.NewDelayer(redistest.DelayConfig{})
-			d.SetOn(false) // only stale.RateRemoved's hold
-			c := d.NewClient(redistest.Shared(t).Options())
-			t.Cleanup(func() { _ = c.Close() })
+			c, d := redistest.HoldingClient(t) // only stale.RateRemoved's hold
 			var sem redsem.Semaphore
 			if variant == "fair" {
 				sem = newFair(t, c, redistest.Name(t), 3, fair.Options{Rate: rate})

@@ -12,6 +12,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"testing"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -149,6 +150,16 @@ func (d *Delayer) NewClient(opt *redis.Options) *redis.Client {
 	c := redis.NewClient(opt)
 	c.AddHook(d)
 	return c
+}
+
+// HoldingClient returns a client of the shared server, closed when the
+// test ends, with a Delayer installed that holds nothing by itself (off):
+// only what the test asks for (HoldNext, HoldPubSub).
+func HoldingClient(t testing.TB) (*redis.Client, *Delayer) {
+	t.Helper()
+	d := NewDelayer(DelayConfig{})
+	d.SetOn(false)
+	return closeAtEnd(t, d.NewClient(Shared(t).Options())), d
 }
 
 // SetOn turns the random holds on or off at once (a machine's "calm" and

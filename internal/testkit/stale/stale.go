@@ -54,15 +54,7 @@ func RateRemoved(t testing.TB, ctx context.Context, s redsem.Semaphore, c *redis
 	wctx, stop := context.WithCancel(ctx)
 	waited := make(chan struct{})
 	go func() { wait(wctx); close(waited) }()
-	meta := core.EngineOf(s).Keys().List[core.KeyMeta]
-	redistest.WaitFor(t, 5*time.Second, "the waiter to wait", func() (bool, error) {
-		// unfair: it asked for freed-slot notices; fair: it queued.
-		if asked, err := c.HExists(ctx, meta, "_want").Result(); err != nil || asked {
-			return asked, err
-		}
-		st, err := s.Status(ctx)
-		return err == nil && len(st.Waiters) > 0, err
-	})
+	AwaitWaiter(t, ctx, s, c)
 	d.HoldPubSub(redistest.MaxDelay)
 	if err := held[0].Release(ctx); err != nil {
 		t.Fatal(err)
@@ -82,4 +74,18 @@ func RateRemoved(t testing.TB, ctx context.Context, s redsem.Semaphore, c *redis
 		}
 		held = append(held, l)
 	}
+}
+
+// AwaitWaiter waits (at most 5 s) until a caller waits on s, whose keys
+// client c reads: unfair, it asked for freed-slot notices; fair, it queued.
+func AwaitWaiter(t testing.TB, ctx context.Context, s redsem.Semaphore, c *redis.Client) {
+	t.Helper()
+	meta := core.EngineOf(s).Keys().List[core.KeyMeta]
+	redistest.WaitFor(t, 5*time.Second, "a caller to wait", func() (bool, error) {
+		if asked, err := c.HExists(ctx, meta, "_want").Result(); err != nil || asked {
+			return asked, err
+		}
+		st, err := s.Status(ctx)
+		return err == nil && len(st.Waiters) > 0, err
+	})
 }
