@@ -220,8 +220,9 @@ func (l *Lease) endOp() {
 }
 
 // beginOp waits within ctx until no operation is in flight, then starts one
-// of kind, and returns with mu held. It returns the state's error (mu not
-// held) if the lease ended first, or ctx's.
+// of kind and returns its context. It returns the state's error if the
+// lease ended first, or ctx's. It takes mu and releases it before it
+// returns.
 func (l *Lease) beginOp(ctx context.Context, kind opKind) (context.Context, error) {
 	for {
 		l.mu.Lock()
@@ -231,7 +232,9 @@ func (l *Lease) beginOp(ctx context.Context, kind opKind) (context.Context, erro
 			return nil, err
 		}
 		if l.op == opNone {
-			return l.startOp(ctx, kind), nil
+			octx := l.startOp(ctx, kind)
+			l.mu.Unlock()
+			return octx, nil
 		}
 		wait := l.opDone
 		l.mu.Unlock()
@@ -258,7 +261,6 @@ func (l *Lease) Renew(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	l.mu.Unlock()
 	r, err := l.e.door.Renew(octx, l.e.cfg.Client, l.id, false)
 	return l.endRenew(octx, r, err, false)
 }
@@ -401,9 +403,9 @@ func (l *Lease) Release(ctx context.Context) error {
 	l.mu.Unlock()
 	called := time.Now()
 	octx, err := l.beginOp(ctx, opRelease)
+	l.mu.Lock()
+	l.releasing-- // its wait ended: the release runs (op), or ended
 	if err != nil {
-		l.mu.Lock()
-		l.releasing--
 		l.arm()
 		if l.state != held {
 			err = nil
@@ -415,68 +417,62 @@ func (l *Lease) Release(ctx context.Context) error {
 		l.mu.Unlock()
 		return err
 	}
-	l.releasing--
 	l.mu.Unlock()
-	r, err := l.e.door.Release(octx, l.id, "owner")
-	l.e.activeHub().deliverGrants(r.Grants)
-	l.mu.Lock()
-	if l.state != held || l.overdue() {
-		// The deadline passed while the release ran: the lease was lost
-		// then, whatever the reply (giveUp frees the slots).
-		l.answered = true
-		return l.endLate()
+	retry, err := l.releaseOnce(octx, called, true)
+	if retry {
+		l.releaseLater()
 	}
-	if err != nil {
-		// Still held, no longer renewed: the lease ends at its deadline
-		// unless Release is called again before.
-		l.noRenew = true
-		l.endOp()
-		l.mu.Unlock()
-		if wire.Transient(err) {
-			l.releaseLater()
-		}
-		return err
-	}
-	return l.endRelease(r.Kind, called)
+	return err
 }
 
 // overdue reports (under mu) whether the deadline of a held lease has
 // passed: a reply that comes then finds the lease lost, whatever it says.
 func (l *Lease) overdue() bool { return l.state == held && !time.Now().Before(l.deadline) }
 
-// endLate ends a release whose reply came after the lease ended or its
-// deadline passed (under mu): the lease is lost (lose, if the timer has not
-// run yet). It ends the op, unlocks mu and returns ErrLeaseLost.
-func (l *Lease) endLate() error {
+// releaseOnce runs one release request, with the release started as the
+// lease's op (beginOp) and octx its context, and ends the op with its
+// outcome, under mu:
+//   - the lease ended, or its deadline passed, while the request ran: it
+//     is lost (then, whatever the reply; lose frees the slots), and
+//     releaseOnce returns ErrLeaseLost;
+//   - the request failed: the lease stays held, no longer renewed (it ends
+//     at its deadline unless released before), and releaseOnce returns the
+//     error, and retry when it was transient;
+//   - else the reply decides: released (nil), or lost when Redis held
+//     nothing for the id (ErrLeaseLost).
+//
+// A caller's outcome (caller: Release, not its background retry) answers
+// the lease's Release, and a later Release returns nil; the background
+// retry leaves a lost lease for the next Release to report.
+func (l *Lease) releaseOnce(octx context.Context, called time.Time, caller bool) (retry bool, err error) {
+	r, err := l.e.door.Release(octx, l.id, "owner")
+	l.e.activeHub().deliverGrants(r.Grants)
 	var ev func()
-	if l.state == held {
-		ev = l.lose(time.Now())
+	l.mu.Lock()
+	switch {
+	case l.state != held || l.overdue():
+		if l.state == held {
+			ev = l.lose(time.Now())
+		}
+		l.answered = l.answered || caller
+		err = redsem.ErrLeaseLost
+	case err != nil:
+		l.noRenew = true
+		retry = wire.Transient(err)
+	case r.Kind == wire.ReleasedLease:
+		l.answered = true
+		ev = l.finishLocked(released, called)
+	default:
+		l.answered = true
+		ev = l.finishLocked(lost, called)
+		err = redsem.ErrLeaseLost
 	}
 	l.endOp()
 	l.mu.Unlock()
 	if ev != nil {
 		ev()
 	}
-	return redsem.ErrLeaseLost
-}
-
-// endRelease applies release.lua's answer of kind (under mu, with the
-// release as the op in flight and the lease held): the lease ends
-// released, or lost when Redis held nothing for it (ErrLeaseLost). It ends
-// the op, unlocks mu and reports the end.
-func (l *Lease) endRelease(kind int, called time.Time) error {
-	l.answered = true
-	st, err := released, error(nil)
-	if kind != wire.ReleasedLease {
-		st, err = lost, redsem.ErrLeaseLost
-	}
-	ev := l.finishLocked(st, called)
-	l.endOp()
-	l.mu.Unlock()
-	if ev != nil {
-		ev()
-	}
-	return err
+	return retry, err
 }
 
 // releaseLater retries a Release that failed with a transient error, with
@@ -497,25 +493,9 @@ func (l *Lease) releaseLater() {
 			if err != nil {
 				return // the lease ended (released by another call, or lost), or its deadline passed
 			}
-			l.mu.Unlock()
-			called := time.Now()
-			r, err := l.e.door.Release(octx, l.id, "owner")
-			l.e.activeHub().deliverGrants(r.Grants)
-			l.mu.Lock()
-			if l.state != held || l.overdue() {
-				_ = l.endLate() // lost at its deadline meanwhile
+			if retry, _ := l.releaseOnce(octx, time.Now(), false); !retry {
 				return
 			}
-			if err != nil {
-				l.endOp()
-				l.mu.Unlock()
-				if wire.Transient(err) {
-					continue
-				}
-				return
-			}
-			_ = l.endRelease(r.Kind, called)
-			return
 		}
 	})
 }
