@@ -135,6 +135,19 @@ func scriptCases(ctx context.Context, c *redis.Client, mode string) []scriptCase
 		call(p, k, lua.Release, 5, id(i), "owner", 15000)
 	}
 	bench("unfair-try-release", nil, tryRelease)
+	// Four holders' releases that meet in one call (core's releases.go: the
+	// releases that come while one is in flight): four TryAcquires, then
+	// one releasemany.lua call for the four, against unfair-try-release's
+	// release.lua call per lease.
+	bench("unfair-try-releasemany-4", nil, func(p redis.Pipeliner, k core.Keys, i int) {
+		args := make([]any, 0, 6)
+		args = append(args, 5, 15000)
+		for j := 0; j < 4; j++ {
+			call(p, k, lua.Acquire, 5, id(4*i+j), 1, 30000, "try", "-", 0, "bench", 0)
+			args = append(args, id(4*i+j))
+		}
+		call(p, k, lua.ReleaseMany, args...)
+	})
 	// The unfair cycle on a semaphore whose meta holds 300 tombstones (as
 	// one that turns over 20 leases a second keeps: each lives 15 s), after
 	// a prune step has run: the field lookups of a listpack of 300 fields

@@ -319,6 +319,22 @@ local function id_arg(i, name)
   return v
 end
 
+-- ids_arg returns ARGV[from..] as a list of lease ids, at least one and at
+-- most 4096 (renewmany.lua, releasemany.lua), or nil and an error reply.
+local function ids_arg(from)
+  local n = #argv - from + 1
+  if n < 1 or n > 4096 then
+    return nil, fail('bad id count: ' .. n .. ' (1 to 4096)')
+  end
+  local ids = {}
+  for i = 1, n do
+    local id, err = id_arg(from + i - 1, 'id')
+    if err then return nil, err end
+    ids[i] = id
+  end
+  return ids
+end
+
 -- client_arg returns the calling client's limit from ARGV[3] ("limit", or
 -- "limit:rate_limit:per_ms" for a client built with a rate), or nil and an
 -- error reply; it keeps the client's rate in call.client_rate_limit and

@@ -43,6 +43,8 @@ var (
 	libQueue string
 	//go:embed lib_admit.lua
 	libAdmit string
+	//go:embed lib_release.lua
+	libRelease string
 	//go:embed acquire.lua
 	acquireSrc string
 	//go:embed renew.lua
@@ -51,6 +53,8 @@ var (
 	renewManySrc string
 	//go:embed release.lua
 	releaseSrc string
+	//go:embed releasemany.lua
+	releaseManySrc string
 	//go:embed heartbeat.lua
 	heartbeatSrc string
 	//go:embed status.lua
@@ -74,7 +78,7 @@ var (
 // libFiles are the files of the lib, by concern, in the order in which they
 // are concatenated: each uses only what the files before it define (Lua
 // sees a local only below its declaration), as its header states.
-var libFiles = []string{libArgs, libRecords, libFamily, libSlots, libPrune, libLimit, libRate, libQueue, libAdmit, libTotal}
+var libFiles = []string{libArgs, libRecords, libFamily, libSlots, libPrune, libLimit, libRate, libQueue, libAdmit, libTotal, libRelease}
 
 // lib is the text of the lib: its files, concatenated.
 var lib = strings.Join(libFiles, "")
@@ -114,13 +118,21 @@ const (
 	// RenewMany is Renew for many leases of one semaphore in one call: a
 	// process's watchdog renews all its leases that are due together.
 	RenewMany
+	// ReleaseMany is Release (a holder's) for many leases of one semaphore
+	// in one call: the releases a process asks for while one of its
+	// release calls is in flight go together in its next.
+	ReleaseMany
 
-	lastScript = RenewMany
+	lastScript = ReleaseMany
 )
+
+// Count is one more than the largest Script: an array indexed by Script
+// has Count elements.
+const Count = int(lastScript) + 1
 
 // Scripts lists every script, in the order of their constants.
 func Scripts() []Script {
-	return []Script{Acquire, Renew, Release, Heartbeat, Status, SetLimit, Fence, FenceSet, SetRate, SetTotal, FamilyStatus, RenewMany}
+	return []Script{Acquire, Renew, Release, Heartbeat, Status, SetLimit, Fence, FenceSet, SetRate, SetTotal, FamilyStatus, RenewMany, ReleaseMany}
 }
 
 type script struct {
@@ -144,6 +156,7 @@ var bodies = []struct {
 	{Renew, "renew.lua", renewSrc, "renew", false, false},
 	{RenewMany, "renewmany.lua", renewManySrc, "renewmany", false, false},
 	{Release, "release.lua", releaseSrc, "release", false, false},
+	{ReleaseMany, "releasemany.lua", releaseManySrc, "releasemany", false, false},
 	{Heartbeat, "heartbeat.lua", heartbeatSrc, "heartbeat", false, false},
 	{Status, "status.lua", statusSrc, "status", true, false},
 	{SetLimit, "setlimit.lua", setLimitSrc, "setlimit", false, false},

@@ -8,26 +8,18 @@
 -- member of a family with a total: lib_family.lua).
 -- ARGV: [1] channel base, [2] publish command, [3] client limit (and rate),
 --       [4] lease_ms (>= 1), [5..] the lease ids (at least one, at most
---       MANY_MAX).
+--       4096: ids_arg).
 -- Reply: {now, r1, r2, ...}, one r per id in ARGV order: the lease's
 --        deadline_ms (> 0) when renewed; 0 when the lease is gone (lost);
 --        -1 when it is gone because a holder released it (its "R"
 --        tombstone is there), as renew.lua's codes 1, 0 and 2.
-local MANY_MAX = 4096
 local client_limit, err = client_arg()
 if err then return err end
 local lease_ms; lease_ms, err = int_arg(4, 'lease_ms', 1)
 if err then return err end
-local n = #ARGV - 4
-if n < 1 or n > MANY_MAX then
-  return fail('bad id count: ' .. n .. ' (1 to ' .. MANY_MAX .. ')')
-end
-local ids = {}
-for i = 1, n do
-  local id; id, err = id_arg(4 + i, 'id')
-  if err then return err end
-  ids[i] = id
-end
+local ids; ids, err = ids_arg(5)
+if err then return err end
+local n = #ids
 
 local now, now_us = clock()
 local out = {now}

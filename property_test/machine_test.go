@@ -8,6 +8,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -70,6 +71,7 @@ func runMachine(t *testing.T, isFair bool) {
 			"acquireShort":    m.acquireShort,
 			"release":         m.release,
 			"releaseTwice":    m.releaseTwice,
+			"releaseTogether": m.releaseTogether,
 			"renew":           m.renew,
 			"sleep":           m.sleep,
 			"setLimit":        m.setLimit,
@@ -1007,21 +1009,78 @@ func expectLive(rt *rapid.T, op string, e *entity, w window, err error) {
 func (m *machine) release(rt *rapid.T) { m.releaseOne(rt, m.pickHeld(rt)) }
 
 func (m *machine) releaseOne(rt *rapid.T, e *entity) {
-	ctx, cancel := m.ctx()
-	defer cancel()
+	r := m.startRelease(e)
+	r.run()
+	m.settleRelease(rt, r)
+}
+
+// releasing is one Release call of a lease: whether the lease had ended
+// before it (it then answers without Redis), its window and its result.
+type releasing struct {
+	e           *entity
+	endedBefore bool
+	w           window
+	err         error
+}
+
+// startRelease prepares e's Release; run makes the call (on any goroutine);
+// settleRelease checks its result against the model and updates the model
+// (on the machine's goroutine).
+func (m *machine) startRelease(e *entity) *releasing {
 	// A lease already known lost (by the test, or by the lease itself: one
 	// not renewed is given up at its deadline) answers without Redis.
-	endedBefore := false
+	r := &releasing{e: e}
 	select {
 	case <-e.lease.Done():
-		endedBefore = true
+		r.endedBefore = true
 	default:
 	}
-	w := window{b: callStart()}
-	err := e.lease.Release(ctx)
-	w.a = callEnd()
+	return r
+}
+
+func (r *releasing) run() {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	r.w.b = callStart()
+	r.err = r.e.lease.Release(ctx)
+	r.w.a = callEnd()
+}
+
+// releaseTogether releases 2 to 6 held leases at once: the releases of one
+// process's semaphore that meet one of its release calls in flight go
+// together in its next call (releasemany.lua, core's releases.go). Each is
+// checked as releaseOne checks one.
+func (m *machine) releaseTogether(rt *rapid.T) {
+	hs := m.held()
+	if len(hs) < 2 {
+		rt.Skip("fewer than two leases")
+	}
+	k := rapid.IntRange(2, min(6, len(hs))).Draw(rt, "k")
+	picks := rapid.SliceOfNDistinct(rapid.IntRange(0, len(hs)-1), k, k, rapid.ID[int]).Draw(rt, "leases")
+	rs := make([]*releasing, k)
+	for i, p := range picks {
+		rs[i] = m.startRelease(hs[p])
+	}
+	if rapid.Bool().Draw(rt, "holdFirst") {
+		// The first release's reply held: the others meet it in flight
+		// and queue (one process's: the machine's own clients).
+		m.delay.HoldNext(redistest.MatchScript(lua.Release.Hash(), lua.Release.Function()), redistest.MaxDelay/2)
+		defer m.delay.DropHolds()
+	}
+	var wg sync.WaitGroup
+	for _, r := range rs {
+		wg.Go(r.run)
+	}
+	wg.Wait()
+	for _, r := range rs {
+		m.settleRelease(rt, r)
+	}
+}
+
+func (m *machine) settleRelease(rt *rapid.T, r *releasing) {
+	e, endedBefore, w, err := r.e, r.endedBefore, r.w, r.err
 	if !e.localLost && !endedBefore {
-		m.lastWrite, m.lastPrune = w.b, w.b
+		m.lastWrite, m.lastPrune = max(m.lastWrite, w.b), max(m.lastPrune, w.b)
 	}
 	expectLive(rt, "Release", e, w, err)
 	if err != nil && (e.localLost || endedBefore || w.a >= e.lease.Deadline().UnixMilli()) {

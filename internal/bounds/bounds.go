@@ -55,6 +55,13 @@ const (
 	// BeatSlack is what a fair session's heartbeat may take beyond its
 	// interval before it is given up (ended by the hub's shutdown too).
 	BeatSlack = time.Second
+	// ReleaseJoin is the longest a holder's release waits for the release
+	// call of its semaphore that its process has in flight, to go in the
+	// next call with the others that wait (core's releases.go): a call
+	// that Redis does not answer (its connection gone dead) holds the
+	// releases behind it no longer than this; they then go in a call of
+	// their own, on another connection.
+	ReleaseJoin = 5 * time.Millisecond
 	// RunnerIdle is how long a goroutine that ran a request (the engine's
 	// reused runners, core/wire/door.go) waits for its next one before it ends: well
 	// under the two seconds a goroutine-leak check waits for goroutines to

@@ -66,14 +66,15 @@ type Engine struct {
 	hubMu sync.Mutex
 	hub   *hub
 
-	leases leaseSet // the engine's live leases by id (resume.go), renewed together (renewals.go)
+	leases   leaseSet     // the engine's live leases by id (resume.go), renewed together (renewals.go)
+	releases releaseBatch // the holders' releases, sent together while one is in flight (releases.go)
 
 	// stopped ends on Close (a family's, for its members): the one place
 	// that says the semaphore is closed. Calls bind their context to it,
 	// background work ends with it, and no hub is started once it ended.
 	stopped context.Context
 	stop    context.CancelFunc
-	bg      sync.WaitGroup // background work (background): undos, give-ups, release retries
+	bg      sync.WaitGroup // background work (background): undos, give-ups, release retries, batched releases
 
 	// A member of a keyed family shares the family's hub (hubMu and hub
 	// above are unused) and is dropped from the family's map once idle

@@ -445,8 +445,7 @@ func (l *Lease) overdue() bool { return l.state == held && !time.Now().Before(l.
 // the lease's Release, and a later Release returns nil; the background
 // retry leaves a lost lease for the next Release to report.
 func (l *Lease) releaseOnce(octx context.Context, called time.Time, caller bool) (retry bool, err error) {
-	r, err := l.e.door.Release(octx, l.id, "owner")
-	l.e.activeHub().deliverGrants(r.Grants)
+	kind, err := l.e.release(octx, l.id)
 	var ev func()
 	l.mu.Lock()
 	switch {
@@ -459,7 +458,7 @@ func (l *Lease) releaseOnce(octx context.Context, called time.Time, caller bool)
 	case err != nil:
 		l.noRenew = true
 		retry = wire.Transient(err)
-	case r.Kind == wire.ReleasedLease:
+	case kind == wire.ReleasedLease:
 		l.answered = true
 		ev = l.finishLocked(released, called)
 	default:

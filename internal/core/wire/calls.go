@@ -29,6 +29,7 @@ import (
 //	renewmany.lua   d.RenewMany       a RenewReply per lease id: the watchdog's renewals of many leases in one call
 //	release.lua     d.Release         ReleaseReply: what was released, how many waiters it admitted, their grants
 //	                d.ReleaseExpired  the same, for a lease given up at its deadline
+//	releasemany.lua d.ReleaseMany     a kind per lease id, and the grants: holders' releases that go together
 //	heartbeat.lua   d.Heartbeat       HeartbeatReply: session alive, expiry hint, grants
 //	status.lua      d.Status          redsem.Status
 //	setlimit.lua    d.SetLimit        grants it made
@@ -353,6 +354,39 @@ func (d *Door) runRelease(ctx context.Context, id, mode string, arg int64) (Rele
 	}
 	d.clock.observe(sent, now)
 	return ReleaseReply{Kind: int(k), Admitted: (len(v) - 2) / 4, Grants: Grants{"release", v, 2, now, sent}}, nil
+}
+
+// ReleaseMany runs releasemany.lua: Release in mode "owner" for each of
+// ids (ARGV[5..]), tombstones kept for the lease TTL (ARGV[4]), in one
+// call. The kinds come in the order of ids (ReleasedNothing, ReleasedLease
+// or ReleasedWaiter for each), and the grants are those of the waiters the
+// call admitted.
+func (d *Door) ReleaseMany(ctx context.Context, ids []string) ([]int, Grants, error) {
+	args := make([]any, 0, 1+len(ids))
+	args = append(args, ms(d.LeaseTTL))
+	for _, id := range ids {
+		args = append(args, id)
+	}
+	v, sent, err := d.runScript(ctx, d.Client, lua.ReleaseMany, d.Limit, args...)
+	if err != nil {
+		return nil, Grants{}, CallErr(d.Who, ctx, err)
+	}
+	r := reader{script: "releasemany", v: v}
+	now := r.int()
+	kinds := make([]int, len(ids))
+	for i := range kinds {
+		switch k := r.int(); k {
+		case ReleasedNothing, ReleasedLease, ReleasedWaiter:
+			kinds[i] = int(k)
+		default:
+			r.fail("unknown kind")
+		}
+	}
+	if r.err != nil {
+		return nil, Grants{}, Wrap(d.Who, r.err)
+	}
+	d.clock.observe(sent, now)
+	return kinds, Grants{"releasemany", v, 1 + len(ids), now, sent}, nil
 }
 
 // ---- heartbeat.lua ----

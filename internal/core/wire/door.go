@@ -83,7 +83,7 @@ type Door struct {
 // Sent holds, per script, whether an engine (its family, for a member) sent
 // it whole once already: later calls send its SHA1.
 type Sent struct {
-	s [lua.RenewMany + 1]atomic.Bool // by Script (RenewMany is the last)
+	s [lua.Count]atomic.Bool // by Script
 }
 
 // scripts holds the one *redis.Script of each lua.Script: built once, never

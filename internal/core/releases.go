@@ -1,0 +1,185 @@
+package core
+
+import (
+	"context"
+	"sync"
+	"time"
+
+	"github.com/redsem/redsem/internal/bounds"
+	"github.com/redsem/redsem/internal/core/wire"
+)
+
+// Releases: a process sends its holders' releases of a semaphore together
+// when they come faster than Redis answers. A release that finds none of
+// the engine's in flight runs at once, on its caller's context, exactly as
+// it would alone (release.lua). The releases that arrive while one is in
+// flight wait for it to end, then go together in one call
+// (releasemany.lua), on a goroutine of their own; those that arrive
+// meanwhile wait for that call in turn. A process under load so makes
+// fewer, larger release calls (one script admits the waiters that all of
+// them let in), and one that releases a lease at a time makes the calls it
+// always made. A call that Redis does not answer (its connection gone
+// dead) holds the releases behind it at most bounds.ReleaseJoin: they then
+// go in a call of their own, on another connection.
+//
+// Each lease's state keeps one owner, its mu: a release waits here only
+// for its answer (its kind, or the call's error), which its Lease applies
+// as any other release's (releaseOnce). A caller whose context ends
+// returns at once, as one whose request is abandoned in flight: a release
+// not sent yet is left out of its call (the lease stays held, unrenewed,
+// as after a release that failed); one sent may still release the lease
+// in Redis, which its handle learns at its deadline (release.lua "expire"
+// finds the tombstone), as after an abandoned release.lua call.
+
+// releaseBatch is an engine's releases: the calls in flight, and the
+// releases that wait for the next.
+type releaseBatch struct {
+	mu      sync.Mutex
+	running int              // calls in flight
+	queued  []*queuedRelease // wait for the next call
+	join    *time.Timer      // sends queued at the latest ReleaseJoin after the first queued
+	// joinAfter is bounds.ReleaseJoin, or what a test set (SetReleaseJoin).
+	joinAfter time.Duration
+}
+
+// queuedRelease is one release waiting for the next call: the lease id,
+// its release's context (a Lease op's: bounded by the lease's deadline) and
+// where its answer goes.
+type queuedRelease struct {
+	id   string
+	ctx  context.Context
+	done chan releaseAnswer // buffered: the call never waits for the caller
+}
+
+type releaseAnswer struct {
+	kind int
+	err  error
+}
+
+// release releases lease id (release.lua's "owner" mode) and returns
+// release.lua's kind, or the request's error; the grants its call made go
+// to this process's waiters. ctx bounds the wait, as it bounds one call.
+func (e *Engine) release(ctx context.Context, id string) (int, error) {
+	b := &e.releases
+	b.mu.Lock()
+	if b.running == 0 {
+		b.running++
+		b.mu.Unlock()
+		r, err := e.door.Release(ctx, id, "owner")
+		e.activeHub().deliverGrants(r.Grants)
+		e.releaseCallEnded()
+		return r.Kind, err
+	}
+	q := &queuedRelease{id: id, ctx: ctx, done: make(chan releaseAnswer, 1)}
+	b.queued = append(b.queued, q)
+	if len(b.queued) == 1 {
+		join := b.joinAfter
+		if join == 0 {
+			join = bounds.ReleaseJoin
+		}
+		b.join = time.AfterFunc(join, func() { e.sendQueued(false) })
+	}
+	b.mu.Unlock()
+	select {
+	case a := <-q.done:
+		return a.kind, a.err
+	case <-ctx.Done():
+		return 0, wire.CallErr(e.door.Who, ctx, nil)
+	}
+}
+
+// releaseCallEnded ends a call in flight and sends the releases queued
+// meanwhile.
+func (e *Engine) releaseCallEnded() { e.sendQueued(true) }
+
+// sendQueued sends the queued releases in one call on a goroutine of its
+// own (the caller returns now); ended: a call in flight ended (else the
+// join timer fired while calls are in flight).
+func (e *Engine) sendQueued(ended bool) {
+	b := &e.releases
+	b.mu.Lock()
+	if ended {
+		b.running--
+	}
+	batch := b.queued
+	if len(batch) == 0 {
+		b.mu.Unlock()
+		return
+	}
+	b.queued = nil
+	b.join.Stop()
+	b.join = nil
+	b.running++
+	b.mu.Unlock()
+	e.bg.Add(1)
+	go func() {
+		defer e.bg.Done()
+		e.sendBatch(batch)
+		e.releaseCallEnded()
+	}()
+}
+
+// sendBatch sends the releases of batch whose callers still wait, in one
+// call, and hands each its answer. The call is bounded by the latest of
+// their contexts' deadlines (each ends at its lease's deadline, at the
+// latest), not by the semaphore's Close: a lease released after Close is
+// released, as Close promises.
+func (e *Engine) sendBatch(batch []*queuedRelease) {
+	live := batch[:0]
+	var until time.Time // the latest deadline, if each has one
+	bounded := true
+	for _, q := range batch {
+		if q.ctx.Err() != nil {
+			continue // its caller returned: left out, as a request never sent
+		}
+		live = append(live, q)
+		d, ok := q.ctx.Deadline()
+		bounded = bounded && ok
+		if d.After(until) {
+			until = d
+		}
+	}
+	if len(live) == 0 {
+		return
+	}
+	ctx, cancel := context.Background(), context.CancelFunc(func() {})
+	if bounded {
+		ctx, cancel = context.WithDeadline(ctx, until)
+	}
+	defer cancel()
+	if len(live) == 1 {
+		r, err := e.door.Release(ctx, live[0].id, "owner")
+		e.activeHub().deliverGrants(r.Grants)
+		live[0].done <- releaseAnswer{r.Kind, err}
+		return
+	}
+	ids := make([]string, len(live))
+	for i, q := range live {
+		ids[i] = q.id
+	}
+	kinds, grants, err := e.door.ReleaseMany(ctx, ids)
+	e.activeHub().deliverGrants(grants)
+	for i, q := range live {
+		a := releaseAnswer{err: err}
+		if err == nil {
+			a.kind = kinds[i]
+		}
+		q.done <- a
+	}
+}
+
+// ReleasesQueued is how many releases wait for the next call (for tests
+// that stage a call of several).
+func (e *Engine) ReleasesQueued() int {
+	e.releases.mu.Lock()
+	defer e.releases.mu.Unlock()
+	return len(e.releases.queued)
+}
+
+// SetReleaseJoin sets how long at most a release waits for the call in
+// flight (0: bounds.ReleaseJoin), for tests that stage a call of several.
+func (e *Engine) SetReleaseJoin(d time.Duration) {
+	e.releases.mu.Lock()
+	defer e.releases.mu.Unlock()
+	e.releases.joinAfter = d
+}

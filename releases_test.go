@@ -1,0 +1,247 @@
+package redsem_test
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/redsem/redsem"
+	"github.com/redsem/redsem/internal/core"
+	"github.com/redsem/redsem/internal/testkit/redistest"
+	"github.com/redsem/redsem/internal/testkit/stale"
+	"github.com/redsem/redsem/lua"
+)
+
+// gateFirstRelease is a go-redis hook that holds the reply of the first
+// release.lua call it sees (after Redis ran it) until gate closes, and
+// counts the release.lua and releasemany.lua calls it lets through.
+type gateFirstRelease struct {
+	release, many redistest.Match
+	armed         atomic.Bool
+	started       chan struct{} // closed when the held call has run in Redis
+	gate          chan struct{}
+	releases      atomic.Int32 // release.lua calls after the held one
+	manys         atomic.Int32 // releasemany.lua calls
+}
+
+func (h *gateFirstRelease) DialHook(next redis.DialHook) redis.DialHook { return next }
+
+func (h *gateFirstRelease) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		err := next(ctx, cmd)
+		switch {
+		case h.release(cmd) && h.armed.CompareAndSwap(true, false):
+			close(h.started)
+			<-h.gate
+		case h.release(cmd):
+			h.releases.Add(1)
+		case h.many(cmd):
+			h.manys.Add(1)
+		}
+		return err
+	}
+}
+
+func (h *gateFirstRelease) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
+}
+
+// releaseStage is a semaphore of variant v whose client holds the reply of
+// the first release.lua call after arm until gate closes: n leases held,
+// two callers waiting for a slot (at least one of them asked), and lease 1
+// removed in Redis by an operator (its handle does not know).
+type releaseStage struct {
+	h       *gateFirstRelease
+	s       redsem.Semaphore
+	e       *core.Engine
+	leases  []redsem.Lease
+	granted chan redsem.Lease // the two waiters' leases (nil: it failed)
+}
+
+func newReleaseStage(t *testing.T, ctx context.Context, v variant, n int) *releaseStage {
+	t.Helper()
+	h := &gateFirstRelease{
+		release: redistest.MatchScript(lua.Release.Hash(), lua.Release.Function()),
+		many:    redistest.MatchScript(lua.ReleaseMany.Hash(), lua.ReleaseMany.Function()),
+		started: make(chan struct{}), gate: make(chan struct{}),
+	}
+	c := redis.NewClient(redistest.Shared(t).Options())
+	c.AddHook(h)
+	t.Cleanup(func() { _ = c.Close() })
+	st := &releaseStage{h: h, s: mustNew(t, v, c, redistest.Name(t), n, opts{LeaseTTL: 10 * time.Second}), granted: make(chan redsem.Lease, 2)}
+	st.e = core.EngineOf(st.s)
+	for range n {
+		l, err := st.s.TryAcquire(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		st.leases = append(st.leases, l)
+	}
+	for range 2 {
+		go func() {
+			l, err := st.s.Acquire(ctx)
+			if err != nil {
+				t.Error(err)
+				l = nil
+			}
+			st.granted <- l
+		}()
+	}
+	stale.AwaitWaiter(t, ctx, st.s, c)
+	if kind, _, err := st.e.ForceRelease(ctx, st.leases[1].ID()); err != nil || kind != 1 {
+		t.Fatalf("ForceRelease: kind %d, %v", kind, err)
+	}
+	h.releases.Store(0) // ForceRelease's
+	return st
+}
+
+// releaseFirst releases lease 0 with its reply held (arm), and returns when
+// its call has run in Redis, with the channel of its result.
+func (st *releaseStage) releaseFirst(ctx context.Context) <-chan error {
+	st.h.armed.Store(true)
+	first := make(chan error, 1)
+	go func() { first <- st.leases[0].Release(ctx) }()
+	<-st.h.started
+	return first
+}
+
+// releaseAll releases leases from..to-1 at once and returns their errors.
+func (st *releaseStage) releaseAll(ctx context.Context, from, to int, queued func()) []error {
+	errs := make([]error, to)
+	var wg sync.WaitGroup
+	for i := from; i < to; i++ {
+		wg.Go(func() { errs[i] = st.leases[i].Release(ctx) })
+	}
+	if queued != nil {
+		queued()
+	}
+	wg.Wait()
+	return errs
+}
+
+// checkAnswers checks the answers of releaseAll(ctx, 1, to): ErrLeaseLost
+// for lease 1 (removed by the operator), nil for the others.
+func checkAnswers(t *testing.T, errs []error) {
+	t.Helper()
+	if !errors.Is(errs[1], redsem.ErrLeaseLost) {
+		t.Errorf("the release of the lease an operator removed: %v, want ErrLeaseLost", errs[1])
+	}
+	for i := 2; i < len(errs); i++ {
+		if errs[i] != nil {
+			t.Errorf("release %d: %v", i, errs[i])
+		}
+	}
+}
+
+// awaitGranted waits for the two waiters' leases, released when the test
+// ends.
+func (st *releaseStage) awaitGranted(t *testing.T, ctx context.Context) {
+	t.Helper()
+	for range 2 {
+		select {
+		case l := <-st.granted:
+			if l != nil {
+				t.Cleanup(func() { _ = l.Release(context.Background()) })
+			}
+		case <-ctx.Done():
+			t.Fatal("a waiter was not admitted into the freed slots")
+		}
+	}
+}
+
+// Releases that a process asks for while one of its release calls is in
+// flight go together in its next call (releasemany.lua), through the
+// Lease's own Release: each answers for its own lease (nil for a lease
+// held, ErrLeaseLost for one an operator removed meanwhile, the context's
+// error for a caller that gave up while it waited, whose lease is left out
+// of the call and stays held in Redis), and the waiters that the freed
+// slots let in are admitted. The first release's reply is held until the
+// others wait behind it (a go-redis hook, and no bound on their wait), so
+// the state does not depend on timing.
+func TestReleasesGoTogether(t *testing.T) {
+	for _, v := range variants {
+		t.Run(v.name, func(t *testing.T) {
+			ctx := redistest.Ctx(t, 30*time.Second)
+			const n = 8
+			st := newReleaseStage(t, ctx, v, n)
+			st.e.SetReleaseJoin(time.Hour)
+			first := st.releaseFirst(ctx)
+			gaveUp, giveUp := context.WithCancel(ctx)
+			last := make(chan error, 1)
+			errs := st.releaseAll(ctx, 1, n-1, func() {
+				go func() { last <- st.leases[n-1].Release(gaveUp) }()
+				redistest.WaitFor(t, 10*time.Second, "the releases queued behind the first", func() (bool, error) {
+					return st.e.ReleasesQueued() == n-1, nil
+				})
+				giveUp() // the last caller gives up while it waits
+				if err := <-last; !errors.Is(err, context.Canceled) {
+					t.Errorf("the release whose caller gave up: %v, want context.Canceled", err)
+				}
+				close(st.h.gate)
+			})
+			if err := <-first; err != nil {
+				t.Fatalf("the first release: %v", err)
+			}
+			checkAnswers(t, errs)
+			if got := st.h.manys.Load(); got != 1 || st.h.releases.Load() != 0 {
+				t.Errorf("%d releasemany.lua and %d more release.lua calls, want the %d queued releases in one releasemany.lua call",
+					got, st.h.releases.Load(), n-2)
+			}
+			st.awaitGranted(t, ctx)
+			// Held in Redis: the lease whose caller gave up (left out of
+			// the call), and the two admitted.
+			status, err := st.s.Status(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(status.Holders) != 3 || !holds(status, st.leases[n-1].ID()) {
+				t.Fatalf("holders %+v, want the lease left out and the two admitted", status.Holders)
+			}
+			if err := st.leases[n-1].Release(ctx); err != nil {
+				t.Fatalf("releasing the lease left out: %v", err)
+			}
+		})
+	}
+}
+
+// A release call that Redis does not answer holds the releases behind it
+// no longer than bounds.ReleaseJoin (5 ms): they go in a call of their own
+// and answer while it still hangs, and the waiters get their slots.
+func TestReleasesNotHeldByAnUnansweredCall(t *testing.T) {
+	for _, v := range variants {
+		t.Run(v.name, func(t *testing.T) {
+			ctx := redistest.Ctx(t, 30*time.Second)
+			const n = 6
+			st := newReleaseStage(t, ctx, v, n)
+			first := st.releaseFirst(ctx)
+			errs := st.releaseAll(ctx, 1, n, nil)
+			select {
+			case err := <-first:
+				t.Fatalf("the first release returned (%v) before its reply was let through", err)
+			default:
+			}
+			checkAnswers(t, errs)
+			st.awaitGranted(t, ctx)
+			close(st.h.gate)
+			if err := <-first; err != nil {
+				t.Fatalf("the first release: %v", err)
+			}
+			t.Logf("%d releases behind an unanswered call: %d releasemany.lua and %d release.lua calls",
+				n-1, st.h.manys.Load(), st.h.releases.Load())
+		})
+	}
+}
+
+// holds reports whether st lists a holder of lease id.
+func holds(st redsem.Status, id string) bool {
+	for _, h := range st.Holders {
+		if h.ID == id {
+			return true
+		}
+	}
+	return false
+}
