@@ -94,7 +94,11 @@ type Lease interface {
 	// lease: see Semaphore.Resume); it never re-creates a lost lease.
 	Renew(ctx context.Context) error
 	// Release frees the slot. A second call returns nil. It returns
-	// ErrLeaseLost if the slot was lost before it.
+	// ErrLeaseLost if the slot was lost before it. The releases of one
+	// semaphore that a process makes while one of them is on its way to
+	// Redis go together in its next request (each still answered for its
+	// own lease); a release waits for the request in flight at most a few
+	// milliseconds.
 	Release(ctx context.Context) error
 	// Done is closed once the lease is released (also through another
 	// handle: see Semaphore.Resume) or lost.

@@ -384,7 +384,9 @@ func (l *Lease) giveUp() {
 // that a slot whose release met a failover or a blip comes back soon after
 // instead of at its deadline. If the reply is lost and go-redis retries,
 // the rerun finds the tombstone the first run left and still reports
-// success.
+// success. The releases of the engine that meet one in flight go together
+// in its next call (releases.go); one whose ctx ends before its call is
+// sent is left out of it, as a request never sent.
 func (l *Lease) Release(ctx context.Context) error {
 	l.mu.Lock()
 	switch {
