@@ -168,14 +168,14 @@ func TestReleasesGoTogether(t *testing.T) {
 			ctx := redistest.Ctx(t, 30*time.Second)
 			const n = 8
 			st := newReleaseStage(t, ctx, v, n)
-			st.e.SetReleaseJoin(time.Hour)
+			core.SetReleaseJoin(st.e, time.Hour)
 			first := st.releaseFirst(ctx)
 			gaveUp, giveUp := context.WithCancel(ctx)
 			last := make(chan error, 1)
 			errs := st.releaseAll(ctx, 1, n-1, func() {
 				go func() { last <- st.leases[n-1].Release(gaveUp) }()
 				redistest.WaitFor(t, 10*time.Second, "the releases queued behind the first", func() (bool, error) {
-					return st.e.ReleasesQueued() == n-1, nil
+					return core.ReleasesQueued(st.e) == n-1, nil
 				})
 				giveUp() // the last caller gives up while it waits
 				if err := <-last; !errors.Is(err, context.Canceled) {

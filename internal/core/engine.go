@@ -152,6 +152,7 @@ func complete(e *Engine) {
 		e.policy = e.fam.root.policy
 	}
 	e.door = doorFor(e)
+	e.releases.e = e
 }
 
 // doorFor makes the script boundary of e: what its calls send, how its

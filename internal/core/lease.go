@@ -447,7 +447,7 @@ func (l *Lease) overdue() bool { return l.state == held && !time.Now().Before(l.
 // the lease's Release, and a later Release returns nil; the background
 // retry leaves a lost lease for the next Release to report.
 func (l *Lease) releaseOnce(octx context.Context, called time.Time, caller bool) (retry bool, err error) {
-	kind, err := l.e.release(octx, l.id)
+	kind, err := l.e.releases.release(octx, l.id)
 	var ev func()
 	l.mu.Lock()
 	switch {

@@ -34,6 +34,7 @@ import (
 // releaseBatch is an engine's releases: the calls in flight, and the
 // releases that wait for the next.
 type releaseBatch struct {
+	e       *Engine // whose releases (set by complete)
 	mu      sync.Mutex
 	running int              // calls in flight
 	queued  []*queuedRelease // wait for the next call
@@ -59,15 +60,15 @@ type releaseAnswer struct {
 // release releases lease id (release.lua's "owner" mode) and returns
 // release.lua's kind, or the request's error; the grants its call made go
 // to this process's waiters. ctx bounds the wait, as it bounds one call.
-func (e *Engine) release(ctx context.Context, id string) (int, error) {
-	b := &e.releases
+func (b *releaseBatch) release(ctx context.Context, id string) (int, error) {
+	e := b.e
 	b.mu.Lock()
 	if b.running == 0 {
 		b.running++
 		b.mu.Unlock()
 		r, err := e.door.Release(ctx, id, "owner")
 		e.activeHub().deliverGrants(r.Grants)
-		e.releaseCallEnded()
+		b.send(true)
 		return r.Kind, err
 	}
 	q := &queuedRelease{id: id, ctx: ctx, done: make(chan releaseAnswer, 1)}
@@ -77,7 +78,7 @@ func (e *Engine) release(ctx context.Context, id string) (int, error) {
 		if join == 0 {
 			join = bounds.ReleaseJoin
 		}
-		b.join = time.AfterFunc(join, func() { e.sendQueued(false) })
+		b.join = time.AfterFunc(join, func() { b.send(false) })
 	}
 	b.mu.Unlock()
 	select {
@@ -88,15 +89,11 @@ func (e *Engine) release(ctx context.Context, id string) (int, error) {
 	}
 }
 
-// releaseCallEnded ends a call in flight and sends the releases queued
-// meanwhile.
-func (e *Engine) releaseCallEnded() { e.sendQueued(true) }
-
-// sendQueued sends the queued releases in one call on a goroutine of its
-// own (the caller returns now); ended: a call in flight ended (else the
-// join timer fired while calls are in flight).
-func (e *Engine) sendQueued(ended bool) {
-	b := &e.releases
+// send sends the queued releases in one call on a goroutine of its own
+// (the caller returns now); ended: a call in flight ended (else the join
+// timer fired while calls are in flight).
+func (b *releaseBatch) send(ended bool) {
+	e := b.e
 	b.mu.Lock()
 	if ended {
 		b.running--
@@ -114,8 +111,8 @@ func (e *Engine) sendQueued(ended bool) {
 	e.bg.Add(1)
 	go func() {
 		defer e.bg.Done()
-		e.sendBatch(batch)
-		e.releaseCallEnded()
+		b.sendBatch(batch)
+		b.send(true)
 	}()
 }
 
@@ -124,7 +121,8 @@ func (e *Engine) sendQueued(ended bool) {
 // their contexts' deadlines (each ends at its lease's deadline, at the
 // latest), not by the semaphore's Close: a lease released after Close is
 // released, as Close promises.
-func (e *Engine) sendBatch(batch []*queuedRelease) {
+func (b *releaseBatch) sendBatch(batch []*queuedRelease) {
+	e := b.e
 	live := batch[:0]
 	var until time.Time // the latest deadline, if each has one
 	bounded := true
@@ -168,17 +166,18 @@ func (e *Engine) sendBatch(batch []*queuedRelease) {
 	}
 }
 
-// ReleasesQueued is how many releases wait for the next call (for tests
-// that stage a call of several).
-func (e *Engine) ReleasesQueued() int {
+// ReleasesQueued is how many releases of e wait for its next call (for
+// tests that stage a call of several).
+func ReleasesQueued(e *Engine) int {
 	e.releases.mu.Lock()
 	defer e.releases.mu.Unlock()
 	return len(e.releases.queued)
 }
 
-// SetReleaseJoin sets how long at most a release waits for the call in
-// flight (0: bounds.ReleaseJoin), for tests that stage a call of several.
-func (e *Engine) SetReleaseJoin(d time.Duration) {
+// SetReleaseJoin sets how long at most a release of e waits for the call
+// in flight (0: bounds.ReleaseJoin), for tests that stage a call of
+// several.
+func SetReleaseJoin(e *Engine, d time.Duration) {
 	e.releases.mu.Lock()
 	defer e.releases.mu.Unlock()
 	e.releases.joinAfter = d
