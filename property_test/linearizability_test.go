@@ -41,6 +41,10 @@ type linWorkload struct {
 	limit     int // the limit every client is built with
 	maxHeld   int // leases one client holds at most
 	setLimits bool
+	// shared: so many clients in a row share one semaphore object, as
+	// callers of one process do (their releases may go together in one
+	// call: core's releases.go); 0 or 1: each has its own.
+	shared int
 }
 
 // linFaults, when set, puts a proxy that loses replies and resets
@@ -289,6 +293,10 @@ func recordHistory(t *testing.T, srv *redistest.Server, newSem newSemFunc, w lin
 	}
 	sems := make([]redsem.Semaphore, w.clients)
 	for i := range sems {
+		if w.shared > 1 && i%w.shared != 0 {
+			sems[i] = sems[i-i%w.shared]
+			continue
+		}
 		c := redis.NewClient(opt)
 		t.Cleanup(func() { _ = c.Close() })
 		s, err := newSem(c, name, w.limit, linTTL)
@@ -463,6 +471,7 @@ func TestLinearizable(t *testing.T) {
 		{clients: 4, ops: 100, limit: 2, maxHeld: 2, setLimits: true},
 		{clients: 5, ops: 80, limit: 3, maxHeld: 1, setLimits: true},
 		{clients: 3, ops: 100, limit: 1, maxHeld: 1, setLimits: false},
+		{clients: 6, ops: 80, limit: 4, maxHeld: 2, shared: 3},
 	}
 	rounds := 5
 	if soak() {
@@ -496,6 +505,7 @@ func TestLinearizableNetworkFaults(t *testing.T) {
 	}{
 		{linFaults{drop: 0.04, kill: 0.02, retries: -1}, linWorkload{clients: 4, ops: 80, limit: 2, maxHeld: 2, setLimits: true}},
 		{linFaults{drop: 0.08, kill: 0.04, retries: 3}, linWorkload{clients: 4, ops: 80, limit: 2, maxHeld: 2}},
+		{linFaults{drop: 0.08, kill: 0.04, retries: 3}, linWorkload{clients: 8, ops: 40, limit: 4, maxHeld: 2, shared: 4}},
 	}
 	rounds := 3
 	if soak() {
