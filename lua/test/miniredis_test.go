@@ -15,6 +15,7 @@ import (
 	"github.com/redsem/redsem"
 	"github.com/redsem/redsem/fair"
 	"github.com/redsem/redsem/internal/core"
+	"github.com/redsem/redsem/lua"
 	"github.com/redsem/redsem/unfair"
 )
 
@@ -70,6 +71,28 @@ func TestVariantsRunOnMiniredis(t *testing.T) {
 			}
 			st, err := s.Status(ctx)
 			if err != nil || st.Limit != 3 || len(st.Holders) != 0 {
+				t.Fatalf("status %+v, %v", st, err)
+			}
+			// Releases that go together (releasemany.lua) run there too.
+			var ls []redsem.Lease
+			for range 3 {
+				l, err := s.TryAcquire(ctx)
+				if err != nil {
+					t.Fatal(err)
+				}
+				ls = append(ls, l)
+			}
+			k := core.EngineOf(s).Keys()
+			r, err := core.Script(lua.ReleaseMany).Run(ctx, c, k.Script(), k.Chan, "PUBLISH", 2, 15000, ls[0].ID(), ls[1].ID()).Slice()
+			if err != nil || len(r) != 3 || r[1] != int64(1) || r[2] != int64(1) {
+				t.Fatalf("releasemany: %v, %v; want {now, 1, 1}", r, err)
+			}
+			for _, l := range ls {
+				if err := l.Release(ctx); err != nil { // the first two find their tombstones
+					t.Fatal(err)
+				}
+			}
+			if st, err := s.Status(ctx); err != nil || len(st.Holders) != 0 {
 				t.Fatalf("status %+v, %v", st, err)
 			}
 		})
