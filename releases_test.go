@@ -3,6 +3,7 @@ package redsem_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -164,47 +165,50 @@ func (st *releaseStage) awaitGranted(t *testing.T, ctx context.Context) {
 // the state does not depend on timing.
 func TestReleasesGoTogether(t *testing.T) {
 	for _, v := range variants {
-		t.Run(v.name, func(t *testing.T) {
-			ctx := redistest.Ctx(t, 30*time.Second)
-			const n = 8
-			st := newReleaseStage(t, ctx, v, n)
-			core.SetReleaseJoin(st.e, time.Hour)
-			first := st.releaseFirst(ctx)
-			gaveUp, giveUp := context.WithCancel(ctx)
-			last := make(chan error, 1)
-			errs := st.releaseAll(ctx, 1, n-1, func() {
-				go func() { last <- st.leases[n-1].Release(gaveUp) }()
-				redistest.WaitFor(t, 10*time.Second, "the releases queued behind the first", func() (bool, error) {
-					return core.ReleasesQueued(st.e) == n-1, nil
+		// 2 500 leases: more releases than one call takes (1 000 ids a
+		// call), which go in three calls at once.
+		for _, n := range []int{8, 2500} {
+			t.Run(fmt.Sprintf("%s/%d", v.name, n), func(t *testing.T) {
+				ctx := redistest.Ctx(t, 60*time.Second)
+				st := newReleaseStage(t, ctx, v, n)
+				core.SetReleaseJoin(st.e, time.Hour)
+				first := st.releaseFirst(ctx)
+				gaveUp, giveUp := context.WithCancel(ctx)
+				last := make(chan error, 1)
+				errs := st.releaseAll(ctx, 1, n-1, func() {
+					go func() { last <- st.leases[n-1].Release(gaveUp) }()
+					redistest.WaitFor(t, 30*time.Second, "the releases queued behind the first", func() (bool, error) {
+						return core.ReleasesQueued(st.e) == n-1, nil
+					})
+					giveUp() // the last caller gives up while it waits
+					if err := <-last; !errors.Is(err, context.Canceled) {
+						t.Errorf("the release whose caller gave up: %v, want context.Canceled", err)
+					}
+					close(st.h.gate)
 				})
-				giveUp() // the last caller gives up while it waits
-				if err := <-last; !errors.Is(err, context.Canceled) {
-					t.Errorf("the release whose caller gave up: %v, want context.Canceled", err)
+				if err := <-first; err != nil {
+					t.Fatalf("the first release: %v", err)
 				}
-				close(st.h.gate)
+				checkAnswers(t, errs)
+				if got, want := st.h.manys.Load(), int32((n-2+999)/1000); got != want || st.h.releases.Load() != 0 {
+					t.Errorf("%d releasemany.lua and %d more release.lua calls, want the %d queued releases in %d releasemany.lua calls",
+						got, st.h.releases.Load(), n-2, want)
+				}
+				st.awaitGranted(t, ctx)
+				// Held in Redis: the lease whose caller gave up (left out of
+				// the call), and the two admitted.
+				status, err := st.s.Status(ctx)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if len(status.Holders) != 3 || !holds(status, st.leases[n-1].ID()) {
+					t.Fatalf("%d holders, want the lease left out and the two admitted", len(status.Holders))
+				}
+				if err := st.leases[n-1].Release(ctx); err != nil {
+					t.Fatalf("releasing the lease left out: %v", err)
+				}
 			})
-			if err := <-first; err != nil {
-				t.Fatalf("the first release: %v", err)
-			}
-			checkAnswers(t, errs)
-			if got := st.h.manys.Load(); got != 1 || st.h.releases.Load() != 0 {
-				t.Errorf("%d releasemany.lua and %d more release.lua calls, want the %d queued releases in one releasemany.lua call",
-					got, st.h.releases.Load(), n-2)
-			}
-			st.awaitGranted(t, ctx)
-			// Held in Redis: the lease whose caller gave up (left out of
-			// the call), and the two admitted.
-			status, err := st.s.Status(ctx)
-			if err != nil {
-				t.Fatal(err)
-			}
-			if len(status.Holders) != 3 || !holds(status, st.leases[n-1].ID()) {
-				t.Fatalf("holders %+v, want the lease left out and the two admitted", status.Holders)
-			}
-			if err := st.leases[n-1].Release(ctx); err != nil {
-				t.Fatalf("releasing the lease left out: %v", err)
-			}
-		})
+		}
 	}
 }
 

@@ -151,20 +151,33 @@ func (b *releaseBatch) sendBatch(batch []*queuedRelease) {
 		live[0].done <- releaseAnswer{r.Kind, err}
 		return
 	}
-	ids := make([]string, len(live))
-	for i, q := range live {
-		ids[i] = q.id
+	// At most releaseBatchMax ids a call (the script takes 4096); more go
+	// in several calls at once.
+	var wg sync.WaitGroup
+	for len(live) > 0 {
+		part := live[:min(len(live), releaseBatchMax)]
+		live = live[len(part):]
+		wg.Go(func() {
+			ids := make([]string, len(part))
+			for i, q := range part {
+				ids[i] = q.id
+			}
+			kinds, grants, err := e.door.ReleaseMany(ctx, ids)
+			e.activeHub().deliverGrants(grants)
+			for i, q := range part {
+				a := releaseAnswer{err: err}
+				if err == nil {
+					a.kind = kinds[i]
+				}
+				q.done <- a
+			}
+		})
 	}
-	kinds, grants, err := e.door.ReleaseMany(ctx, ids)
-	e.activeHub().deliverGrants(grants)
-	for i, q := range live {
-		a := releaseAnswer{err: err}
-		if err == nil {
-			a.kind = kinds[i]
-		}
-		q.done <- a
-	}
+	wg.Wait()
 }
+
+// releaseBatchMax is the most lease ids in one releasemany.lua call.
+const releaseBatchMax = 1000
 
 // ReleasesQueued is how many releases of e wait for its next call (for
 // tests that stage a call of several).
