@@ -85,6 +85,11 @@ func (b *releaseBatch) release(ctx context.Context, id string) (int, error) {
 	case a := <-q.done:
 		return a.kind, a.err
 	case <-ctx.Done():
+		select {
+		case a := <-q.done: // answered as ctx ended: the answer stands
+			return a.kind, a.err
+		default:
+		}
 		return 0, wire.CallErr(e.door.Who, ctx, nil)
 	}
 }
