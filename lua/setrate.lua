@@ -5,7 +5,8 @@
 -- weight ends that waiter's wait (an "x id rate_limit rate" message),
 -- wherever it stands in the queue (a scan of the queue: SetRate is rare).
 -- The window's records stay: grants made before the call count against the
--- new rate.
+-- new rate. While fair waiters are queued, every live session's channel
+-- is told that the rate was set ("n now meta-key").
 -- KEYS: the nine keys laid out at the top of lib_args.lua (thirteen for a
 -- member of a family with a total: lib_family.lua).
 -- ARGV: [1] channel base, [2] publish command, [3] client limit (and rate),
@@ -44,4 +45,16 @@ end
 local limit = limit_in_force(client_limit)
 local out = {now}
 wake(now, now_us, limit, out)
+if num('_q') > 0 then
+  -- Fair waiters are still queued, in this process or others: tell every
+  -- live session that the rate was set at now ("n now meta"), so that what
+  -- the former rate held back is no waiter's reason for giving up (a
+  -- process without waiters of this semaphore ignores it).
+  local sids = redis.call('ZRANGE', sessions_key, 0, -1)
+  for i = 1, #sids do
+    if sids[i] ~= SENTINEL then
+      publish(channel .. ':s:' .. sids[i], 'n ' .. fmt(now) .. ' ' .. meta_key)
+    end
+  end
+end
 return finish(out)

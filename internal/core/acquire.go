@@ -313,7 +313,7 @@ type rateHold struct {
 	until time.Time // zero: none
 	seen  time.Time
 	at    int64 // server ms at which the script that found it ran; 0: unknown
-	reset int64 // server ms of the latest SetRate of this process
+	reset int64 // server ms of the latest SetRate: this process's, or another's that a fair session heard of ("n" message)
 }
 
 // hold records that the rate's window holds back the semaphore's next

@@ -23,6 +23,7 @@ const (
 	evRequeue               // fair: ask Redis again (session replaced under a new id, or messages may have been lost)
 	evWeight                // fair: SetLimit (SetRate) made the limit (the rate's) smaller than this waiter's weight
 	evWake                  // fair: the rate lets this head waiter in after a delay: beat then (handled by the session)
+	evRateSet               // fair: SetRate ran (in any process): what the former rate held back is no one's reason (handled by the session)
 )
 
 type event struct {
@@ -32,6 +33,7 @@ type event struct {
 	rate    bool  // evWeight: the rate's limit, not the limit
 	evicted bool  // evRequeue: the waiter lost its place (its session died, or an operator removed it)
 	wait    int64 // evWake: ms from the script's run
+	at      int64 // evRateSet: the server time (ms) at which SetRate ran
 }
 
 // waiter is one goroutine blocked in Acquire; the hub only delivers events

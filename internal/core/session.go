@@ -161,6 +161,22 @@ func (s *session) handle(m *redis.Message) {
 				s.poke()
 			}
 		}
+	case evRateSet:
+		// SetRate ran, in this process or another, at server time at: the
+		// waiters of that semaphore here were not held back by the former
+		// rate from then on (rateHold.setRate; a waiter behind a head the
+		// window held hears no reply of its own that says so).
+		h.mu.Lock()
+		var set []*Engine
+		for e := range h.count {
+			if e.keys.List[KeyMeta] == msg.meta {
+				set = append(set, e)
+			}
+		}
+		h.mu.Unlock()
+		for _, e := range set {
+			e.rateHeld.setRate(msg.ev.at)
+		}
 	case evRequeue:
 		// An operator removed this waiter from the queue: it queues again
 		// (and reports the eviction from its own goroutine: an Observer
@@ -192,9 +208,10 @@ func grantDeadline(mapped, got time.Time, deadlineMs, token int64) time.Time {
 
 // message is a decoded message of a fair session's channel.
 type message struct {
-	id       string // the waiter it is for
-	ev       event  // evGrant (grant.deadline not set), evWeight or evRequeue
+	id       string // the waiter it is for ("" for evRateSet)
+	ev       event  // evGrant (grant.deadline not set), evWeight, evWake, evRequeue or evRateSet
 	deadline int64  // evGrant: the grant's deadline, server ms
+	meta     string // evRateSet: the meta key of the semaphore whose rate was set
 }
 
 // parseMessage decodes the payload of a message on a fair session's
@@ -215,6 +232,8 @@ func parseMessage(payload string) (message, bool) {
 		out.ev = event{kind: evWake, wait: m.Wait}
 	case 'r':
 		out.ev = event{kind: evRequeue}
+	case 'n':
+		out.ev, out.meta = event{kind: evRateSet, at: m.At}, m.Meta
 	}
 	return out, true
 }

@@ -2,7 +2,7 @@ package core
 
 import "testing"
 
-// TestParseMessage checks the three messages of a fair session's channel.
+// TestParseMessage checks the messages of a fair session's channel.
 func TestParseMessage(t *testing.T) {
 	m, ok := parseMessage("g w1 17 1000 0,2")
 	if !ok || m.id != "w1" || m.ev.kind != evGrant || m.ev.grant.Token != 17 || m.deadline != 1000 ||
@@ -15,7 +15,16 @@ func TestParseMessage(t *testing.T) {
 	if m, ok := parseMessage("r w3"); !ok || m.id != "w3" || m.ev.kind != evRequeue {
 		t.Fatalf("requeue: %+v %v", m, ok)
 	}
-	for _, bad := range []string{"", "g w1 17 1000", "g w1 x 1000 0", "g w1 1 2 a", "q w1", "r", "x w1"} {
+	if m, ok := parseMessage("w w4 250"); !ok || m.id != "w4" || m.ev.kind != evWake || m.ev.wait != 250 {
+		t.Fatalf("wake: %+v %v", m, ok)
+	}
+	// The rate was set: the meta key last and whole (a name may hold spaces).
+	if m, ok := parseMessage("n 1765000000123 redsem:{a b}:meta"); !ok || m.id != "" || m.ev.kind != evRateSet ||
+		m.ev.at != 1765000000123 || m.meta != "redsem:{a b}:meta" {
+		t.Fatalf("rate set: %+v %v", m, ok)
+	}
+	for _, bad := range []string{"", "g w1 17 1000", "g w1 x 1000 0", "g w1 1 2 a", "q w1", "r", "x w1",
+		"n", "n 12", "n 12 ", "n x meta", "n 0 meta", "n -5 meta"} {
 		if m, ok := parseMessage(bad); ok {
 			t.Fatalf("parseMessage(%q) = %+v, want false", bad, m)
 		}

@@ -111,21 +111,33 @@ func toInt(s string) int64 {
 
 // Message is a decoded message of a fair session's channel.
 type Message struct {
-	Kind  byte   // 'g' a grant, 'x' too heavy, 'w' the rate holds the head back, 'r' removed
+	Kind  byte   // 'g' a grant, 'x' too heavy, 'w' the rate holds the head back, 'r' removed, 'n' the rate was set
 	ID    string // the waiter it is for
 	Grant Grant  // 'g': the grant (Deadline not set: Until is the server's)
 	Limit int    // 'x': the limit (or, with Rate, the rate's limit) in force
 	Rate  bool   // 'x': the rate's limit, not the limit
 	Wait  int64  // 'w': ms from the script's run, never negative
+	At    int64  // 'n': the server time (ms) at which SetRate ran
+	Meta  string // 'n': the meta key of the semaphore whose rate was set
 }
 
 // ParseMessage decodes the payload of a message on a fair session's
 // channel: "g id token deadline_ms slots" (a grant), "x id limit" (SetLimit
 // made the limit smaller than the waiter's weight; "x id limit rate":
 // SetRate made the rate's), "w id ms" (the rate holds back the head waiter
-// id for ms) or "r id" (an operator removed the waiter). It reports false
-// for anything else; it never panics.
+// id for ms), "r id" (an operator removed the waiter) or "n at meta-key"
+// (SetRate ran at server time at, ms, on the semaphore of that meta key:
+// no waiter's, ID ""). It reports false for anything else; it never
+// panics.
 func ParseMessage(payload string) (Message, bool) {
+	if rest, ok := strings.CutPrefix(payload, "n "); ok {
+		// The meta key last and whole: a semaphore's name may hold spaces.
+		at, meta, ok := strings.Cut(rest, " ")
+		if !ok || meta == "" || toInt(at) <= 0 {
+			return Message{}, false
+		}
+		return Message{Kind: 'n', At: toInt(at), Meta: meta}, true
+	}
 	f := strings.Fields(payload)
 	switch {
 	case len(f) == 5 && f[0] == "g":
