@@ -89,6 +89,7 @@ func TestPromiseCoreRequiresOnlyGoRedisAndUUID(t *testing.T) {
 // cache that tidying this module fills, with this module's go.sum.
 // (-e: offline, a module whose .info the cache lacks still lists its path).
 func TestPromiseServiceModuleGraph(t *testing.T) {
+	t.Parallel() // waits on TTLs and deadlines, with names of its own: beside the others
 	root, err := filepath.Abs(".")
 	if err != nil {
 		t.Fatal(err)

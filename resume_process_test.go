@@ -184,6 +184,7 @@ func TestResumeAcrossProcesses(t *testing.T) {
 	if os.Getenv(resumeChildEnv) != "" {
 		t.Skip("child")
 	}
+	t.Parallel() // waits on TTLs and deadlines, with names of its own: beside the others
 	forEach(t, func(t *testing.T, v variant) {
 		t.Run("released elsewhere", func(t *testing.T) {
 			ctx := redistest.Ctx(t, 60*time.Second)

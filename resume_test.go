@@ -81,6 +81,7 @@ func (l *eventLog) count(kind redsem.EventKind, id string) int {
 // lease ends as released, with one EventReleased, no EventLeaseLost, and
 // nothing logged at Warn.
 func TestResumeReleaseElsewhereFreesSlot(t *testing.T) {
+	t.Parallel() // waits on TTLs and deadlines, with names of its own: beside the others
 	forEach(t, func(t *testing.T, v variant) {
 		ctx := redistest.Ctx(t, 30*time.Second)
 		name := redistest.Name(t)
@@ -278,6 +279,7 @@ func TestResumeNoLease(t *testing.T) {
 // renewed; a weighted lease comes back with all its slots; a resumed lease
 // renews itself in the background and reports its own deadline.
 func TestResumeSameLease(t *testing.T) {
+	t.Parallel() // waits on TTLs and deadlines, with names of its own: beside the others
 	forEach(t, func(t *testing.T, v variant) {
 		ctx := redistest.Ctx(t, 20*time.Second)
 		name := redistest.Name(t)
@@ -361,6 +363,7 @@ func TestResumeSameLease(t *testing.T) {
 // lost at its own deadline (its holder must stop then). Before the "expire" mode of release.lua, the first handle's
 // forced release at its deadline took the slot from the resumed lease.
 func TestResumeOutlivesFirstHandle(t *testing.T) {
+	t.Parallel() // waits on TTLs and deadlines, with names of its own: beside the others
 	forEach(t, func(t *testing.T, v variant) {
 		for _, mode := range []string{"DisableAutoRenew", "MaxHold"} {
 			t.Run(mode, func(t *testing.T) {

@@ -125,6 +125,7 @@ func TestResentSetTotalDoesNotUndoLaterSetTotal(t *testing.T) {
 // on one member at random) expired with its queue entry: 5 of 8 entries
 // vanished within 5 s and their Acquire calls never returned.
 func TestFamilyTotalIdleWaitersKeepTheirPlace(t *testing.T) {
+	t.Parallel() // waits on TTLs and deadlines, with names of its own: beside the others
 	ctx := redistest.Ctx(t, 60*time.Second)
 	name := redistest.Name(t)
 	f := newTotalFamily(t, "fair", redistest.Client(t), name, 1, 1,
