@@ -74,7 +74,10 @@ var (
 // *RateLimitedError gives RetryAfter. The error of an Acquire whose context
 // ended while the window held it back (Redis said so last: a slot was free
 // for it, or for the fair queue's head) matches it too, beside the
-// context's error.
+// context's error. "Last" is what the caller's process had heard: what
+// other processes do (a SetRate, a release, a grant) reaches it by pub/sub,
+// and a caller that gives up before that news arrives is told what its
+// process knew then.
 var ErrRateLimited = sentinel.New("redsem: rate limit reached")
 
 // RateLimitedError is the error of a TryAcquire that the rate refused, and
