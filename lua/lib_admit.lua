@@ -1,7 +1,7 @@
 -- lib_admit.lua: what follows a change of the free slots: admit (the fair
 -- queue's waiters, in arrival order), notify_free (unfair waiters), hint
 -- (when to look again), and append for the scripts' replies.
--- Uses from lib_args.lua: queue_key, meta_key, channel, call (clock_us,
+-- Uses from lib_args.lua: queue_key, sessions_key, meta_key, channel, call (clock_us,
 -- rate_room_at_us), SENTINEL, fmt; from lib_records.lua: get,
 -- num, next_expiry, set, put, del, records; from lib_family.lua: fam,
 -- fam_bound, fam_room; from lib_slots.lua:
@@ -15,7 +15,9 @@
 -- rate allows now, keeps its place and stops admission: nobody overtakes
 -- it. When the rate holds it back, its session is told when the rate will
 -- let it in ("w id ms", once per head and time), so that its process runs
--- the admission again then. A grant lasts until now + lease_ms, but no longer
+-- the admission again then, and every live session that the window holds
+-- the queue ("h now ms meta-key": the waiters behind the head, in any
+-- process, were held back by the rate). A grant lasts until now + lease_ms, but no longer
 -- than the grantee's session until the grantee renews it, so that it dies
 -- with a process that never learned of it. Each grantee's session is told
 -- "g id token deadline slots". Returns the grants as a flat list
@@ -68,7 +70,18 @@ local function admit(now, now_us, limit, single)
       local wake = fmt(call.rate_room_at_us) .. ' ' .. id
       if get('_rwake') ~= wake then
         put('_rwake', wake)
-        publish(channel .. ':s:' .. sid, 'w ' .. id .. ' ' .. rate_ms(now_us))
+        local ms = rate_ms(now_us)
+        publish(channel .. ':s:' .. sid, 'w ' .. id .. ' ' .. ms)
+        -- Every live session (the waiters behind the head may wait in
+        -- other processes): the window holds this semaphore's queue for
+        -- ms, as found at now ("h now ms meta-key").
+        local sids = redis.call('ZRANGE', sessions_key, 0, -1)
+        local held = 'h ' .. fmt(now) .. ' ' .. ms .. ' ' .. meta_key
+        for i = 1, #sids do
+          if sids[i] ~= SENTINEL then
+            publish(channel .. ':s:' .. sids[i], held)
+          end
+        end
       end
       break
     elseif fam_tot_key and n > fam_room() then

@@ -18,12 +18,13 @@ type grant = wire.Grant
 type evKind int
 
 const (
-	evFree    evKind = iota // unfair: slots may be free, try again
-	evGrant                 // fair: this waiter was granted its slots
-	evRequeue               // fair: ask Redis again (session replaced under a new id, or messages may have been lost)
-	evWeight                // fair: SetLimit (SetRate) made the limit (the rate's) smaller than this waiter's weight
-	evWake                  // fair: the rate lets this head waiter in after a delay: beat then (handled by the session)
-	evRateSet               // fair: SetRate ran (in any process): what the former rate held back is no one's reason (handled by the session)
+	evFree     evKind = iota // unfair: slots may be free, try again
+	evGrant                  // fair: this waiter was granted its slots
+	evRequeue                // fair: ask Redis again (session replaced under a new id, or messages may have been lost)
+	evWeight                 // fair: SetLimit (SetRate) made the limit (the rate's) smaller than this waiter's weight
+	evWake                   // fair: the rate lets this head waiter in after a delay: beat then (handled by the session)
+	evRateSet                // fair: SetRate ran (in any process): what the former rate held back is no one's reason (handled by the session)
+	evRateHeld               // fair: the rate's window holds the queue's head (of any process) for a while (handled by the session)
 )
 
 type event struct {
@@ -32,8 +33,8 @@ type event struct {
 	limit   int   // evWeight
 	rate    bool  // evWeight: the rate's limit, not the limit
 	evicted bool  // evRequeue: the waiter lost its place (its session died, or an operator removed it)
-	wait    int64 // evWake: ms from the script's run
-	at      int64 // evRateSet: the server time (ms) at which SetRate ran
+	wait    int64 // evWake, evRateHeld: ms from the script's run
+	at      int64 // evRateSet: the server time (ms) at which SetRate ran; evRateHeld: at which the script ran
 }
 
 // waiter is one goroutine blocked in Acquire; the hub only delivers events

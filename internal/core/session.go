@@ -166,16 +166,16 @@ func (s *session) handle(m *redis.Message) {
 		// waiters of that semaphore here were not held back by the former
 		// rate from then on (rateHold.setRate; a waiter behind a head the
 		// window held hears no reply of its own that says so).
-		h.mu.Lock()
-		var set []*Engine
-		for e := range h.count {
-			if e.keys.List[KeyMeta] == msg.meta {
-				set = append(set, e)
-			}
-		}
-		h.mu.Unlock()
-		for _, e := range set {
+		for _, e := range h.enginesOf(msg.meta) {
 			e.rateHeld.setRate(msg.ev.at)
+		}
+	case evRateHeld:
+		// The window holds the queue's head of that semaphore (a waiter of
+		// this process or another's) for wait ms after the script ran: the
+		// waiters queued behind it here were held back by the rate.
+		until := time.Now().Add(time.Duration(msg.ev.wait+1) * time.Millisecond)
+		for _, e := range h.enginesOf(msg.meta) {
+			e.rateHeld.hold(until, msg.ev.at)
 		}
 	case evRequeue:
 		// An operator removed this waiter from the queue: it queues again
@@ -184,6 +184,20 @@ func (s *session) handle(m *redis.Message) {
 		msg.ev.evicted = true
 		h.deliver(msg.id, msg.ev)
 	}
+}
+
+// enginesOf returns the hub's engines with waiters whose meta key is meta
+// (a semaphore's, or a family member's).
+func (h *hub) enginesOf(meta string) []*Engine {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	var out []*Engine
+	for e := range h.count {
+		if e.keys.List[KeyMeta] == meta {
+			out = append(out, e)
+		}
+	}
+	return out
 }
 
 // grantDeadline is the local deadline of a grant message received at
@@ -234,6 +248,8 @@ func parseMessage(payload string) (message, bool) {
 		out.ev = event{kind: evRequeue}
 	case 'n':
 		out.ev, out.meta = event{kind: evRateSet, at: m.At}, m.Meta
+	case 'h':
+		out.ev, out.meta = event{kind: evRateHeld, at: m.At, wait: m.Wait}, m.Meta
 	}
 	return out, true
 }

@@ -23,8 +23,14 @@ func TestParseMessage(t *testing.T) {
 		m.ev.at != 1765000000123 || m.meta != "redsem:{a b}:meta" {
 		t.Fatalf("rate set: %+v %v", m, ok)
 	}
+	// The window holds the queue: ms, then the meta key last and whole.
+	if m, ok := parseMessage("h 1765000000123 950 redsem:{a b}:meta"); !ok || m.id != "" || m.ev.kind != evRateHeld ||
+		m.ev.at != 1765000000123 || m.ev.wait != 950 || m.meta != "redsem:{a b}:meta" {
+		t.Fatalf("rate held: %+v %v", m, ok)
+	}
 	for _, bad := range []string{"", "g w1 17 1000", "g w1 x 1000 0", "g w1 1 2 a", "q w1", "r", "x w1",
-		"n", "n 12", "n 12 ", "n x meta", "n 0 meta", "n -5 meta"} {
+		"n", "n 12", "n 12 ", "n x meta", "n 0 meta", "n -5 meta",
+		"h", "h 12 5", "h 12 5 ", "h 0 5 meta", "h 12 -1 meta", "h 12 x meta"} {
 		if m, ok := parseMessage(bad); ok {
 			t.Fatalf("parseMessage(%q) = %+v, want false", bad, m)
 		}

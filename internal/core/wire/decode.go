@@ -111,24 +111,25 @@ func toInt(s string) int64 {
 
 // Message is a decoded message of a fair session's channel.
 type Message struct {
-	Kind  byte   // 'g' a grant, 'x' too heavy, 'w' the rate holds the head back, 'r' removed, 'n' the rate was set
+	Kind  byte   // 'g' a grant, 'x' too heavy, 'w' the rate holds the head back, 'r' removed, 'n' the rate was set, 'h' the rate holds the queue
 	ID    string // the waiter it is for
 	Grant Grant  // 'g': the grant (Deadline not set: Until is the server's)
 	Limit int    // 'x': the limit (or, with Rate, the rate's limit) in force
 	Rate  bool   // 'x': the rate's limit, not the limit
-	Wait  int64  // 'w': ms from the script's run, never negative
-	At    int64  // 'n': the server time (ms) at which SetRate ran
-	Meta  string // 'n': the meta key of the semaphore whose rate was set
+	Wait  int64  // 'w', 'h': ms from the script's run, never negative
+	At    int64  // 'n': the server time (ms) at which SetRate ran; 'h': at which the script found the hold
+	Meta  string // 'n', 'h': the meta key of the semaphore
 }
 
 // ParseMessage decodes the payload of a message on a fair session's
 // channel: "g id token deadline_ms slots" (a grant), "x id limit" (SetLimit
 // made the limit smaller than the waiter's weight; "x id limit rate":
 // SetRate made the rate's), "w id ms" (the rate holds back the head waiter
-// id for ms), "r id" (an operator removed the waiter) or "n at meta-key"
+// id for ms), "r id" (an operator removed the waiter), "n at meta-key"
 // (SetRate ran at server time at, ms, on the semaphore of that meta key:
-// no waiter's, ID ""). It reports false for anything else; it never
-// panics.
+// no waiter's, ID "") or "h at ms meta-key" (the rate's window holds that
+// semaphore's queue for ms, as a script found at server time at: no
+// waiter's). It reports false for anything else; it never panics.
 func ParseMessage(payload string) (Message, bool) {
 	if rest, ok := strings.CutPrefix(payload, "n "); ok {
 		// The meta key last and whole: a semaphore's name may hold spaces.
@@ -137,6 +138,14 @@ func ParseMessage(payload string) (Message, bool) {
 			return Message{}, false
 		}
 		return Message{Kind: 'n', At: toInt(at), Meta: meta}, true
+	}
+	if rest, ok := strings.CutPrefix(payload, "h "); ok {
+		at, rest, ok1 := strings.Cut(rest, " ")
+		ms, meta, ok2 := strings.Cut(rest, " ")
+		if !ok1 || !ok2 || meta == "" || toInt(at) <= 0 || toInt(ms) < 0 || (ms != "0" && toInt(ms) == 0) {
+			return Message{}, false
+		}
+		return Message{Kind: 'h', At: toInt(at), Wait: toInt(ms), Meta: meta}, true
 	}
 	f := strings.Fields(payload)
 	switch {

@@ -159,10 +159,10 @@ func FuzzDecode(f *testing.F) {
 
 		m, ok := ParseMessage(payload)
 		if ok {
-			if m.Kind == 'n' && (m.Meta == "" || m.At <= 0) {
-				t.Fatalf("ParseMessage(%q): a rate-set message without its time or key", payload)
+			if (m.Kind == 'n' || m.Kind == 'h') && (m.Meta == "" || m.At <= 0 || m.Wait < 0) {
+				t.Fatalf("ParseMessage(%q): a rate message without its time or key", payload)
 			}
-			if m.ID == "" && m.Kind != 'n' {
+			if m.ID == "" && m.Kind != 'n' && m.Kind != 'h' {
 				t.Fatalf("ParseMessage(%q): no id", payload)
 			}
 			if m.Kind == 'g' && len(m.Grant.Slots) == 0 {
