@@ -1,12 +1,12 @@
 -- lib_admit.lua: what follows a change of the free slots: admit (the fair
 -- queue's waiters, in arrival order), notify_free (unfair waiters), hint
 -- (when to look again), and append for the scripts' replies.
--- Uses from lib_args.lua: queue_key, sessions_key, meta_key, channel, call (clock_us,
+-- Uses from lib_args.lua: queue_key, meta_key, channel, call (clock_us,
 -- rate_room_at_us), SENTINEL, fmt; from lib_records.lua: get,
 -- num, next_expiry, set, put, del, records; from lib_family.lua: fam,
 -- fam_bound, fam_room; from lib_slots.lua:
 -- parse_waiter; from lib_rate.lua: rate, rate_fits, rate_ms; from
--- lib_queue.lua: grant, publish, session_deadline.
+-- lib_queue.lua: grant, publish, publish_sessions, session_deadline.
 
 -- admit grants free slots to the earliest live waiters in arrival order,
 -- evicting dead ones (their session is gone) it meets at the head, and
@@ -75,13 +75,7 @@ local function admit(now, now_us, limit, single)
         -- Every live session (the waiters behind the head may wait in
         -- other processes): the window holds this semaphore's queue for
         -- ms, as found at now ("h now ms meta-key").
-        local sids = redis.call('ZRANGE', sessions_key, 0, -1)
-        local held = 'h ' .. fmt(now) .. ' ' .. ms .. ' ' .. meta_key
-        for i = 1, #sids do
-          if sids[i] ~= SENTINEL then
-            publish(channel .. ':s:' .. sids[i], held)
-          end
-        end
+        publish_sessions('h ' .. fmt(now) .. ' ' .. ms .. ' ' .. meta_key)
       end
       break
     elseif fam_tot_key and n > fam_room() then

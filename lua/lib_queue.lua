@@ -1,9 +1,10 @@
 -- lib_queue.lua: grant (a holder entry: slots, fencing token, window
--- record; it comes after the rate, whose window it writes), publish, and
+-- record; it comes after the rate, whose window it writes), publish and
+-- publish_sessions, and
 -- the fair queue's parts: session_deadline (sessions), drop_waiter and
 -- evict_heavier (waiters that can never be admitted).
 -- Uses from lib_args.lua: holders_key, queue_key, sessions_key, channel,
--- publish_cmd, call (session_deadlines), MARGIN_MS, fmt; from lib_records.lua:
+-- publish_cmd, call (session_deadlines), MARGIN_MS, SENTINEL, fmt; from lib_records.lua:
 -- get, num, next_expiry, set, put, del, records, extend; from
 -- lib_slots.lua: parse_waiter; from lib_limit.lua: take_slots; from
 -- lib_rate.lua: rate_record; from lib_family.lua: fam_add.
@@ -44,6 +45,18 @@ end
 
 local function publish(channel, msg)
   redis.call(publish_cmd, channel, msg)
+end
+
+-- publish_sessions publishes msg on the channel of every session listed
+-- (live, or dead and not pruned yet): news for every process with fair
+-- waiters, whichever waiter it concerns ("n", "h").
+local function publish_sessions(msg)
+  local sids = redis.call('ZRANGE', sessions_key, 0, -1)
+  for i = 1, #sids do
+    if sids[i] ~= SENTINEL then
+      publish(channel .. ':s:' .. sids[i], msg)
+    end
+  end
 end
 
 -- session_deadline returns a live session's deadline, or nil (each

@@ -50,11 +50,6 @@ if num('_q') > 0 then
   -- live session that the rate was set at now ("n now meta"), so that what
   -- the former rate held back is no waiter's reason for giving up (a
   -- process without waiters of this semaphore ignores it).
-  local sids = redis.call('ZRANGE', sessions_key, 0, -1)
-  for i = 1, #sids do
-    if sids[i] ~= SENTINEL then
-      publish(channel .. ':s:' .. sids[i], 'n ' .. fmt(now) .. ' ' .. meta_key)
-    end
-  end
+  publish_sessions('n ' .. fmt(now) .. ' ' .. meta_key)
 end
 return finish(out)

@@ -222,10 +222,10 @@ func grantDeadline(mapped, got time.Time, deadlineMs, token int64) time.Time {
 
 // message is a decoded message of a fair session's channel.
 type message struct {
-	id       string // the waiter it is for ("" for evRateSet)
-	ev       event  // evGrant (grant.deadline not set), evWeight, evWake, evRequeue or evRateSet
+	id       string // the waiter it is for ("" for evRateSet, evRateHeld)
+	ev       event  // evGrant (grant.deadline not set), evWeight, evWake, evRequeue, evRateSet or evRateHeld
 	deadline int64  // evGrant: the grant's deadline, server ms
-	meta     string // evRateSet: the meta key of the semaphore whose rate was set
+	meta     string // evRateSet, evRateHeld: the meta key of the semaphore whose rate it speaks of
 }
 
 // parseMessage decodes the payload of a message on a fair session's
