@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"io"
 	"math/rand/v2"
+	"os"
+	"runtime/pprof"
 	"strconv"
 	"strings"
 	"time"
@@ -39,6 +41,8 @@ type flags struct {
 	repeat     int
 	quiet      bool
 	family     int // --family TOTAL: the family workload (family.go)
+	cpuProfile string
+	goSleep    bool // holds sleep with time.Sleep, not a timerfd (holder.go)
 
 	// child mode: run a share of the workers and print a Trace.
 	child      bool
@@ -107,6 +111,8 @@ func Main(args []string, stdout, stderr io.Writer) int {
 	fs.IntVar(&f.repeat, "repeat", 1, "--suite: run each contended workload this many times and show the median")
 	fs.BoolVar(&f.quiet, "quiet", false, "no progress line")
 	fs.Uint64Var(&f.seed, "seed", 1, "seed of the hold and weight draws")
+	fs.BoolVar(&f.goSleep, "go-sleep", false, "holds of 1 ms or more sleep with time.Sleep (the Go runtime's timers: a millisecond's grain under network load) instead of a timerfd (Linux)")
+	fs.StringVar(&f.cpuProfile, "cpuprofile", "", "write this process's CPU profile (all runs, the client side only) to `FILE`, for go tool pprof")
 	fs.BoolVar(&f.child, "child", false, "internal: run as a worker process of --procs")
 	fs.StringVar(&f.name, "name", "", "internal: semaphore name (child)")
 	fs.IntVar(&f.workerBase, "worker-base", 0, "internal: first worker index (child)")
@@ -124,6 +130,13 @@ func Main(args []string, stdout, stderr io.Writer) int {
 			return c.Fail(fmt.Errorf("child: %w", err))
 		}
 		return cli.ExitOK
+	}
+	if f.cpuProfile != "" {
+		stop, err := startCPUProfile(f.cpuProfile)
+		if err != nil {
+			return c.Fail(err)
+		}
+		defer stop()
 	}
 	_, given := c.RedisGiven()
 	b, err := newBencher(f, given, stdout, stderr)
@@ -147,6 +160,22 @@ func Main(args []string, stdout, stderr io.Writer) int {
 		return c.Fail(err)
 	}
 	return cli.ExitOK
+}
+
+// startCPUProfile starts the CPU profile into path and returns what stops it.
+func startCPUProfile(path string) (stop func(), err error) {
+	out, err := os.Create(path)
+	if err != nil {
+		return nil, err
+	}
+	if err := pprof.StartCPUProfile(out); err != nil {
+		out.Close()
+		return nil, fmt.Errorf("--cpuprofile: %w", err)
+	}
+	return func() {
+		pprof.StopCPUProfile()
+		out.Close()
+	}, nil
 }
 
 // usageErr marks an error in what the user asked for (reported with exit
@@ -306,7 +335,7 @@ func runChild(f flags, stdout io.Writer) error {
 	}
 	defer sem.Close()
 	tr := RunWorkers(Workload{Sem: sem, Workers: f.workers, WorkerBase: f.workerBase, Hold: hold, Weights: weights,
-		Start: time.Unix(0, f.startNs), End: time.Unix(0, f.endNs), Seed: f.seed})
+		Start: time.Unix(0, f.startNs), End: time.Unix(0, f.endNs), Seed: f.seed, GoSleep: f.goSleep})
 	tr.Commands = count.N()
 	return jsonLine(stdout, tr)
 }

@@ -374,7 +374,7 @@ func (b *bencher) inProcess(s runSpec, name string, hold Hold, start, end time.T
 	defer sem.Close()
 	c0 := b.count.N()
 	tr := RunWorkers(Workload{Sem: sem, Workers: s.workers, Hold: hold, Weights: s.weights,
-		Start: start, End: end, Seed: b.f.seed, Progress: &b.holds})
+		Start: start, End: end, Seed: b.f.seed, Progress: &b.holds, GoSleep: b.f.goSleep})
 	tr.Commands = b.count.N() - c0
 	return tr, nil
 }
@@ -403,6 +403,9 @@ func (b *bencher) children(s runSpec, name string, start, end time.Time) (Trace,
 			"--worker-base", strconv.Itoa(base), "--hold", s.hold, "--weights", s.weights.String(), "--rate", s.rate.String(),
 			"--start-ns", strconv.FormatInt(start.UnixNano(), 10), "--end-ns", strconv.FormatInt(end.UnixNano(), 10),
 			"--seed", strconv.FormatUint(b.f.seed+uint64(p)*1000003, 10), "--naive-retry", b.f.naiveRetry.String()}
+		if b.f.goSleep {
+			args = append(args, "--go-sleep")
+		}
 		base += n
 		wg.Add(1)
 		go func() {

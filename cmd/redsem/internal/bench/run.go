@@ -20,6 +20,7 @@ type Workload struct {
 	Weights    Weights   // slots per acquire; zero: 1
 	Start, End time.Time // workers begin at Start; no Acquire is started or waits past End
 	Seed       uint64    // seeds the hold distribution
+	GoSleep    bool      // holds sleep with time.Sleep, not a timerfd (holder.go)
 	// Progress, if not nil, is incremented once per completed hold.
 	Progress *atomic.Int64
 }
@@ -54,6 +55,8 @@ func RunWorkers(w Workload) Trace {
 		go func(idx int) {
 			defer wg.Done()
 			rng := rand.New(rand.NewPCG(w.Seed, uint64(idx)))
+			h := newHolder(w.GoSleep)
+			defer h.close()
 			var recs []Record
 			var errs int
 			var last error
@@ -81,7 +84,7 @@ func RunWorkers(w Workload) Trace {
 					continue
 				}
 				g := time.Now()
-				hold(w.Hold.Sample(rng))
+				h.hold(w.Hold.Sample(rng))
 				r := time.Now()
 				if err := release(context.Background()); err != nil {
 					errs++
@@ -152,22 +155,4 @@ func Uncontended(ctx context.Context, s redsem.Semaphore, n int) (median, mean t
 	}
 	el := time.Since(start)
 	return Median(ds), el / time.Duration(n), float64(n) / el.Seconds(), nil
-}
-
-// hold keeps a slot for d, as a holder that works that long would. A hold
-// under a millisecond spins instead of sleeping: the runtime's timers wake
-// a sleeper no sooner than the poller's next tick, about a millisecond on
-// Linux, so time.Sleep(time.Microsecond) held for about 1 ms, and an
-// uncontended run measured calls paced 1 ms apart (cold caches) where it
-// meant back to back.
-func hold(d time.Duration) {
-	if d <= 0 {
-		return
-	}
-	if d >= time.Millisecond {
-		time.Sleep(d)
-		return
-	}
-	for end := time.Now().Add(d); time.Now().Before(end); {
-	}
 }
