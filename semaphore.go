@@ -91,10 +91,14 @@ type Lease interface {
 	// Renew extends the lease by its TTL. It returns ErrLeaseLost if the
 	// lease is gone or its Deadline passed before Redis's answer came
 	// (ErrReleased after its Release, also through another handle of the
-	// lease: see Semaphore.Resume); it never re-creates a lost lease.
+	// lease: see Semaphore.Resume, and while a Release that failed is
+	// retried in the background); it never re-creates a lost lease.
 	Renew(ctx context.Context) error
 	// Release frees the slot. A second call returns nil. It returns
-	// ErrLeaseLost if the slot was lost before it. The releases of one
+	// ErrLeaseLost if the slot was lost before it. If Redis cannot be
+	// reached, it returns the error, the lease stays held unrenewed, and
+	// the release is retried in the background until it succeeds or the
+	// Deadline passes (meanwhile Renew returns ErrReleased). The releases of one
 	// semaphore that a process makes while one of them is on its way to
 	// Redis go together in its next request (each still answered for its
 	// own lease); a release waits for the request in flight at most a few

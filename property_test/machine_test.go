@@ -72,6 +72,7 @@ func runMachine(t *testing.T, isFair bool) {
 			"release":         m.release,
 			"releaseTwice":    m.releaseTwice,
 			"releaseTogether": m.releaseTogether,
+			"releaseFails":    m.releaseFails,
 			"renew":           m.renew,
 			"sleep":           m.sleep,
 			"setLimit":        m.setLimit,
@@ -1044,6 +1045,70 @@ func (r *releasing) run() {
 	r.w.b = callStart()
 	r.err = r.e.lease.Release(ctx)
 	r.w.a = callEnd()
+}
+
+// releaseFails releases a held lease whose release.lua reply is held past
+// the caller's short context: Redis ran the release, the caller is told
+// the timeout (transient), the lease stays held here unrenewed and its
+// release is retried in the background. Meanwhile Renew returns
+// ErrReleased (the holder let the lease go: a renewal would be undone by
+// the retry a moment later), and the retry then finds the release done:
+// the lease ends released, or lost if its deadline came first.
+func (m *machine) releaseFails(rt *rapid.T) {
+	e := m.pickHeld(rt)
+	select {
+	case <-e.lease.Done():
+		m.releaseOne(rt, e) // ended already: Release answers without Redis
+		return
+	default:
+	}
+	m.delay.HoldNext(redistest.MatchScript(lua.Release.Hash(), lua.Release.Function()), redistest.MaxDelay)
+	defer m.delay.DropHolds()
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Millisecond)
+	w := window{b: callStart()}
+	err := e.lease.Release(ctx)
+	w.a = callEnd()
+	cancel()
+	if err == nil || errors.Is(err, redsem.ErrLeaseLost) {
+		// The held reply came as the context ended and won, or the lease's
+		// deadline passed first: as any release.
+		trace("releaseFails: Release %v (no retry)", err)
+		m.settleRelease(rt, &releasing{e: e, w: w, err: err})
+		return
+	}
+	if !errors.Is(err, context.DeadlineExceeded) {
+		fatalf(rt, "Release %s with its reply held: %v, want the context's deadline", e, err)
+	}
+	// Lost instead is right when the lease's deadline passed, or when
+	// Redis may have lost it meanwhile (a flush, a restart): the retry
+	// then finds nothing held.
+	deadline := e.lease.Deadline()
+	mayBeLost := func(err error, w window) bool {
+		return errors.Is(err, redsem.ErrLeaseLost) && (!time.Now().Before(deadline) || !e.death.aliveThroughout(w))
+	}
+	rctx, rcancel := m.ctx()
+	rw := window{b: callStart()}
+	rerr := e.lease.Renew(rctx)
+	rw.a = callEnd()
+	rcancel()
+	if !errors.Is(rerr, redsem.ErrReleased) && !mayBeLost(rerr, rw) {
+		fatalf(rt, "Renew %s while its failed Release is retried: %v, want ErrReleased", e, rerr)
+	}
+	select {
+	case <-e.lease.Done():
+	case <-time.After(5 * time.Second):
+		fatalf(rt, "%s: the background release did not end the lease in 5s", e)
+	}
+	if lerr := e.lease.Err(); lerr != nil && !mayBeLost(lerr, window{b: w.b, a: callEnd()}) {
+		fatalf(rt, "%s after its background release: Err %v", e, lerr)
+	}
+	// Redis ran the release within the call's window.
+	if !e.localLost {
+		m.lastWrite, m.lastPrune = max(m.lastWrite, w.b), max(m.lastPrune, w.b)
+	}
+	e.gone = true
+	rt.Logf("released %s in the background (Renew meanwhile: %v)", e, rerr)
+	trace("releaseFails: Renew %v; then Err %v", rerr, e.lease.Err())
 }
 
 // releaseTogether releases 2 to 6 held leases at once: the releases of one

@@ -63,6 +63,11 @@ const (
 // errReleasing is the cause with which Release ends a renewal in flight.
 var errReleasing = sentinel.New("redsem: the lease is being released")
 
+// errRetryingRelease is what Renew returns while a Release that failed is
+// retried in the background: the holder let the lease go, and a renewal
+// that succeeded would be undone by the retry a moment later.
+var errRetryingRelease = fmt.Errorf("%w (a Release that failed is being retried in the background)", redsem.ErrReleased)
+
 // Lease implements redsem.Lease for both variants.
 type Lease struct {
 	e     *Engine
@@ -87,6 +92,7 @@ type Lease struct {
 	opDone    chan struct{}
 	cancelOp  context.CancelCauseFunc
 	releasing int // Release calls waiting for the op: the watchdog starts no renewal
+	retrying  int // background retries of a failed Release (releaseLater) running: Renew refuses
 
 	// The watchdog is a timer, not a goroutine: nothing runs between
 	// renewals. It renews at renewAt while auto-renewal is on and no
@@ -231,6 +237,10 @@ func (l *Lease) beginOp(ctx context.Context, kind opKind) (context.Context, erro
 			l.mu.Unlock()
 			return nil, err
 		}
+		if kind == opRenew && l.retrying > 0 {
+			l.mu.Unlock()
+			return nil, errRetryingRelease
+		}
 		if l.op == opNone {
 			octx := l.startOp(ctx, kind)
 			l.mu.Unlock()
@@ -252,7 +262,9 @@ func (l *Lease) beginOp(ctx context.Context, kind opKind) (context.Context, erro
 // deadline; ErrLeaseLost if the lease is gone or its Deadline passed first
 // (and then the lease is lost for good), ErrReleased after a successful
 // Release (or when a Release called meanwhile ended the renewal, or a
-// Release through another handle of the lease, Resume's, ended the lease),
+// Release through another handle of the lease, Resume's, ended the lease,
+// or while a Release that failed is retried in the background: then it
+// asks nothing of Redis),
 // or the Redis error if Redis could not be asked; it never re-creates a
 // lost lease. The request is bounded by ctx and by the Deadline: a renewal
 // in flight never keeps the lease past it.
@@ -382,7 +394,8 @@ func (l *Lease) giveUp() {
 // transient error (Redis unreachable, a timeout) the release is also
 // retried in the background until it succeeds or the lease's deadline, so
 // that a slot whose release met a failover or a blip comes back soon after
-// instead of at its deadline. If the reply is lost and go-redis retries,
+// instead of at its deadline; while it is retried, Renew returns
+// ErrReleased. If the reply is lost and go-redis retries,
 // the rerun finds the tombstone the first run left and still reports
 // success. The releases of the engine that meet one in flight go together
 // in its next call (releases.go); one whose ctx ends before its call is
@@ -460,6 +473,9 @@ func (l *Lease) releaseOnce(octx context.Context, called time.Time, caller bool)
 	case err != nil:
 		l.noRenew = true
 		retry = wire.Transient(err)
+		if retry && caller {
+			l.retrying++ // the caller starts releaseLater, which counts it down
+		}
 	case kind == wire.ReleasedLease:
 		l.answered = true
 		ev = l.finishLocked(released, called)
@@ -485,6 +501,11 @@ func (l *Lease) releaseLater() {
 	l.mu.Unlock()
 	ctx, cancel := context.WithDeadline(context.Background(), deadline)
 	l.e.background(ctx, cancel, func(ctx context.Context) {
+		defer func() {
+			l.mu.Lock()
+			l.retrying--
+			l.mu.Unlock()
+		}()
 		var b bounds.Backoff
 		for {
 			if !b.Wait(ctx) {

@@ -224,6 +224,15 @@ func TestReleaseRetriedAfterFailure(t *testing.T) {
 			if _, err := check.TryAcquire(ctx); !errors.Is(err, redsem.ErrNoSlot) {
 				t.Fatalf("while the release cannot reach Redis: %v, want ErrNoSlot (the slot still held)", err)
 			}
+			// The holder let the lease go: a Renew meanwhile is refused at
+			// once (it asks nothing of Redis), rather than renewing a
+			// lease that the retry releases a moment later.
+			rctx, cancel = context.WithTimeout(ctx, 2*time.Second)
+			err = l.Renew(rctx)
+			cancel()
+			if !errors.Is(err, redsem.ErrReleased) {
+				t.Fatalf("Renew while the failed Release is retried: %v, want ErrReleased", err)
+			}
 			p.SetBlackhole(false)
 			start := time.Now()
 			var other redsem.Lease
