@@ -15,7 +15,7 @@ import os
 import statistics
 import sys
 
-COLUMNS = ["holds/s", "util", "p99/ideal", "jain", "redis cmds/hold", "redis CPU us/hold", "us/script"]
+COLUMNS = ["holds/s", "hold ms", "gap ms", "util", "p99/ideal", "jain", "redis cmds/hold", "redis CPU us/hold", "us/script"]
 NODE = "node redis-semaphore 5.8"
 
 
@@ -51,8 +51,19 @@ def figures(run, mode):
     ideal = run.get("ideal_wait_ms" if redsem else "ideal_fifo_wait_ms") or 0
     p99 = run.get("wait_p99_ms")
     calls, usec = run.get("script_calls") or 0, run.get("script_usec") or 0
+    # Contended: how long the holds really lasted (the drivers sleep as
+    # precisely as their runtimes let them), and the gap, each slot's time
+    # per hold between one holder and the next: limit / holds/s - hold.
+    # Holds/s compare only between runs whose holds lasted alike; the gap
+    # compares the semaphores whatever the holds.
+    hold = run.get("mean_hold_ms") if mode == "contended" else None
+    gap = None
+    if hold is not None and rate > 0 and run.get("limit"):
+        gap = run["limit"] / rate * 1000 - hold
     return {
         "holds/s": rate,
+        "hold ms": hold,
+        "gap ms": gap,
         "util": util,
         "p99/ideal": p99 / ideal if p99 is not None and ideal > 0 else None,
         "jain": run.get("jain"),
