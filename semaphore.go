@@ -94,8 +94,8 @@ type Lease interface {
 	// lease: see Semaphore.Resume, and while a Release that failed is
 	// retried in the background); it never re-creates a lost lease.
 	Renew(ctx context.Context) error
-	// Release frees the slot. A second call returns nil. It returns
-	// ErrLeaseLost if the slot was lost before it. If Redis cannot be
+	// Release frees the slot. It returns ErrLeaseLost if the slot was lost
+	// before it; a second call returns nil, whatever the first returned. If Redis cannot be
 	// reached, it returns the error, the lease stays held unrenewed, and
 	// the release is retried in the background until it succeeds or the
 	// Deadline passes (meanwhile Renew returns ErrReleased). The releases of one
