@@ -95,7 +95,8 @@ type Lease interface {
 	// retried in the background); it never re-creates a lost lease.
 	Renew(ctx context.Context) error
 	// Release frees the slot. It returns ErrLeaseLost if the slot was lost
-	// before it; a second call returns nil, whatever the first returned. If Redis cannot be
+	// before it; once a call returned nil or ErrLeaseLost, later calls
+	// return nil. If Redis cannot be
 	// reached, it returns the error, the lease stays held unrenewed, and
 	// the release is retried in the background until it succeeds or the
 	// Deadline passes (meanwhile Renew returns ErrReleased). The releases of one

@@ -388,7 +388,8 @@ func (l *Lease) giveUp() {
 // Release frees the slots. It returns ErrLeaseLost if the lease was lost
 // before it (also when its Deadline passes while the release runs: the
 // request is bounded by the Deadline, as every request about the lease
-// is); a second call returns nil, whatever the first returned. A renewal in flight is ended (its
+// is); once a call returned nil or ErrLeaseLost, later calls return nil.
+// A renewal in flight is ended (its
 // outcome no longer matters). On a Redis error the lease stays held (not
 // renewed) until its Deadline, and Release may be called again; after a
 // transient error (Redis unreachable, a timeout) the release is also
