@@ -47,7 +47,8 @@ type Semaphore interface {
 	// Close stops the semaphore's background work (wake-up subscription,
 	// fair heartbeat); blocked Acquire calls return ErrClosed, as do later
 	// Acquire, TryAcquire and Resume calls. Leases already granted keep
-	// working.
+	// working; the background retries of failed releases end (their slots
+	// come back at their Deadline).
 	Close() error
 	// Resume returns the live lease with that id (its ID()), granted by
 	// any process: a lease handed on, e.g. from the process that acquired
@@ -91,15 +92,18 @@ type Lease interface {
 	// Renew extends the lease by its TTL. It returns ErrLeaseLost if the
 	// lease is gone or its Deadline passed before Redis's answer came
 	// (ErrReleased after its Release, also through another handle of the
-	// lease: see Semaphore.Resume, and while a Release that failed is
-	// retried in the background); it never re-creates a lost lease.
+	// lease: see Semaphore.Resume, and after a Release that failed); it
+	// never re-creates a lost lease.
 	Renew(ctx context.Context) error
 	// Release frees the slot. It returns ErrLeaseLost if the slot was lost
 	// before it; once a call returned nil or ErrLeaseLost, later calls
-	// return nil. If Redis cannot be
-	// reached, it returns the error, the lease stays held unrenewed, and
-	// the release is retried in the background until it succeeds or the
-	// Deadline passes (meanwhile Renew returns ErrReleased). The releases of one
+	// return nil. If it fails, the lease is let go all the same: it stays
+	// held, not renewed (Renew returns ErrReleased), until its Deadline,
+	// Release may be called again, and unless Redis answered with an error
+	// (Redis unreachable, a timeout, ctx cancelled while the request was on
+	// its way: it may have run, or may yet run) the release is retried in
+	// the background until it succeeds, the Deadline passes or the
+	// semaphore is closed. The releases of one
 	// semaphore that a process makes while one of them is on its way to
 	// Redis go together in its next request (each still answered for its
 	// own lease); a release waits for the request in flight at most a few

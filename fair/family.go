@@ -110,5 +110,6 @@ func (f *Family) Len() int { return f.f.Len() }
 // Close stops the shared subscription and heartbeat: Acquire calls of every
 // member blocked at the time leave their queue and return redsem.ErrClosed,
 // as do later calls and Get. Leases already granted keep working (renew,
-// release) after Close.
+// release) after Close; the background retries of failed releases end
+// (their slots come back at their Deadline).
 func (f *Family) Close() error { return f.f.Close() }

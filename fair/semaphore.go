@@ -209,7 +209,9 @@ func (s *Semaphore) Name() string { return s.e().Name() }
 // heartbeat, which otherwise end by themselves shortly after the last
 // waiter leaves. Acquire calls blocked at the time leave the queue and
 // return redsem.ErrClosed, as do later Acquire and TryAcquire calls.
-// Leases already granted keep working (renew, release) after Close.
+// Leases already granted keep working (renew, release) after Close; the
+// background retries of failed releases end (their slots come back at
+// their Deadline).
 func (s *Semaphore) Close() error { return s.e().Close() }
 
 // AcquireN joins the queue for n slots at once and blocks until they are

@@ -1048,12 +1048,13 @@ func (r *releasing) run() {
 }
 
 // releaseFails releases a held lease whose release.lua reply is held past
-// the caller's short context: Redis ran the release, the caller is told
-// the timeout (transient), the lease stays held here unrenewed and its
-// release is retried in the background. Meanwhile Renew returns
-// ErrReleased (the holder let the lease go: a renewal would be undone by
-// the retry a moment later), and the retry then finds the release done:
-// the lease ends released, or lost if its deadline came first.
+// the caller's short context (timed out, or cancelled): Redis ran the
+// release, the caller is told the context's error, the lease stays held
+// here unrenewed and its release is retried in the background. Meanwhile
+// Renew returns ErrReleased (the holder let the lease go: a renewal would
+// be undone by the retry a moment later), and the retry then finds the
+// release done: the lease ends released, or lost if its deadline came
+// first.
 func (m *machine) releaseFails(rt *rapid.T) {
 	e := m.pickHeld(rt)
 	select {
@@ -1064,7 +1065,13 @@ func (m *machine) releaseFails(rt *rapid.T) {
 	}
 	m.delay.HoldNext(redistest.MatchScript(lua.Release.Hash(), lua.Release.Function()), redistest.MaxDelay)
 	defer m.delay.DropHolds()
+	// The caller's context times out, or (one draw in two) the caller
+	// cancels it: either way the request is on its way, and may yet run.
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Millisecond)
+	if rapid.Bool().Draw(rt, "cancelRelease") {
+		ctx, cancel = context.WithCancel(context.Background())
+		time.AfterFunc(20*time.Millisecond, cancel)
+	}
 	w := window{b: callStart()}
 	err := e.lease.Release(ctx)
 	w.a = callEnd()
@@ -1076,8 +1083,8 @@ func (m *machine) releaseFails(rt *rapid.T) {
 		m.settleRelease(rt, &releasing{e: e, w: w, err: err})
 		return
 	}
-	if !errors.Is(err, context.DeadlineExceeded) {
-		fatalf(rt, "Release %s with its reply held: %v, want the context's deadline", e, err)
+	if !errors.Is(err, context.DeadlineExceeded) && !errors.Is(err, context.Canceled) {
+		fatalf(rt, "Release %s with its reply held: %v, want the context's error", e, err)
 	}
 	// Lost instead is right when the lease's deadline passed, or when
 	// Redis may have lost it meanwhile (a flush, a restart): the retry

@@ -108,5 +108,7 @@ func (f *Family) Len() int { return f.f.Len() }
 
 // Close stops the shared subscription: Acquire calls of every member
 // blocked at the time return redsem.ErrClosed, as do later calls and Get.
-// Leases already granted keep working (renew, release) after Close.
+// Leases already granted keep working (renew, release) after Close; the
+// background retries of failed releases end (their slots come back at
+// their Deadline).
 func (f *Family) Close() error { return f.f.Close() }

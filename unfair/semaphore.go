@@ -192,7 +192,8 @@ func (s *Semaphore) Name() string { return s.e().Name() }
 // itself shortly after the last waiter leaves. Acquire calls blocked at the
 // time return redsem.ErrClosed, holding nothing, as do later Acquire and
 // TryAcquire calls. Leases already granted keep working (renew, release)
-// after Close.
+// after Close; the background retries of failed releases end (their slots
+// come back at their Deadline).
 func (s *Semaphore) Close() error { return s.e().Close() }
 
 // AcquireN blocks until n slots are granted at once, or ctx ends: all or

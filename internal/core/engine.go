@@ -194,8 +194,8 @@ func (e *Engine) Name() string { return e.cfg.Name }
 func (e *Engine) Keys() Keys { return e.keys }
 
 // Close stops the background work of waiting (the wake-up subscription,
-// the fair heartbeat, retries of undos). Leases already granted keep
-// renewing until released.
+// the fair heartbeat, retries of undos and of failed releases). Leases
+// already granted keep renewing until released.
 //
 // A family member's Close does nothing: its family's Close ends the shared
 // machinery.

@@ -34,7 +34,7 @@ import (
 //	held   timer: deadline passed                 lost    fire -> lose: any op in flight is ended; giveUp frees the slots
 //	held   Release answered "released"            released Release / releaseLater
 //	held   Release answered "nothing held"        lost    Release / releaseLater
-//	held   Release failed                         held    Release: not renewed any more, ends at Deadline
+//	held   Release failed                         held    releaseOnce: let go (letGo): not renewed any more, Renew refuses; retried in the background unless Redis refused it; ends at Deadline
 //	held   MinReplicas renewal answered "gone"    lost    markLost (replicas.go)
 //	lost, released: final; a reply that comes after is dropped
 //
@@ -63,10 +63,8 @@ const (
 // errReleasing is the cause with which Release ends a renewal in flight.
 var errReleasing = sentinel.New("redsem: the lease is being released")
 
-// errRetryingRelease is what Renew returns while a Release that failed is
-// retried in the background: the holder let the lease go, and a renewal
-// that succeeded would be undone by the retry a moment later.
-var errRetryingRelease = fmt.Errorf("%w (a Release that failed is being retried in the background)", redsem.ErrReleased)
+// errLetGo is what Renew returns after a Release that failed (letGo).
+var errLetGo = fmt.Errorf("%w (Release was called and failed: the lease is let go, its release may yet reach Redis or be retried)", redsem.ErrReleased)
 
 // Lease implements redsem.Lease for both variants.
 type Lease struct {
@@ -92,7 +90,12 @@ type Lease struct {
 	opDone    chan struct{}
 	cancelOp  context.CancelCauseFunc
 	releasing int // Release calls waiting for the op: the watchdog starts no renewal
-	retrying  int // background retries of a failed Release (releaseLater) running: Renew refuses
+	// letGo: a Release failed after its request may have been sent (or
+	// Redis refused it): the holder let the lease go, a request of it may
+	// yet reach Redis, and the release may be retried in the background,
+	// so Renew refuses from then on (a renewal that succeeded could be
+	// undone by either a moment later).
+	letGo bool
 
 	// The watchdog is a timer, not a goroutine: nothing runs between
 	// renewals. It renews at renewAt while auto-renewal is on and no
@@ -237,9 +240,9 @@ func (l *Lease) beginOp(ctx context.Context, kind opKind) (context.Context, erro
 			l.mu.Unlock()
 			return nil, err
 		}
-		if kind == opRenew && l.retrying > 0 {
+		if kind == opRenew && l.letGo {
 			l.mu.Unlock()
-			return nil, errRetryingRelease
+			return nil, errLetGo
 		}
 		if l.op == opNone {
 			octx := l.startOp(ctx, kind)
@@ -263,8 +266,7 @@ func (l *Lease) beginOp(ctx context.Context, kind opKind) (context.Context, erro
 // (and then the lease is lost for good), ErrReleased after a successful
 // Release (or when a Release called meanwhile ended the renewal, or a
 // Release through another handle of the lease, Resume's, ended the lease,
-// or while a Release that failed is retried in the background: then it
-// asks nothing of Redis),
+// or after a Release that failed: then it asks nothing of Redis),
 // or the Redis error if Redis could not be asked; it never re-creates a
 // lost lease. The request is bounded by ctx and by the Deadline: a renewal
 // in flight never keeps the lease past it.
@@ -389,14 +391,16 @@ func (l *Lease) giveUp() {
 // before it (also when its Deadline passes while the release runs: the
 // request is bounded by the Deadline, as every request about the lease
 // is); once a call returned nil or ErrLeaseLost, later calls return nil.
-// A renewal in flight is ended (its
-// outcome no longer matters). On a Redis error the lease stays held (not
-// renewed) until its Deadline, and Release may be called again; after a
-// transient error (Redis unreachable, a timeout) the release is also
-// retried in the background until it succeeds or the lease's deadline, so
-// that a slot whose release met a failover or a blip comes back soon after
-// instead of at its deadline; while it is retried, Renew returns
-// ErrReleased. If the reply is lost and go-redis retries,
+// A renewal in flight is ended (its outcome no longer matters). When it
+// fails the lease is let go all the same: it stays held, not renewed (Renew
+// returns ErrReleased), until its Deadline, and Release may be called
+// again; unless Redis answered with an error (the request may have run, or
+// may yet run: Redis unreachable, a timeout, ctx cancelled while the
+// request was on its way) the release is also retried in the background
+// until it succeeds, the lease's deadline passes or the semaphore is
+// closed, so that a slot whose release met a failover, a blip or an
+// impatient caller comes back soon after instead of at its deadline. If
+// the reply is lost and go-redis retries,
 // the rerun finds the tombstone the first run left and still reports
 // success. The releases of the engine that meet one in flight go together
 // in its next call (releases.go); one whose ctx ends before its call is
@@ -472,16 +476,17 @@ func (l *Lease) releaseOnce(octx context.Context, called time.Time, caller bool)
 		l.answered = l.answered || caller
 		err = redsem.ErrLeaseLost
 	case err != nil:
-		l.noRenew = true
-		retry = wire.Transient(err)
-		if retry && caller {
-			l.retrying++ // the caller starts releaseLater, which counts it down
-		}
+		// The outcome is unknown unless Redis answered with an error: the
+		// request may have run, or may yet run (held in the network after
+		// the caller's context ended). Either way the lease is let go, and
+		// it is retried unless Redis refused it.
+		l.noRenew, l.letGo = true, true
+		retry = wire.Transient(err) || octx.Err() != nil
 	case kind == wire.ReleasedLease:
 		l.answered = true
 		ev = l.finishLocked(released, called)
 	default:
-		l.answered = true
+		l.answered = l.answered || caller
 		ev = l.finishLocked(lost, called)
 		err = redsem.ErrLeaseLost
 	}
@@ -502,11 +507,6 @@ func (l *Lease) releaseLater() {
 	l.mu.Unlock()
 	ctx, cancel := context.WithDeadline(context.Background(), deadline)
 	l.e.background(ctx, cancel, func(ctx context.Context) {
-		defer func() {
-			l.mu.Lock()
-			l.retrying--
-			l.mu.Unlock()
-		}()
 		var b bounds.Backoff
 		for {
 			if !b.Wait(ctx) {

@@ -26,10 +26,9 @@ import (
 // for its answer (its kind, or the call's error), which its Lease applies
 // as any other release's (releaseOnce). A caller whose context ends
 // returns at once, as one whose request is abandoned in flight: a release
-// not sent yet is left out of its call (the lease stays held, unrenewed,
-// as after a release that failed); one sent may still release the lease
-// in Redis, which its handle learns at its deadline (release.lua "expire"
-// finds the tombstone), as after an abandoned release.lua call.
+// not sent yet is left out of its call, one sent may still release the
+// lease in Redis; either way its lease is let go and its release retried
+// in the background, as after any release that failed (Lease.releaseOnce).
 
 // releaseBatch is an engine's releases: the calls in flight, and the
 // releases that wait for the next.

@@ -193,69 +193,110 @@ func TestReleaseReplyLost(t *testing.T) {
 // through a failover or a network blip) is retried in the background: once
 // Redis answers again the slot comes back long before the lease's deadline
 // (it stayed held until the deadline before), the lease ends as released
-// (one EventReleased, Err nil) and a second Release returns nil.
+// (one EventReleased, Err nil) and a second Release returns nil. So too when
+// the caller cancels its Release while the request is on its way (mode
+// cancel: it may yet run). Meanwhile the lease is let go: Renew returns
+// ErrReleased at once, asking nothing of Redis (before, it renewed a lease
+// that the retry, or the late request, released a moment later). Close
+// ends the retry (mode close): the lease is still let go, never renewed,
+// and its slot comes back at its deadline.
 func TestReleaseRetriedAfterFailure(t *testing.T) {
 	for _, v := range variants {
-		t.Run(v.name, func(t *testing.T) {
-			redistest.CheckLeaks(t)
-			p, viaProxy, direct := proxied(t)
-			ctx := redistest.Ctx(t, 60*time.Second)
-			name := redistest.Name(t)
-			var released atomic.Int32
-			const ttl = 20 * time.Second
-			s := v.new(t, viaProxy, name, 1, opts{LeaseTTL: ttl, QueueTTL: time.Second, Fallback: 200 * time.Millisecond,
-				Observer: func(ev redsem.Event) {
-					if ev.Kind == redsem.EventReleased {
-						released.Add(1)
+		for _, mode := range []string{"timeout", "cancel", "close"} {
+			t.Run(v.name+"/"+mode, func(t *testing.T) {
+				redistest.CheckLeaks(t)
+				p, viaProxy, direct := proxied(t)
+				ctx := redistest.Ctx(t, 60*time.Second)
+				name := redistest.Name(t)
+				var released atomic.Int32
+				ttl := 20 * time.Second
+				if mode == "close" {
+					ttl = 2 * time.Second // the slot comes back at the deadline
+				}
+				s := v.new(t, viaProxy, name, 1, opts{LeaseTTL: ttl, QueueTTL: time.Second, Fallback: 200 * time.Millisecond,
+					Observer: func(ev redsem.Event) {
+						if ev.Kind == redsem.EventReleased {
+							released.Add(1)
+						}
+					}})
+				check := v.new(t, direct, name, 1, opts{LeaseTTL: ttl, QueueTTL: time.Second})
+				l, err := s.TryAcquire(ctx)
+				if err != nil {
+					t.Fatal(err)
+				}
+				// The library's load, which the first call starts in the
+				// background, ends before the black hole (else it waits
+				// there, and WaitBackground with it, for its own bound).
+				redistest.WaitFor(t, 5*time.Second, "the library loaded", func() (bool, error) {
+					return core.EngineOf(s).ScriptMode() != "pending", nil
+				})
+				p.SetBlackhole(true)
+				rctx, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
+				if mode == "cancel" {
+					rctx, cancel = context.WithCancel(ctx)
+					time.AfterFunc(300*time.Millisecond, cancel)
+				}
+				err = l.Release(rctx)
+				cancel()
+				if err == nil {
+					t.Fatal("Release through a black hole succeeded")
+				}
+				if _, err := check.TryAcquire(ctx); !errors.Is(err, redsem.ErrNoSlot) {
+					t.Fatalf("while the release cannot reach Redis: %v, want ErrNoSlot (the slot still held)", err)
+				}
+				if mode == "close" {
+					// Close ends the retry; then Redis answers again, and a
+					// Renew would reach it.
+					_ = s.Close()
+					core.EngineOf(s).WaitBackground()
+					p.SetBlackhole(false)
+				}
+				// The holder let the lease go: a Renew meanwhile is refused at
+				// once (it asks nothing of Redis), rather than renewing a
+				// lease that the retry releases a moment later.
+				rctx, cancel = context.WithTimeout(ctx, 2*time.Second)
+				err = l.Renew(rctx)
+				cancel()
+				if !errors.Is(err, redsem.ErrReleased) {
+					t.Fatalf("Renew after the failed Release: %v, want ErrReleased", err)
+				}
+				deadline := l.Deadline()
+				p.SetBlackhole(false)
+				start := time.Now()
+				var other redsem.Lease
+				redistest.WaitFor(t, 10*time.Second, "the slot back after the failed Release", func() (bool, error) {
+					other, err = check.TryAcquire(ctx)
+					return err == nil, nil
+				})
+				t.Logf("slot back %v after Redis answered again (lease deadline %v away)", time.Since(start).Round(time.Millisecond), time.Until(deadline).Round(time.Millisecond))
+				if err := other.Release(ctx); err != nil {
+					t.Fatal(err)
+				}
+				select {
+				case <-l.Done():
+				case <-time.After(5 * time.Second):
+					t.Fatal("the lease did not end after its background release")
+				}
+				if mode == "close" {
+					// Nothing retried: Redis let the slot go at the lease's
+					// deadline, never renewed (Redis's own deadline is a
+					// little later than the local one).
+					if time.Now().Before(deadline) {
+						t.Fatalf("after Close the slot came back %v before the lease's deadline: something released it", time.Until(deadline))
 					}
-				}})
-			check := v.new(t, direct, name, 1, opts{LeaseTTL: ttl, QueueTTL: time.Second})
-			l, err := s.TryAcquire(ctx)
-			if err != nil {
-				t.Fatal(err)
-			}
-			p.SetBlackhole(true)
-			rctx, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
-			err = l.Release(rctx)
-			cancel()
-			if err == nil {
-				t.Fatal("Release through a black hole succeeded")
-			}
-			if _, err := check.TryAcquire(ctx); !errors.Is(err, redsem.ErrNoSlot) {
-				t.Fatalf("while the release cannot reach Redis: %v, want ErrNoSlot (the slot still held)", err)
-			}
-			// The holder let the lease go: a Renew meanwhile is refused at
-			// once (it asks nothing of Redis), rather than renewing a
-			// lease that the retry releases a moment later.
-			rctx, cancel = context.WithTimeout(ctx, 2*time.Second)
-			err = l.Renew(rctx)
-			cancel()
-			if !errors.Is(err, redsem.ErrReleased) {
-				t.Fatalf("Renew while the failed Release is retried: %v, want ErrReleased", err)
-			}
-			p.SetBlackhole(false)
-			start := time.Now()
-			var other redsem.Lease
-			redistest.WaitFor(t, 10*time.Second, "the slot back after the failed Release", func() (bool, error) {
-				other, err = check.TryAcquire(ctx)
-				return err == nil, nil
+					if !errors.Is(l.Err(), redsem.ErrLeaseLost) {
+						t.Fatalf("after Close, at its deadline: Err %v, want ErrLeaseLost", l.Err())
+					}
+					return
+				}
+				if l.Err() != nil || released.Load() != 1 {
+					t.Fatalf("after the background release: Err %v, %d EventReleased", l.Err(), released.Load())
+				}
+				if err := l.Release(ctx); err != nil {
+					t.Fatalf("a second Release: %v", err)
+				}
 			})
-			t.Logf("slot back %v after Redis answered again (lease deadline %v away)", time.Since(start).Round(time.Millisecond), time.Until(l.Deadline()).Round(time.Second))
-			if err := other.Release(ctx); err != nil {
-				t.Fatal(err)
-			}
-			select {
-			case <-l.Done():
-			case <-time.After(5 * time.Second):
-				t.Fatal("the lease did not end after its background release")
-			}
-			if l.Err() != nil || released.Load() != 1 {
-				t.Fatalf("after the background release: Err %v, %d EventReleased", l.Err(), released.Load())
-			}
-			if err := l.Release(ctx); err != nil {
-				t.Fatalf("a second Release: %v", err)
-			}
-		})
+		}
 	}
 }
 
