@@ -264,3 +264,76 @@ func holds(st redsem.Status, id string) bool {
 	}
 	return false
 }
+
+// A Release whose context has already ended, called while a renewal of the
+// lease is in flight (the caller's Renew, or the watchdog's), sends nothing
+// and returns the context's error; the lease is let go all the same: Renew
+// returns ErrReleased from then on, the watchdog renews it no more, and
+// its release goes in the background, so the slot comes back at once.
+// (Before, nothing let it go: Renew returned nil and the watchdog renewed
+// it for as long as the process lived; outside review, both variants,
+// every run.)
+func TestReleaseWithEndedContextDuringRenewal(t *testing.T) {
+	for _, v := range variants {
+		for _, who := range []string{"Renew", "watchdog"} {
+			t.Run(v.name+"/"+who, func(t *testing.T) {
+				ctx := redistest.Ctx(t, 30*time.Second)
+				c, d := redistest.HoldingClient(t)
+				name := redistest.Name(t)
+				ttl := 3 * time.Second
+				if who == "watchdog" {
+					ttl = 600 * time.Millisecond // renewed every 200 ms
+				}
+				s := mustNew(t, v, c, name, 1, opts{LeaseTTL: ttl})
+				check := mustNew(t, v, redistest.Client(t), name, 1, opts{LeaseTTL: ttl})
+				renewal := redistest.MatchScript(lua.Renew.Hash(), lua.Renew.Function())
+				if who == "watchdog" {
+					renewal = redistest.MatchScript(lua.RenewMany.Hash(), lua.RenewMany.Function())
+				}
+				l, err := s.TryAcquire(ctx)
+				if err != nil {
+					t.Fatal(err)
+				}
+				held := d.Stats().HeldReplies
+				d.HoldNext(renewal, redistest.MaxDelay)
+				renewed := make(chan error, 1)
+				if who == "Renew" {
+					go func() { renewed <- l.Renew(ctx) }()
+				}
+				redistest.WaitFor(t, 5*time.Second, "a renewal in flight, its reply held", func() (bool, error) {
+					return d.Stats().HeldReplies > held, nil
+				})
+				ended, cancel := context.WithCancel(ctx)
+				cancel()
+				if err := l.Release(ended); !errors.Is(err, context.Canceled) {
+					t.Fatalf("Release with an ended context: %v, want context.Canceled", err)
+				}
+				if who == "Renew" {
+					if err := <-renewed; !errors.Is(err, redsem.ErrReleased) {
+						t.Errorf("the Renew that Release ended: %v, want ErrReleased", err)
+					}
+				}
+				if err := l.Renew(ctx); !errors.Is(err, redsem.ErrReleased) {
+					t.Fatalf("Renew after the failed Release: %v, want ErrReleased", err)
+				}
+				deadline := l.Deadline()
+				select {
+				case <-l.Done():
+				case <-time.After(5 * time.Second):
+					t.Fatal("the lease let go was not released in the background")
+				}
+				if err := l.Err(); err != nil {
+					t.Fatalf("after its release in the background: Err %v, want nil", err)
+				}
+				other, err := check.TryAcquire(ctx)
+				if err != nil {
+					t.Fatalf("the slot after the background release (deadline %v away): %v", time.Until(deadline), err)
+				}
+				_ = other.Release(ctx)
+				if err := l.Release(ctx); err != nil {
+					t.Fatalf("Release again: %v", err)
+				}
+			})
+		}
+	}
+}

@@ -63,9 +63,10 @@ type Semaphore interface {
 	// its next renewal, without errors; a handle that stops renewing
 	// (DisableAutoRenew, MaxHold, its process exits) leaves the lease to
 	// the others. Resume of an id this semaphore holds already returns
-	// that same lease, renewed. An id with no live lease (released,
-	// expired, never granted, a queued waiter's) returns an error
-	// matching ErrLeaseLost; an id that cannot be a lease's (empty, too
+	// that same lease, renewed. An id with no live lease (released, also
+	// one this semaphore let go after a Release that failed, expired,
+	// never granted, a queued waiter's) returns an error matching
+	// ErrLeaseLost; an id that cannot be a lease's (empty, too
 	// long, other characters than letters, digits and '-') a
 	// *ConfigError (field "id"), at once. Neither leaves anything in
 	// Redis. After Close it returns ErrClosed.
@@ -100,10 +101,11 @@ type Lease interface {
 	// return nil. If it fails, the lease is let go all the same: it stays
 	// held, not renewed (Renew returns ErrReleased), until its Deadline,
 	// Release may be called again, and unless Redis answered with an error
-	// (Redis unreachable, a timeout, ctx cancelled while the request was on
-	// its way: it may have run, or may yet run) the release is retried in
-	// the background until it succeeds, the Deadline passes or the
-	// semaphore is closed. The releases of one
+	// (Redis unreachable, a timeout, ctx ended before or while the request
+	// was on its way: it may have run, or may yet run) the release is
+	// retried in the background until it succeeds (the lease then ends
+	// released), the Deadline passes or the semaphore is closed (it then
+	// ends lost at its Deadline, whether or not the release reached Redis). The releases of one
 	// semaphore that a process makes while one of them is on its way to
 	// Redis go together in its next request (each still answered for its
 	// own lease); a release waits for the request in flight at most a few

@@ -1050,7 +1050,10 @@ func (r *releasing) run() {
 // releaseFails releases a held lease whose release.lua reply is held past
 // the caller's short context (timed out, or cancelled): Redis ran the
 // release, the caller is told the context's error, the lease stays held
-// here unrenewed and its release is retried in the background. Meanwhile
+// here unrenewed and its release is retried in the background; or (a third
+// of the draws) with a context ended already, while a renewal of the lease
+// is in flight (its reply held): nothing is sent, and the lease is let go
+// and released in the background all the same. Meanwhile
 // Renew returns ErrReleased (the holder let the lease go: a renewal would
 // be undone by the retry a moment later), and the retry then finds the
 // release done: the lease ends released, or lost if its deadline came
@@ -1063,14 +1066,42 @@ func (m *machine) releaseFails(rt *rapid.T) {
 		return
 	default:
 	}
-	m.delay.HoldNext(redistest.MatchScript(lua.Release.Hash(), lua.Release.Function()), redistest.MaxDelay)
 	defer m.delay.DropHolds()
-	// The caller's context times out, or (one draw in two) the caller
-	// cancels it: either way the request is on its way, and may yet run.
-	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Millisecond)
-	if rapid.Bool().Draw(rt, "cancelRelease") {
+	// The caller's context times out, or the caller cancels it: either
+	// way the request is on its way, and may yet run. Or (duringRenewal)
+	// the caller's context has ended already when it calls Release while
+	// a renewal of the lease is in flight: nothing is sent.
+	var ctx context.Context
+	var cancel context.CancelFunc
+	renewed := make(chan error, 1)
+	switch mode := rapid.IntRange(0, 2).Draw(rt, "releaseFailsMode"); mode {
+	case 0, 1:
+		m.delay.HoldNext(redistest.MatchScript(lua.Release.Hash(), lua.Release.Function()), redistest.MaxDelay)
+		ctx, cancel = context.WithTimeout(context.Background(), 20*time.Millisecond)
+		if mode == 1 {
+			ctx, cancel = context.WithCancel(context.Background())
+			time.AfterFunc(20*time.Millisecond, cancel)
+		}
+	default:
+		held := m.delay.Stats().HeldReplies
+		m.delay.HoldNext(renewCalls, redistest.MaxDelay)
+		go func() {
+			rctx, rcancel := m.ctx()
+			defer rcancel()
+			renewed <- e.lease.Renew(rctx)
+		}()
+		for i := 0; i < 500 && m.delay.Stats().HeldReplies == held; i++ {
+			time.Sleep(time.Millisecond) // until its reply is held (or 0.5 s: Release then meets no renewal)
+		}
 		ctx, cancel = context.WithCancel(context.Background())
-		time.AfterFunc(20*time.Millisecond, cancel)
+		cancel()
+		defer func() {
+			// The renewal Release ended: ErrReleased, or lost where the
+			// model allows (its deadline passed first).
+			if rerr := <-renewed; rerr != nil && !errors.Is(rerr, redsem.ErrReleased) && !errors.Is(rerr, redsem.ErrLeaseLost) {
+				fatalf(rt, "the Renew of %s that Release ended: %v", e, rerr)
+			}
+		}()
 	}
 	w := window{b: callStart()}
 	err := e.lease.Release(ctx)

@@ -395,7 +395,7 @@ func (l *Lease) giveUp() {
 // fails the lease is let go all the same: it stays held, not renewed (Renew
 // returns ErrReleased), until its Deadline, and Release may be called
 // again; unless Redis answered with an error (the request may have run, or
-// may yet run: Redis unreachable, a timeout, ctx cancelled while the
+// may yet run: Redis unreachable, a timeout, ctx ended before or while the
 // request was on its way) the release is also retried in the background
 // until it succeeds, the lease's deadline passes or the semaphore is
 // closed, so that a slot whose release met a failover, a blip or an
@@ -426,15 +426,25 @@ func (l *Lease) Release(ctx context.Context) error {
 	l.mu.Lock()
 	l.releasing-- // its wait ended: the release runs (op), or ended
 	if err != nil {
-		l.arm()
-		if l.state != held {
+		retry := false
+		if l.state == held {
+			// ctx ended while the op in flight (a renewal it ended, or
+			// another release) ran: nothing was sent, and the lease is let
+			// go all the same, as after any release that failed, and
+			// released in the background.
+			l.noRenew, l.letGo, retry = true, true, true
+		} else {
 			err = nil
 			if l.state == lost && !l.answered {
 				err = redsem.ErrLeaseLost
 			}
 			l.answered = true
 		}
+		l.arm()
 		l.mu.Unlock()
+		if retry {
+			l.releaseLater()
+		}
 		return err
 	}
 	l.mu.Unlock()
