@@ -337,3 +337,77 @@ func TestReleaseWithEndedContextDuringRenewal(t *testing.T) {
 		}
 	}
 }
+
+// A Renew that races a Release whose context ends at once (0-1 ms) never
+// renews the lease after that Release failed: a renewal running when
+// Release is called is ended by it, and none starts while Release waits
+// or after it failed. (Before, a Renew that started while Release waited
+// for the renewal it had ended went through, returned nil after Release
+// had failed and moved the Deadline on; outside review, 291-298 runs in
+// 300 per variant.)
+func TestRenewRacingFailedRelease(t *testing.T) {
+	for _, v := range variants {
+		t.Run(v.name, func(t *testing.T) {
+			ctx := redistest.Ctx(t, 60*time.Second)
+			s := mustNew(t, v, redistest.Client(t), redistest.Name(t), 1, opts{LeaseTTL: 2 * time.Second, DisableAutoRenew: true})
+			failed, renewedAfter := 0, 0
+			for i := range 150 {
+				l, err := s.TryAcquire(ctx)
+				if err != nil {
+					t.Fatalf("round %d: %v (the last lease not released by its retry?)", i, err)
+				}
+				stop := make(chan struct{})
+				type renewal struct {
+					began, ended time.Time
+					err          error
+				}
+				got := make(chan []renewal, 1)
+				go func() {
+					var rs []renewal
+					for {
+						select {
+						case <-stop:
+							got <- rs
+							return
+						default:
+						}
+						b := time.Now()
+						err := l.Renew(ctx)
+						rs = append(rs, renewal{b, time.Now(), err})
+					}
+				}()
+				time.Sleep(time.Duration(i%3) * 100 * time.Microsecond) // a renewal or two under way
+				rctx, cancel := context.WithTimeout(ctx, time.Duration(i%2)*time.Millisecond)
+				called := time.Now()
+				err = l.Release(rctx)
+				returned := time.Now()
+				cancel()
+				time.Sleep(2 * time.Millisecond) // renewals after the Release returned
+				close(stop)
+				rs := <-got
+				if err == nil || errors.Is(err, redsem.ErrLeaseLost) {
+					continue
+				}
+				failed++
+				for _, r := range rs {
+					if r.err == nil && r.began.After(called) && r.ended.After(returned) {
+						renewedAfter++
+						t.Errorf("round %d: a Renew begun %v after Release was called returned nil %v after Release failed (%v)",
+							i, r.began.Sub(called), r.ended.Sub(returned), err)
+						break
+					}
+				}
+				// Let go: released in the background, the slot comes back.
+				select {
+				case <-l.Done():
+				case <-ctx.Done():
+					t.Fatalf("round %d: the lease was not released by its retry", i)
+				}
+			}
+			t.Logf("%d of 150 releases failed (their context ended); renewed after the failure: %d", failed, renewedAfter)
+			if failed == 0 {
+				t.Fatal("no Release failed: the test did not reach its state")
+			}
+		})
+	}
+}

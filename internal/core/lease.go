@@ -66,6 +66,9 @@ var errReleasing = sentinel.New("redsem: the lease is being released")
 // errLetGo is what Renew returns after a Release that failed (letGo).
 var errLetGo = fmt.Errorf("%w (Release was called and failed: the lease is let go, its release may yet reach Redis or be retried)", redsem.ErrReleased)
 
+// errReleaseWaits is what Renew returns while a Release waits to run.
+var errReleaseWaits = fmt.Errorf("%w (Release was called and waits to run)", redsem.ErrReleased)
+
 // Lease implements redsem.Lease for both variants.
 type Lease struct {
 	e     *Engine
@@ -240,9 +243,16 @@ func (l *Lease) beginOp(ctx context.Context, kind opKind) (context.Context, erro
 			l.mu.Unlock()
 			return nil, err
 		}
-		if kind == opRenew && l.letGo {
+		if kind == opRenew && (l.letGo || l.releasing > 0) {
+			// The holder let the lease go, or a Release waits for the op
+			// in flight: no renewal starts (one running when Release was
+			// called is ended by it).
+			err := errLetGo
+			if !l.letGo {
+				err = errReleaseWaits
+			}
 			l.mu.Unlock()
-			return nil, errLetGo
+			return nil, err
 		}
 		if l.op == opNone {
 			octx := l.startOp(ctx, kind)
@@ -266,7 +276,8 @@ func (l *Lease) beginOp(ctx context.Context, kind opKind) (context.Context, erro
 // (and then the lease is lost for good), ErrReleased after a successful
 // Release (or when a Release called meanwhile ended the renewal, or a
 // Release through another handle of the lease, Resume's, ended the lease,
-// or after a Release that failed: then it asks nothing of Redis),
+// or while a Release waits to run, or after a Release that failed: then it
+// asks nothing of Redis),
 // or the Redis error if Redis could not be asked; it never re-creates a
 // lost lease. The request is bounded by ctx and by the Deadline: a renewal
 // in flight never keeps the lease past it.
