@@ -18,7 +18,11 @@ import (
 // lease gone.
 //
 // Do returns the error of Acquire if no slot was granted, otherwise fn's
-// error joined with any error from Release. If the lease was lost while fn
+// error joined with any error from Release. The release runs within ctx
+// while ctx lives, and on a context detached from it once ctx has ended,
+// so that a caller that gave up still frees the slot: Do may then return
+// up to 5 s (at most until the lease's Deadline) after ctx ended, the one
+// call that outlives its context by design. If the lease was lost while fn
 // ran, the result matches ErrLeaseLost, and context.Cause of fn's context is
 // ErrLeaseLost. A panic in fn is re-raised after the release.
 func Do(ctx context.Context, s Semaphore, fn func(ctx context.Context, l Lease) error) (err error) {

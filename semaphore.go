@@ -62,7 +62,12 @@ type Semaphore interface {
 	// handle, in this process or another, ends as released (Err nil) at
 	// its next renewal, without errors; a handle that stops renewing
 	// (DisableAutoRenew, MaxHold, its process exits) leaves the lease to
-	// the others. Resume of an id this semaphore holds already returns
+	// the others, and ends as lost at its own Deadline (it cannot tell a
+	// release elsewhere from a loss without a renewal). A Resume that fails
+	// after its request reached Redis (its context ended, Redis cut off
+	// while the reply was on its way) may still have marked the lease
+	// shared and renewed it there: it then lives in Redis until this
+	// semaphore's LeaseTTL from then, though no handle of it is returned. Resume of an id this semaphore holds already returns
 	// that same lease, renewed. An id with no live lease (released, also
 	// one this semaphore let go after a Release that failed, expired,
 	// never granted, a queued waiter's) returns an error matching
@@ -115,8 +120,9 @@ type Lease interface {
 	// handle: see Semaphore.Resume) or lost.
 	Done() <-chan struct{}
 	// Err is nil while held or after Release (also through another
-	// handle); ErrLeaseLost once lost (also after a Release that found the
-	// lease lost).
+	// handle, learnt at this handle's next renewal: one that does not
+	// renew ends lost at its Deadline); ErrLeaseLost once lost (also after
+	// a Release that found the lease lost).
 	Err() error
 	// Slots is every slot the lease holds, ascending, len == its weight.
 	// Slot() is Slots()[0].
