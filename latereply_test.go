@@ -243,7 +243,7 @@ func staleSetup(t *testing.T, limit int) (admin *redis.Client, gd *gatedDialer, 
 }
 
 // waitersOf is a condition for redistest.WaitFor: s has n waiters.
-func waitersOf(ctx context.Context, s *fair.Semaphore) func(n int) func() (bool, error) {
+func waitersOf(ctx context.Context, s redsem.Semaphore) func(n int) func() (bool, error) {
 	return func(n int) func() (bool, error) {
 		return func() (bool, error) {
 			st, err := s.Status(ctx)

@@ -737,15 +737,8 @@ func TestRateRemovedElsewhereSlotsHoldWaiter(t *testing.T) {
 		if err := l.Release(ctx); err != nil { // the slot free, the window full for 4 s
 			t.Fatal(err)
 		}
-		waited := make(chan error, 1)
 		wctx, cancel := context.WithTimeout(ctx, 1500*time.Millisecond)
-		go func() {
-			l, err := p.Acquire(wctx)
-			if err == nil {
-				_ = l.Release(ctx)
-			}
-			waited <- err
-		}()
+		waited := acquireInBackground(wctx, ctx, p)
 		stale.AwaitWaiter(t, ctx, p, pc)
 		// The notice that SetRate publishes reaches the waiter's process
 		// after the other one took the slot.
@@ -804,24 +797,12 @@ func TestRateRemovedFairWaiterBehindHead(t *testing.T) {
 				l, _ := s.Acquire(ctx)
 				head <- l
 			}()
-			waitQueued := func(n int) {
-				redistest.WaitFor(t, 5*time.Second, "the waiters to queue", func() (bool, error) {
-					st, err := s.Status(ctx)
-					return err == nil && len(st.Waiters) == n, err
-				})
-			}
-			waitQueued(1)
-			behind := make(chan error, 1)
+			waiters := waitersOf(ctx, s)
+			redistest.WaitFor(t, 5*time.Second, "the head to queue", waiters(1))
 			bctx, cancel := context.WithTimeout(ctx, 1500*time.Millisecond)
 			defer cancel()
-			go func() {
-				l, err := s.Acquire(bctx)
-				if err == nil {
-					_ = l.Release(ctx)
-				}
-				behind <- err
-			}()
-			waitQueued(2)
+			behind := acquireInBackground(bctx, ctx, s)
+			redistest.WaitFor(t, 5*time.Second, "the waiter behind it to queue", waiters(2))
 			if err := setter.SetRate(ctx, redsem.Rate{}); err != nil {
 				t.Fatal(err)
 			}
@@ -855,34 +836,15 @@ func TestRateHeldFairWaiterBehindOtherProcessHead(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	queued := func(n int) {
-		redistest.WaitFor(t, 5*time.Second, "the waiters to queue", func() (bool, error) {
-			st, err := a.Status(ctx)
-			return err == nil && len(st.Waiters) == n, err
-		})
-	}
+	waiters := waitersOf(ctx, a)
 	hctx, hcancel := context.WithTimeout(ctx, 2500*time.Millisecond)
 	defer hcancel()
-	head := make(chan error, 1)
-	go func() {
-		l, err := a.Acquire(hctx)
-		if err == nil {
-			_ = l.Release(ctx)
-		}
-		head <- err
-	}()
-	queued(1)
+	head := acquireInBackground(hctx, ctx, a)
+	redistest.WaitFor(t, 5*time.Second, "the head to queue", waiters(1))
 	bctx, bcancel := context.WithTimeout(ctx, 1500*time.Millisecond)
 	defer bcancel()
-	behind := make(chan error, 1)
-	go func() {
-		l, err := b.Acquire(bctx)
-		if err == nil {
-			_ = l.Release(ctx)
-		}
-		behind <- err
-	}()
-	queued(2)
+	behind := acquireInBackground(bctx, ctx, b)
+	redistest.WaitFor(t, 5*time.Second, "the waiter behind it to queue", waiters(2))
 	// Both processes' sessions subscribed (a waiter may queue before its
 	// hub's subscription is confirmed, and a message published before
 	// then is not delivered: not the state this test is about).
@@ -903,4 +865,18 @@ func TestRateHeldFairWaiterBehindOtherProcessHead(t *testing.T) {
 	if err := <-head; !errors.Is(err, redsem.ErrRateLimited) {
 		t.Fatalf("the head: %v, want ErrRateLimited", err)
 	}
+}
+
+// acquireInBackground runs s.Acquire(ctx) on a goroutine of its own and
+// sends its error; a lease granted is released at once, within rctx.
+func acquireInBackground(ctx, rctx context.Context, s redsem.Semaphore) <-chan error {
+	done := make(chan error, 1)
+	go func() {
+		l, err := s.Acquire(ctx)
+		if err == nil {
+			_ = l.Release(rctx)
+		}
+		done <- err
+	}()
+	return done
 }
