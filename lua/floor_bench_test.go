@@ -12,8 +12,13 @@ import (
 	"github.com/redsem/redsem/lua"
 )
 
+// floorLua is the floor script pair, which the bench tool also runs as its
+// "floor" variant (redsem bench --variant floor): it lives there, beside
+// the bench's other baselines, and is read here by its path in the checkout.
+const floorLua = "../cmd/redsem/internal/bench/floor.lua"
+
 // BenchmarkFloor sets the library's uncontended unfair cycle (TryAcquire,
-// then Release) beside the two floors of testdata/floor.lua: the leanest
+// then Release) beside the two floors of floor.lua (floorLua): the leanest
 // script pair that keeps the records a lease needs (server clock, fencing
 // token, slot, a record per id, a tombstone) and runs the same commands as
 // the library's, once on the library's own layout and call shape
@@ -30,7 +35,7 @@ func BenchmarkFloor(b *testing.B) {
 	srv := redistest.Start(b)
 	c := srv.Client(b)
 	ctx := context.Background()
-	src, err := os.ReadFile("testdata/floor.lua")
+	src, err := os.ReadFile(floorLua)
 	if err != nil {
 		b.Fatal(err)
 	}

@@ -75,11 +75,11 @@ func TestSteadyState(t *testing.T) {
 	if err := c.FunctionLoadReplace(ctx, lib).Err(); err != nil {
 		t.Fatal(err)
 	}
-	// REDSEM_STEADY_FUNCS=floor1 times testdata/floor.lua's floor on the
+	// REDSEM_STEADY_FUNCS=floor1 times floor.lua's floor (floorLua) on the
 	// library's layout instead of the library's scripts.
 	fa, fr := lua.Acquire.Function(), lua.Release.Function()
 	if os.Getenv("REDSEM_STEADY_FUNCS") == "floor1" {
-		src, err := os.ReadFile("testdata/floor.lua")
+		src, err := os.ReadFile(floorLua)
 		if err != nil {
 			t.Fatal(err)
 		}

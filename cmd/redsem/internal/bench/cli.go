@@ -69,7 +69,9 @@ scripts).
 
 Variants: fair, unfair, local (an in-process channel semaphore: the
 ceiling), naive-counter (INCR/DECR, fixed retry), naive-zset (the textbook
-sorted set, fixed retry). A comma list runs each in turn.
+sorted set, fixed retry), floor (the leanest scripts that keep a lease's
+records, on go-redis without redsem: the ceiling of the uncontended
+cycle; fixed retry). A comma list runs each in turn.
 
 Without --redis or $REDIS_URL it starts a throw-away redis-server from PATH.
 --procs N spreads the workers over N child processes (this executable
@@ -95,7 +97,7 @@ func Main(args []string, stdout, stderr io.Writer) int {
 	c.OwnServerByDefault("a throw-away redis-server from PATH")
 	var f flags
 	fs := c.FS
-	fs.StringVar(&f.variants, "variant", "fair", "fair | unfair | local | naive-counter | naive-zset, or a comma list")
+	fs.StringVar(&f.variants, "variant", "fair", "fair | unfair | local | naive-counter | naive-zset | floor, or a comma list")
 	fs.IntVar(&f.limit, "limit", 5, "slots")
 	fs.IntVar(&f.workers, "workers", 50, "workers in total (spread over --procs processes)")
 	fs.IntVar(&f.procs, "procs", 1, "OS processes to spread the workers over")
@@ -103,7 +105,7 @@ func Main(args []string, stdout, stderr io.Writer) int {
 	fs.StringVar(&f.weights, "weights", "1-1", "slots per acquire: a random whole number in A-B (or one number)")
 	fs.StringVar(&f.rate, "rate", "", "fair and unfair: also bound grants to `LIMIT/PER` (Options.Rate, e.g. 100/1s) and report the grants per window against it")
 	fs.DurationVar(&f.duration, "duration", 5*time.Second, "length of each run")
-	fs.DurationVar(&f.naiveRetry, "naive-retry", 100*time.Millisecond, "retry interval of the naive baselines")
+	fs.DurationVar(&f.naiveRetry, "naive-retry", 100*time.Millisecond, "retry interval of the naive baselines and the floor")
 	fs.BoolVar(&f.jsonOut, "json", false, "print one JSON object per run instead of a table")
 	fs.StringVar(&f.svgDir, "svg", "", "write SVG charts to this directory")
 	fs.BoolVar(&f.suite, "suite", false, "run the docs/benchmarks.md suite")

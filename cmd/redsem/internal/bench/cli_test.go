@@ -113,10 +113,10 @@ func runJSON(t *testing.T, args ...string) []result {
 // variants. (How fast anything runs is not asserted.)
 func TestRunsEveryVariant(t *testing.T) {
 	url := "redis://" + redistest.Shared(t).Addr
-	rs := runJSON(t, "--redis", url, "--variant", "local,fair,unfair,naive-zset,naive-counter",
+	rs := runJSON(t, "--redis", url, "--variant", "local,fair,unfair,naive-zset,naive-counter,floor",
 		"--limit", "2", "--workers", "6", "--hold", "uniform:1ms-2ms", "--duration", "300ms", "--naive-retry", "5ms")
-	if len(rs) != 5 {
-		t.Fatalf("%d results, want 5", len(rs))
+	if len(rs) != 6 {
+		t.Fatalf("%d results, want 6", len(rs))
 	}
 	for _, r := range rs {
 		if r.Holds == 0 || r.Errors != 0 || r.MaxHolders < 1 || r.MaxHolders > 2 || r.Procs != 1 {

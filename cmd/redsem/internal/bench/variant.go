@@ -23,8 +23,14 @@ var naiveZSetAcquireSrc string
 
 var naiveZSetAcquire = redis.NewScript(naiveZSetAcquireSrc)
 
+// floorSrc is the FUNCTION library of the "floor" variant (floor.lua): the
+// leanest script pair that keeps the records a lease of redsem's needs.
+//
+//go:embed floor.lua
+var floorSrc string
+
 // Variants are the workloads the bench tool knows, in the order it shows them.
-var Variants = []string{"fair", "unfair", "local", "naive-counter", "naive-zset"}
+var Variants = []string{"fair", "unfair", "local", "naive-counter", "naive-zset", "floor"}
 
 // Sem is the one operation the workers need: block until n slots are held
 // (n is 1 unless the run has --weights), and return the function that gives
@@ -64,7 +70,7 @@ func naiveKey(prefix, variant, name string) string {
 
 // SemOptions configures NewSem.
 type SemOptions struct {
-	// NaiveRetry is how long the naive baselines sleep between attempts;
+	// NaiveRetry is how long the naive baselines and the floor sleep between attempts;
 	// zero: 100ms, the textbook retry interval.
 	NaiveRetry time.Duration
 	// LeaseTTL for fair, unfair and naive-zset; zero: 30s.
@@ -113,6 +119,8 @@ func NewSem(variant string, client redis.UniversalClient, name string, limit int
 	case "naive-zset":
 		return &naiveZSet{c: client, key: naiveKey(o.KeyPrefix, variant, name), limit: limit,
 			timeoutMs: o.LeaseTTL.Milliseconds(), retry: o.NaiveRetry}, nil
+	case "floor":
+		return newFloor(client, naiveKey(o.KeyPrefix, variant, name), limit, o.NaiveRetry)
 	}
 	return nil, fmt.Errorf("bench: unknown variant %q (want one of %v)", variant, Variants)
 }
@@ -253,6 +261,67 @@ func (n *naiveZSet) Acquire(ctx context.Context, _ int) (func(context.Context) e
 
 // Close does nothing.
 func (n *naiveZSet) Close() error { return nil }
+
+// floorSem runs floor.lua's packed pair (floor_acquire, floor_release) on
+// go-redis with nothing of redsem around it: what one call at a time costs
+// a Go client that keeps a lease's records (server clock, fencing token,
+// slot, a record per id, a tombstone) and nothing more. It is the ceiling
+// of the uncontended cycle (docs/benchmarks.md); it has no queue and no
+// notices, so under contention it polls at a fixed interval like the naive
+// baselines, and it has no expiry, so its leases last floorLease.
+type floorSem struct {
+	c     redis.UniversalClient
+	keys  []string
+	limit int
+	retry time.Duration
+}
+
+// floorLease is the floor's lease time, ms: longer than any run, because
+// floor.lua does not model expiry (it refuses once a lease has expired).
+const floorLease = int64(time.Hour / time.Millisecond)
+
+// floorTombstone is how long, ms, the floor keeps a released id's tombstone.
+const floorTombstone = 15000
+
+// newFloor loads floor.lua's library (FUNCTION LOAD REPLACE) and returns
+// the floor semaphore whose keys start with key.
+func newFloor(c redis.UniversalClient, key string, limit int, retry time.Duration) (*floorSem, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := c.FunctionLoadReplace(ctx, floorSrc).Err(); err != nil {
+		return nil, fmt.Errorf("bench: loading floor.lua: %w", err)
+	}
+	return &floorSem{c: c, limit: limit, retry: retry,
+		keys: []string{key + ":holders", key + ":free", key + ":ended", key + ":meta"}}, nil
+}
+
+// Acquire calls floor_acquire until it grants a slot, sleeping the retry
+// interval after each refusal; it takes one slot whatever is asked (not
+// weighable).
+func (f *floorSem) Acquire(ctx context.Context, _ int) (func(context.Context) error, error) {
+	id := uuid.NewString()
+	for {
+		r, err := f.c.FCall(ctx, "floor_acquire", f.keys, f.limit, id, floorLease).Int64Slice()
+		if err != nil {
+			return nil, err
+		}
+		switch r[0] {
+		case 1:
+			return func(ctx context.Context) error {
+				return f.c.FCall(ctx, "floor_release", f.keys, id, floorTombstone).Err()
+			}, nil
+		case 0:
+			if err := sleep(ctx, f.retry); err != nil {
+				return nil, err
+			}
+		default:
+			return nil, fmt.Errorf("bench: floor_acquire replied %v", r)
+		}
+	}
+}
+
+// Close does nothing.
+func (f *floorSem) Close() error { return nil }
 
 func sleep(ctx context.Context, d time.Duration) error {
 	t := time.NewTimer(d)

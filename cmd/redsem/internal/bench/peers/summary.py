@@ -32,6 +32,8 @@ def retry_of(impl):
 def label(run):
     impl = run.get("impl")
     if impl is None:
+        if run["variant"] == "floor":
+            return "floor scripts on go-redis (no redsem)"
         return "redsem " + run["variant"]
     if impl.startswith("sorted-set"):
         return f"sorted-set baseline (Python, {retry_of(impl)})"
@@ -124,7 +126,8 @@ def main(argv):
     for r in rows:
         print("  ".join(c.ljust(widths[0]) if i == 0 else c.rjust(widths[i]) for i, c in enumerate(r)))
     if mode == "uncontended":
-        print("redsem's holds/s here is its uncontended TryAcquire+Release cycles/s (uncontended_cycles_per_s).")
+        print("redsem's holds/s here is its uncontended TryAcquire+Release cycles/s (uncontended_cycles_per_s);")
+        print("the floor's, its worker's acquire, 1 us hold, release loop.")
     for name, n in errors.items():
         print(f"warning: {name}: {n} errors during its runs (see the JSON lines above)")
 

@@ -1,11 +1,13 @@
 #!lua name=redsem_floor
--- floor.lua: a benchmark only (lua's BenchmarkFloor), never loaded by the
--- library. The leanest script pair that still keeps what a lease of
--- redsem's unfair semaphore promises (server clock, a fencing token, a slot
--- number, a record per id so that a re-sent request finds its answer, a
--- tombstone on release), on a packed layout that this library does not use:
--- all counters in one meta field "c" ("token:used:hw:next"), and nothing
--- else read or written. No argument checks beyond a type, no limit
+-- floor.lua: a benchmark only, never loaded by the library: redsem bench's
+-- "floor" variant (floor_acquire, floor_release: the ceiling of a Go client
+-- that keeps a lease's records, one call at a time), and lua's
+-- BenchmarkFloor (both pairs, pipelined). The leanest script pair that
+-- still keeps what a lease of redsem's unfair semaphore promises (server
+-- clock, a fencing token, a slot number, a record per id so that a re-sent
+-- request finds its answer, a tombstone on release), on a packed layout
+-- that this library does not use: all counters in one meta field "c"
+-- ("token:used:hw:next"), and nothing else read or written. No argument checks beyond a type, no limit
 -- agreement between clients, no queue, rate, key expiry, pruning or
 -- notices. What it costs per call is a floor for any layout that keeps those
 -- records: docs/benchmarks.md compares it with the library's scripts. The
