@@ -27,7 +27,11 @@ var (
 	// name established in Redis, and no SetLimit settled it. The error is a
 	// *LimitMismatchError that names both limits; or, for a client built
 	// with another rate (Options.Rate) that no SetRate settled, a
-	// *RateMismatchError that names both rates.
+	// *RateMismatchError that names both rates; or, for a member of a
+	// family whose client was built with another FamilyOptions.Total than
+	// the family's, or without one while the family counts one (then also
+	// from Resume), an error of no exported type whose text names both
+	// totals.
 	ErrLimitMismatch = sentinel.New("redsem: limit mismatch")
 	// ErrInvalidConfig is matched by every error that New returns for bad
 	// input; the concrete error is a *ConfigError naming the field. It is

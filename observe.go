@@ -23,8 +23,10 @@ const (
 	// is how long it waited; Err is the error Acquire returned.
 	EventAcquireTimedOut
 	// EventLimitMismatch: Acquire or TryAcquire was refused because this
-	// client's limit differs from the one live clients established. Err is a
-	// *LimitMismatchError.
+	// client's limit differs from the one live clients established (Err is
+	// a *LimitMismatchError), or its rate (a *RateMismatchError), or, for a
+	// family member, its total (see ErrLimitMismatch). Err matches
+	// ErrLimitMismatch.
 	EventLimitMismatch
 	// EventEvictionPolicy: the Redis server's maxmemory-policy (in Policy)
 	// may evict the semaphore's keys; "noeviction" is recommended. When the

@@ -74,7 +74,10 @@ type Semaphore interface {
 	// ErrLeaseLost; an id that cannot be a lease's (empty, too
 	// long, other characters than letters, digits and '-') a
 	// *ConfigError (field "id"), at once. Neither leaves anything in
-	// Redis. After Close it returns ErrClosed.
+	// Redis. A member of a family whose client was built without a total,
+	// while the family counts one, gets an error matching
+	// ErrLimitMismatch and changes nothing (its renewals would not keep
+	// the lease counted). After Close it returns ErrClosed.
 	Resume(ctx context.Context, id string) (Lease, error)
 }
 

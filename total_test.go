@@ -345,3 +345,177 @@ func TestFamilyWithoutTotalCannotBypass(t *testing.T) {
 		})
 	}
 }
+
+// A client built without a Total grants nothing, admits nothing and takes
+// over no lease while its family counts a total, whatever it calls; the
+// acquire refusal above was its only guard before (outside review of
+// 2026-12-07, 3 of 3 runs each):
+//   - fair: its SetLimit raised a member's limit and admitted a waiter there
+//     without counting it (3 leases held under a total of 2);
+//   - both: its Resume took over a counted lease, whose renewals then did
+//     not move the family's copy of the deadline: the lease was counted out
+//     at its old deadline while it lived;
+//   - fair: its waiter queued before the family counted a total was
+//     admitted, uncounted, by its own Release.
+func TestFamilyWithoutTotalGrantsNothing(t *testing.T) {
+	get := func(t *testing.T, f totalFamily, key string) redsem.Semaphore {
+		t.Helper()
+		s, err := f.Get(key)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return s
+	}
+	// background acquires in s and reports its lease (or error) on the
+	// channel it returns.
+	type result struct {
+		l   redsem.Lease
+		err error
+	}
+	background := func(ctx context.Context, s redsem.Semaphore) <-chan result {
+		ch := make(chan result, 1)
+		go func() {
+			l, err := s.Acquire(ctx)
+			ch <- result{l, err}
+		}()
+		return ch
+	}
+	t.Run("fair/SetLimit", func(t *testing.T) {
+		ctx := redistest.Ctx(t, 30*time.Second)
+		name := redistest.Name(t)
+		o := fair.Options{LeaseTTL: 10 * time.Second}
+		a := newTotalFamily(t, "fair", redistest.Client(t), name, 1, 2, o)
+		nt := newTotalFamily(t, "fair", redistest.Client(t), name, 1, 0, o)
+		if err := a.SetTotal(ctx, 2); err != nil {
+			t.Fatal(err)
+		}
+		held, err := get(t, a, "a").TryAcquire(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer held.Release(ctx)
+		wctx, cancel := context.WithCancel(ctx)
+		defer cancel()
+		waiter := background(wctx, get(t, a, "a"))
+		waitUntil(ctx, t, "the waiter queued in member a", func() bool {
+			st, err := get(t, a, "a").Status(ctx)
+			return err == nil && len(st.Waiters) == 1
+		})
+		// The client without a total raises member a's limit: the total
+		// (2) still bounds what the family holds, whoever is admitted.
+		if err := get(t, nt, "a").SetLimit(ctx, 2); err != nil {
+			t.Fatal(err)
+		}
+		var leases []redsem.Lease
+		defer func() {
+			for _, l := range leases {
+				_ = l.Release(ctx)
+			}
+		}()
+		select {
+		case r := <-waiter:
+			if r.err != nil {
+				t.Fatal(r.err)
+			}
+			leases = append(leases, r.l)
+		case <-time.After(300 * time.Millisecond):
+		}
+		if l, err := get(t, a, "b").TryAcquire(ctx); err == nil {
+			leases = append(leases, l)
+		} else if !errors.Is(err, redsem.ErrNoSlot) {
+			t.Fatal(err)
+		}
+		if n := 1 + len(leases); n > 2 {
+			t.Fatalf("%d leases held under a total of 2 after SetLimit from a client without a total", n)
+		}
+		st, err := a.Status(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if st.Held != 1+len(leases) {
+			t.Fatalf("the family counts %d held, its holders %d", st.Held, 1+len(leases))
+		}
+	})
+	for _, variant := range []string{"unfair", "fair"} {
+		t.Run(variant+"/Resume", func(t *testing.T) {
+			ctx := redistest.Ctx(t, 30*time.Second)
+			name := redistest.Name(t)
+			o := fair.Options{LeaseTTL: 10 * time.Second}
+			a := newTotalFamily(t, variant, redistest.Client(t), name, 2, 2, o)
+			nt := newTotalFamily(t, variant, redistest.Client(t), name, 2, 0, o)
+			l, err := get(t, a, "a").TryAcquire(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer l.Release(ctx)
+			r, err := get(t, nt, "a").Resume(ctx, l.ID())
+			if err == nil {
+				_ = r.Release(ctx)
+				t.Fatal("a client without a total resumed a lease its family counts")
+			}
+			if !errors.Is(err, redsem.ErrLimitMismatch) || !strings.Contains(err.Error(), "without a total") {
+				t.Fatalf("Resume: %v, want ErrLimitMismatch saying the client has no total", err)
+			}
+			if err := l.Renew(ctx); err != nil {
+				t.Fatalf("the lease after the refused Resume: %v", err)
+			}
+			st, err := a.Status(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if st.Held != 1 {
+				t.Fatalf("the family counts %d held, want 1", st.Held)
+			}
+		})
+	}
+	t.Run("fair/Release", func(t *testing.T) {
+		ctx := redistest.Ctx(t, 30*time.Second)
+		name := redistest.Name(t)
+		o := fair.Options{LeaseTTL: 10 * time.Second, FallbackInterval: 300 * time.Millisecond}
+		a := newTotalFamily(t, "fair", redistest.Client(t), name, 1, 1, o)
+		nt := newTotalFamily(t, "fair", redistest.Client(t), name, 1, 0, o)
+		// Before the family counts a total: the client without one holds
+		// member a and queues a waiter there.
+		l, err := get(t, nt, "a").TryAcquire(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		waiter := background(ctx, get(t, nt, "a"))
+		waitUntil(ctx, t, "the waiter queued in member a", func() bool {
+			st, err := get(t, nt, "a").Status(ctx)
+			return err == nil && len(st.Waiters) == 1
+		})
+		if err := a.SetTotal(ctx, 1); err != nil {
+			t.Fatal(err)
+		}
+		if err := l.Release(ctx); err != nil {
+			t.Fatal(err)
+		}
+		other, err := get(t, a, "b").TryAcquire(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer other.Release(ctx)
+		// The waiter must not hold a lease beside other (total 1): it ends
+		// refused at its next look, and leaves the queue.
+		select {
+		case r := <-waiter:
+			if r.err == nil {
+				_ = r.l.Release(ctx)
+				t.Fatal("the waiter of a client without a total was granted a lease under a total of 1, full")
+			}
+			if !errors.Is(r.err, redsem.ErrLimitMismatch) {
+				t.Fatalf("the waiter: %v, want ErrLimitMismatch", r.err)
+			}
+		case <-time.After(10 * time.Second):
+			t.Fatal("the waiter of a client without a total still waits 10 s after the family counted a total")
+		}
+		st, err := get(t, a, "a").Status(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(st.Waiters) != 0 || len(st.Holders) != 0 {
+			t.Fatalf("member a holds %d and queues %d, want none", len(st.Holders), len(st.Waiters))
+		}
+	})
+}

@@ -47,8 +47,12 @@ type FamilyOptions struct {
 	// Every process of the family must be built with a Total (the value
 	// of the first live client holds until SetTotal sets one for all; a
 	// client built with another gets redsem.ErrLimitMismatch while
-	// anything is held); a process built without one would not count its
-	// leases (see docs/design.md, "Limits that compose").
+	// anything is held). A client built without one, while the family
+	// counts a total, gets redsem.ErrLimitMismatch from Acquire,
+	// TryAcquire and Resume, its fair waiters queued before end with it,
+	// and its other calls (Release, SetLimit, SetRate) admit no waiter:
+	// its leases would not be counted (docs/operations.md, "A total across
+	// the members").
 	Total int
 }
 

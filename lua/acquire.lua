@@ -84,7 +84,9 @@
 --                                                SetTotal set; "0": none);
 --                                                with eleven keys, the family
 --                                                counts a total and the
---                                                client has none
+--                                                client has none (a waiter
+--                                                of this id leaves the
+--                                                queue)
 -- A member of a family with a total (KEYS[10..13], lib_family.lua) is
 -- granted only when its member and the family's total both have room, and
 -- (fair) no earlier head of the family that fits in its member waits for
@@ -127,14 +129,17 @@ end
 load(id)
 err = check_limits()
 if err then return err end
-if fam_check_tot_key then
+local counted = counted_total()
+if counted then
   -- A client built without a total, on a member of a family that counts
-  -- one (SetTotal's f:total, or the one live clients established, f:tot's
-  -- _total): its leases would not be counted, and so bypass it.
-  local t = redis.call('GET', fam_check_total_key) or redis.call('HGET', fam_check_tot_key, '_total')
-  if t then
-    return finish({-7, now, tonumber(t) or 0})
+  -- one: its leases would not be counted, and so bypass it. A waiter of
+  -- this id that it queued before the family counted one leaves the queue
+  -- (nobody may admit it: its lease would not be counted either).
+  local rec = get(id)
+  if rec and string.sub(rec, 1, 1) == 'W' then
+    drop_waiter(id)
   end
+  return finish({-7, now, tonumber(counted) or 0})
 end
 init(now)
 

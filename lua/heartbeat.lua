@@ -1,5 +1,8 @@
 -- heartbeat.lua: one call per process session keeps all of its fair waiters
 -- alive, and admits waiters whose turn came (e.g. after a holder expired).
+-- A client built without a total, while its family counts one, admits
+-- none: its own waiters here are told to ask again (requeue_session,
+-- lib_queue.lua), and acquire.lua then refuses them.
 -- Its cost does not depend on how many waiters the process has.
 -- KEYS: the nine keys laid out at the top of lib_args.lua (thirteen for a
 -- member of a family with a total: lib_family.lua).
@@ -69,7 +72,11 @@ local out = {now, alive, 0}
 if fam_tot_key then
   admit_total(now, now_us, out) -- every member's, in the family's order
 elseif num('_q') > 0 then
-  append(out, admit(now, now_us, limit_in_force(client_limit)))
+  if counted_total() then
+    requeue_session(sid) -- a client without a total: refused when it asks
+  else
+    append(out, admit(now, now_us, limit_in_force(client_limit)))
+  end
 end
 out[3] = hint(now)
 return finish(out)

@@ -142,9 +142,10 @@ local fam_tot_key, fam_leases_key, fam_heads_key, fam_total_key
 local fam, fam_client_total, fam_client_limit, fam_fair
 -- A member of a family of one shard whose client was built without a
 -- total gets the family's f:tot and f:total as KEYS[10..11] instead:
--- acquire.lua refuses it while the family counts a total, whose count its
--- leases would bypass (fam_check_tot_key, fam_check_total_key; nil
--- otherwise).
+-- while the family counts a total, whose count its leases would bypass,
+-- such a client is refused leases (acquire.lua) and resumes (renew.lua),
+-- and its calls admit no waiter (counted_total, lib_family.lua;
+-- fam_check_tot_key, fam_check_total_key; nil otherwise).
 local fam_check_tot_key, fam_check_total_key
 -- fam_finish (lib_total.lua) runs at finish, before meta is written, in a
 -- call with the family's keys.

@@ -7,7 +7,7 @@
 -- member, fam_bound is the total in force and fam_room what is left of it,
 -- fam_establish settles the total for an acquiring client, fam_write
 -- writes what changed. Only calls with the family's keys (fam_tot_key set)
--- use any of it.
+-- use any of it, but counted_total (below).
 -- Uses from lib_args.lua: the family's keys, fam, fam_client_total,
 -- call (clock_ms), SENTINEL, MARGIN_MS, BATCH, CHUNK, MAX_LIMIT, fmt,
 -- stored_limit.
@@ -36,6 +36,21 @@
 --   f:total  STRING SetTotal's total; never expires
 -- The sets keep the sentinel "~" (+inf), and every key but f:total expires
 -- at _hz, as a member's do (extend, lib_records.lua).
+
+-- counted_total is for the other kind of member: one of a family of one
+-- shard whose client was built without a total (the eleven-key form,
+-- fam_check_tot_key and fam_check_total_key: lib_args.lua). It returns the
+-- total the family counts (SetTotal's f:total, else the one live clients
+-- established, f:tot's _total; "0" counts with no bound), or nil when it
+-- counts none. While it counts one, such a client's calls grant nothing,
+-- admit nothing and take over no lease: the family's count would miss
+-- them (acquire.lua, renew.lua, heartbeat.lua, wake in lib_total.lua).
+local function counted_total()
+  if not fam_check_tot_key then
+    return nil
+  end
+  return redis.call('GET', fam_check_total_key) or redis.call('HGET', fam_check_tot_key, '_total') or nil
+end
 
 -- fam_put sets a counter ("_" field) of f:tot (a number, or a text).
 local function fam_put(f, v)

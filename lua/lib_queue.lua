@@ -1,8 +1,9 @@
 -- lib_queue.lua: grant (a holder entry: slots, fencing token, window
 -- record; it comes after the rate, whose window it writes), publish and
 -- publish_sessions, and
--- the fair queue's parts: session_deadline (sessions), drop_waiter and
--- evict_heavier (waiters that can never be admitted).
+-- the fair queue's parts: session_deadline (sessions), drop_waiter,
+-- evict_heavier (waiters that can never be admitted) and requeue_session
+-- (a session's waiters told to ask again).
 -- Uses from lib_args.lua: holders_key, queue_key, sessions_key, channel,
 -- publish_cmd, call (session_deadlines), MARGIN_MS, SENTINEL, fmt; from lib_records.lua:
 -- get, num, next_expiry, set, put, del, records, extend; from
@@ -103,6 +104,23 @@ local function evict_heavier(max, note)
         drop_waiter(id)
         publish(channel .. ':s:' .. sid, 'x ' .. id .. ' ' .. max .. note)
       end
+    end
+  end
+end
+
+-- requeue_session tells each waiter that session sid queued here to ask
+-- again ("r id"), and leaves its entry: heartbeat.lua's for a client built
+-- without a total while its family counts one (counted_total,
+-- lib_family.lua), whose waiters nobody may admit; asked again,
+-- acquire.lua refuses each (a total mismatch) and takes its entry out.
+local function requeue_session(sid)
+  local ids = redis.call('ZRANGE', queue_key, 0, -1)
+  ids[#ids] = nil -- the sentinel
+  records(ids)
+  for _, id in ipairs(ids) do
+    local rec = get(id)
+    if rec and string.sub(rec, 1, 1) == 'W' and parse_waiter(rec) == sid then
+      publish(channel .. ':s:' .. sid, 'r ' .. id)
     end
   end
 end

@@ -177,12 +177,14 @@ end
 -- wake admits what slots freed or a raised limit let in: every member's
 -- waiters in the family's order in a family with a total (admit_total),
 -- else this queue's earliest that fit in limit, their grants appended to
--- out; then tells unfair waiters how many slots are free (notify_free).
+-- out (none from a client without a total while its family counts one:
+-- counted_total, lib_family.lua); then tells unfair waiters how many slots
+-- are free (notify_free).
 -- setlimit.lua, setrate.lua, release.lua and renew.lua end with it.
 local function wake(now, now_us, limit, out)
   if fam_tot_key then
     admit_total(now, now_us, out) -- every member's, in the family's order
-  elseif num('_q') > 0 then
+  elseif num('_q') > 0 and not counted_total() then
     append(out, admit(now, now_us, limit))
   end
   notify_free(now, limit)

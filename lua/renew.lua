@@ -16,7 +16,10 @@
 --        now (with "resume": {1, now, deadline_ms, token, "s1,s2,..."});
 --        {0, now} the lease is gone (lost); {2, now} the lease is gone
 --        because a holder released it (its "R" tombstone is there: a
---        Release in this or another process).
+--        Release in this or another process); {-7, now, total} with
+--        "resume" from a client built without a total (eleven keys) on a
+--        member of a family that counts one (counted_total,
+--        lib_family.lua): nothing written.
 local client_limit, err = client_arg()
 if err then return err end
 local id; id, err = id_arg(4, 'id')
@@ -31,6 +34,15 @@ if resume and (type(resume_owner) ~= 'string' or string.find(resume_owner, '[|\n
 end
 
 local now, now_us = clock()
+if resume then
+  local counted = counted_total()
+  if counted then
+    -- A client without a total on a member of a family that counts one:
+    -- its renewals would not move the family's copy of the deadline, which
+    -- would count the lease out while it lives. Nothing is written.
+    return {-7, now, tonumber(counted) or 0}
+  end
+end
 local held = tonumber(redis.call('ZSCORE', holders_key, id))
 local rec
 if held and held > now and resume then

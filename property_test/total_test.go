@@ -32,7 +32,11 @@ import (
 // is certainly held; a refusal had a reason, counting every lease that may
 // be; Family.Status's Held lies between the two; and the layout's checker
 // (redistest.ReadTotal) holds _held to f:leases and f:leases to the
-// members' holders.
+// members' holders. Beside the family's clients runs one built without a
+// total, whose calls must grant nothing outside the count: its SetLimit
+// (the same limit: it still runs the admission of a limit change) and its
+// Resume of a held lease, refused (an outside review found both granting
+// or keeping leases uncounted, 2026-12-07).
 func TestUnfairTotalMachine(t *testing.T) { runTotalMachine(t, false) }
 func TestFairTotalMachine(t *testing.T)   { runTotalMachine(t, true) }
 
@@ -64,7 +68,8 @@ type totalMachine struct {
 	bound   int // the total in force; math.MaxInt: none
 	built   int // the total the clients were built with
 	get     func(key string) (redsem.Semaphore, error)
-	variant string // "f" or "u", as acquire.lua's ARGV[3] names it
+	ntGet   func(key string) (redsem.Semaphore, error) // a client of the family built without a total
+	variant string                                     // "f" or "u", as acquire.lua's ARGV[3] names it
 	status  func(ctx context.Context) (redsem.FamilyStatus, error)
 	set     func(ctx context.Context, total int) error
 	leases  []*totalLease
@@ -99,6 +104,12 @@ func runTotalMachine(t *testing.T, isFair bool) {
 			}
 			m.get, closers = func(k string) (redsem.Semaphore, error) { return f.Get(k) }, append(closers, f.Close)
 			m.status, m.set = f.Status, f.SetTotal
+			nt, err := fair.NewFamily(rdb, m.name, m.limit, fair.FamilyOptions{
+				Options: fair.Options{LeaseTTL: normalTTL, QueueTTL: queueTTL}})
+			if err != nil {
+				rt.Fatal(err)
+			}
+			m.ntGet, closers = func(k string) (redsem.Semaphore, error) { return nt.Get(k) }, append(closers, nt.Close)
 		} else {
 			f, err := unfair.NewFamily(rdb, m.name, m.limit, unfair.FamilyOptions{Total: total,
 				Options: unfair.Options{LeaseTTL: normalTTL}})
@@ -107,6 +118,12 @@ func runTotalMachine(t *testing.T, isFair bool) {
 			}
 			m.get, closers = func(k string) (redsem.Semaphore, error) { return f.Get(k) }, append(closers, f.Close)
 			m.status, m.set = f.Status, f.SetTotal
+			nt, err := unfair.NewFamily(rdb, m.name, m.limit, unfair.FamilyOptions{
+				Options: unfair.Options{LeaseTTL: normalTTL}})
+			if err != nil {
+				rt.Fatal(err)
+			}
+			m.ntGet, closers = func(k string) (redsem.Semaphore, error) { return nt.Get(k) }, append(closers, nt.Close)
 		}
 		m.variant = "u"
 		if isFair {
@@ -125,6 +142,8 @@ func runTotalMachine(t *testing.T, isFair bool) {
 			"setTotal":       m.setTotal,
 			"setTotalResent": m.setTotalResent,
 			"resentExpired":  m.resentAfterExpiry,
+			"ntSetLimit":     m.ntSetLimit,
+			"ntResume":       m.ntResume,
 			"sleep":          func(*rapid.T) { time.Sleep(crashTTL + 30*time.Millisecond) }, // crashed leases expire
 		}
 		if isFair {
@@ -355,6 +374,54 @@ func (m *totalMachine) release(rt *rapid.T) {
 	m.leases = append(m.leases[:i], m.leases[i+1:]...)
 	if err := l.l.Release(context.Background()); err != nil {
 		rt.Fatalf("release of %s's %d: %v", l.tenant, l.n, err)
+	}
+}
+
+// ntSetLimit is a SetLimit of a member, to the limit it has, by the client
+// built without a total: it writes the limit and runs a limit change's
+// admission, which must grant nothing outside the count (check and the
+// layout's checker find a lease that f:leases misses).
+func (m *totalMachine) ntSetLimit(rt *rapid.T) {
+	tenant := rapid.SampledFrom(totalTenants).Draw(rt, "tenant")
+	s, err := m.ntGet(tenant)
+	if err != nil {
+		rt.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), waitBound)
+	defer cancel()
+	if err := s.SetLimit(ctx, m.limit); err != nil {
+		rt.Fatalf("SetLimit(%d) of %s by a client without a total: %v", m.limit, tenant, err)
+	}
+}
+
+// ntResume is a Resume of a held lease by the client built without a
+// total: refused (ErrLimitMismatch) while the family counts a total, which
+// it does while any lease is held; it changes nothing.
+func (m *totalMachine) ntResume(rt *rapid.T) {
+	m.forget()
+	var live []*totalLease
+	for _, l := range m.leases {
+		if !l.crash {
+			live = append(live, l)
+		}
+	}
+	if len(live) == 0 {
+		rt.Skip("no lease held by a live holder")
+	}
+	l := rapid.SampledFrom(live).Draw(rt, "lease")
+	s, err := m.ntGet(l.tenant)
+	if err != nil {
+		rt.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), waitBound)
+	defer cancel()
+	r, err := s.Resume(ctx, l.l.ID())
+	if err == nil {
+		_ = r.Release(ctx)
+		rt.Fatalf("the client without a total resumed %s's lease of %d", l.tenant, l.n)
+	}
+	if !errors.Is(err, redsem.ErrLimitMismatch) {
+		rt.Fatalf("Resume of %s's lease by the client without a total: %v, want ErrLimitMismatch", l.tenant, err)
 	}
 }
 

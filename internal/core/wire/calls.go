@@ -134,15 +134,7 @@ func (d *Door) Acquire(ctx context.Context, a AcquireArgs) (AcquireReply, error)
 	case codeRateDiffers:
 		return r, &redsem.RateMismatchError{Name: d.Name, Family: d.Family, Client: d.Rate, Established: parseRate(r.Rate)}
 	case codeTotalDiffer:
-		if d.Total == 0 {
-			return r, Errorf(redsem.ErrLimitMismatch, "redsem: total mismatch for family %q: this client was built without a total "+
-				"(FamilyOptions.Total 0), but the family counts one (%d in force; 0: none, counting goes on): "+
-				"its leases would not be counted; build every client of the family with its Total",
-				d.FamName, r.Other)
-		}
-		return r, Errorf(redsem.ErrLimitMismatch, "redsem: total mismatch for family %q: this client was built with total %d, "+
-			"but live clients established total %d (use SetTotal to change it for all)",
-			d.FamName, d.Total, r.Other)
+		return r, d.totalMismatch(r.Other)
 	case codeWeight:
 		if r.TotalMax > 0 && int64(a.N) > r.TotalMax {
 			return r, Errorf(redsem.ErrWeight, "redsem: %s: %d slots wanted, but the family's total in force is %d", d.Who, a.N, r.TotalMax)
@@ -231,7 +223,9 @@ type RenewReply struct {
 // the client, or one connection (replicas.go waits on the same connection
 // for replica acknowledgement). It never re-creates a lost lease. With
 // resume (ARGV[6] "resume", for Resume) the reply carries the lease's
-// token and slots too.
+// token and slots too; a resume by a client without a total, on a member
+// of a family that counts one, fails with a total mismatch (matching
+// redsem.ErrLimitMismatch) and changes nothing.
 func (d *Door) Renew(ctx context.Context, c redis.Scripter, id string, resume bool) (RenewReply, error) {
 	args := []any{id, ms(d.LeaseTTL)}
 	if resume {
@@ -253,6 +247,16 @@ func (d *Door) Renew(ctx context.Context, c redis.Scripter, id string, resume bo
 	case 0:
 	case 2:
 		out.Released = true
+	case codeTotalDiffer:
+		if !resume {
+			r.fail("a total mismatch answers only a resume")
+			break
+		}
+		other := r.int()
+		if r.err == nil {
+			d.clock.observe(sent, now)
+			return RenewReply{}, d.totalMismatch(other)
+		}
 	default:
 		r.fail("unknown code")
 	}
@@ -264,6 +268,21 @@ func (d *Door) Renew(ctx context.Context, c redis.Scripter, id string, resume bo
 		out.Deadline = expiresBy(sent, out.Until-now)
 	}
 	return out, nil
+}
+
+// totalMismatch is the error of a script's codeTotalDiffer reply, whose
+// established total is other: this client's total differs from the one
+// its family counts, or it has none.
+func (d *Door) totalMismatch(other int64) error {
+	if d.Total == 0 {
+		return Errorf(redsem.ErrLimitMismatch, "redsem: total mismatch for family %q: this client was built without a total "+
+			"(FamilyOptions.Total 0), but the family counts one (%d in force; 0: none, counting goes on): "+
+			"its leases would not be counted; build every client of the family with its Total",
+			d.FamName, other)
+	}
+	return Errorf(redsem.ErrLimitMismatch, "redsem: total mismatch for family %q: this client was built with total %d, "+
+		"but live clients established total %d (use SetTotal to change it for all)",
+		d.FamName, d.Total, other)
 }
 
 // ---- renewmany.lua ----
