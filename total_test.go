@@ -356,7 +356,10 @@ func TestFamilyWithoutTotalCannotBypass(t *testing.T) {
 //     not move the family's copy of the deadline: the lease was counted out
 //     at its old deadline while it lived;
 //   - fair: its waiter queued before the family counted a total was
-//     admitted, uncounted, by its own Release.
+//     admitted, uncounted, by its own Release;
+//   - fair (found while fixing those, 3 of 3): admitted by a client with
+//     the total, that waiter's lease was counted, but its renewals did not
+//     keep it counted: counted out at its first deadline while it lived.
 func TestFamilyWithoutTotalGrantsNothing(t *testing.T) {
 	get := func(t *testing.T, f totalFamily, key string) redsem.Semaphore {
 		t.Helper()
@@ -468,6 +471,75 @@ func TestFamilyWithoutTotalGrantsNothing(t *testing.T) {
 			}
 		})
 	}
+	t.Run("fair/AdmittedByTotal", func(t *testing.T) {
+		// The rolling introduction of a total (operations.md): a process
+		// without a total has a waiter queued, a process with one queues
+		// behind it in the same member. The waiter without a total must not
+		// be admitted by the process with one: its renewals would not keep
+		// its lease counted.
+		ctx := redistest.Ctx(t, 30*time.Second)
+		name := redistest.Name(t)
+		// The process with the total beats often, the one without seldom:
+		// the first has the chance to admit the waiter of the second.
+		o := fair.Options{LeaseTTL: time.Second, QueueTTL: 3 * time.Second, FallbackInterval: 300 * time.Millisecond}
+		a := newTotalFamily(t, "fair", redistest.Client(t), name, 1, 1, o)
+		nt := newTotalFamily(t, "fair", redistest.Client(t), name, 1, 0,
+			fair.Options{LeaseTTL: time.Second, QueueTTL: 30 * time.Second, FallbackInterval: 10 * time.Second})
+		l, err := get(t, nt, "a").TryAcquire(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ntWaiter := background(ctx, get(t, nt, "a"))
+		waitUntil(ctx, t, "the waiter without a total queued in member a", func() bool {
+			st, err := get(t, nt, "a").Status(ctx)
+			return err == nil && len(st.Waiters) == 1
+		})
+		if err := a.SetTotal(ctx, 1); err != nil {
+			t.Fatal(err)
+		}
+		aWaiter := background(ctx, get(t, a, "a"))
+		waitUntil(ctx, t, "the waiter with the total queued behind it", func() bool {
+			st, err := get(t, nt, "a").Status(ctx)
+			return err == nil && len(st.Waiters) == 2
+		})
+		if err := l.Release(ctx); err != nil {
+			t.Fatal(err)
+		}
+		var held []redsem.Lease
+		defer func() {
+			for _, l := range held {
+				_ = l.Release(ctx)
+			}
+		}()
+		select {
+		case r := <-ntWaiter:
+			if r.err == nil {
+				held = append(held, r.l)
+				// Its renewals must keep it counted: past its first
+				// deadline, the total (1) must still be full.
+				time.Sleep(2500 * time.Millisecond)
+				if l2, err := get(t, a, "b").TryAcquire(ctx); err == nil {
+					held = append(held, l2)
+					t.Fatal("2 leases held under a total of 1: the lease of the client without a total was counted out while it lived")
+				}
+			} else if !errors.Is(r.err, redsem.ErrLimitMismatch) {
+				t.Fatalf("the waiter without a total: %v, want ErrLimitMismatch", r.err)
+			}
+		case <-time.After(10 * time.Second):
+			t.Fatal("the waiter without a total still waits after 10 s")
+		}
+		select {
+		case r := <-aWaiter:
+			if r.err != nil {
+				t.Fatal(r.err)
+			}
+			held = append(held, r.l)
+		case <-time.After(10 * time.Second):
+			if len(held) == 0 {
+				t.Fatal("the waiter with the total not admitted within 10 s, nothing held")
+			}
+		}
+	})
 	t.Run("fair/Release", func(t *testing.T) {
 		ctx := redistest.Ctx(t, 30*time.Second)
 		name := redistest.Name(t)

@@ -284,7 +284,7 @@ else
   set('_seq', seq)
 end
 redis.call('ZADD', queue_key, fmt(seq), id)
-put(id, 'W|' .. sid .. '|' .. fmt(n) .. '|' .. fmt(lease_ms) .. '|' .. owner)
+put(id, 'W|' .. sid .. '|' .. fmt(n) .. '|' .. fmt(lease_ms) .. '|' .. owner .. (fam_check_tot_key and '|n' or ''))
 set('_q', num('_q') + 1)
 -- The keys, and the entry with them, live at least as long as its session:
 -- each of the session's beats extends them again (in a family, its process

@@ -24,7 +24,9 @@
 -- (id, token, deadline, "slots", ...).
 --
 -- In a member of a family with a total (admit_total, lib_total.lua, calls
--- it with single set), a head waiter heavier than the total in force is
+-- it with single set), a head waiter that a client without a total queued
+-- is taken out and told to ask again ("r id"), a head waiter heavier than
+-- the total in force is
 -- evicted as one heavier than the limit ("x id total"), one that fits in
 -- its member but not in what is left of the total keeps its place and
 -- admit returns "total" besides the grants, and it returns after one
@@ -42,14 +44,22 @@ local function admit(now, now_us, limit, single)
     end
     records({id})
     local rec = get(id)
-    local sid, n, lease_ms, owner
+    local sid, n, lease_ms, owner, untotalled
     if rec and string.sub(rec, 1, 1) == 'W' then
-      sid, n, lease_ms, owner = parse_waiter(rec)
+      sid, n, lease_ms, owner, untotalled = parse_waiter(rec)
     end
     local sdl = sid and session_deadline(sid, now)
     if not sdl then
       del(id) -- a dead waiter: evicted
       set('_q', num('_q') - 1)
+    elseif fam_tot_key and untotalled then
+      -- Queued by a client without a total (before the family counted
+      -- one): its renewals would not keep its lease counted. It leaves the
+      -- queue, and its process is told to ask again, which acquire.lua
+      -- refuses (a total mismatch).
+      del(id)
+      set('_q', num('_q') - 1)
+      publish(channel .. ':s:' .. sid, 'r ' .. id)
     elseif fam_tot_key and n > fam_bound() then
       del(id) -- heavier than the family's total: never admitted
       set('_q', num('_q') - 1)

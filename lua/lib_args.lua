@@ -61,7 +61,14 @@
 --   hash table once it is large (keep_hashed).
 -- meta records, one field per lease or waiter id (ids never start with "_"):
 --   "L|token|s1,s2,...|owner"           a holder entry's lease
---   "W|session|weight|lease_ms|owner"   a queue entry's waiter
+--   "W|session|weight|lease_ms|owner"   a queue entry's waiter; "|n" at
+--                                       its end when a client without a
+--                                       total queued it on a member of a
+--                                       family of one shard (eleven KEYS):
+--                                       never admitted by a family's total
+--                                       (admit, lib_admit.lua), which would
+--                                       count a lease its renewals do not
+--                                       keep counted
 --   "R"                                 released by its holder (tombstone)
 --   "C"                                 cancelled: an acquire that runs
 --                                       later (e.g. a request delayed in

@@ -39,10 +39,13 @@ local function lease_slots(rec)
   return slot_list(string.match(rec, '^L|%d+|([%d,]+)|'))
 end
 
--- parse_waiter returns session, weight, lease_ms and owner of a waiter record.
+-- parse_waiter returns session, weight, lease_ms and owner of a waiter
+-- record, and whether a client built without a total queued it (a
+-- trailing "|n", see lib_args.lua: admit never grants it in a family that
+-- counts a total).
 local function parse_waiter(rec)
-  local sid, n, lease_ms, owner = string.match(rec, '^W|([^|]+)|(%d+)|(%d+)|(.*)$')
-  return sid, tonumber(n), tonumber(lease_ms), owner
+  local sid, n, lease_ms, owner, mark = string.match(rec, '^W|([^|]+)|(%d+)|(%d+)|([^|]*)(.*)$')
+  return sid, tonumber(n), tonumber(lease_ms), owner, mark == '|n'
 end
 
 -- give_back returns slots to the free set (see call.freed, lib_records.lua).

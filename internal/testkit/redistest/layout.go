@@ -144,7 +144,8 @@ func ParseLeaseRecord(rec string) (r LeaseRecord, ok bool) {
 	return r, true
 }
 
-// parseWaiterRecord parses "W|session|weight|lease_ms|owner".
+// parseWaiterRecord parses "W|session|weight|lease_ms|owner" (the owner
+// followed by "|n" for a waiter queued by a client without a total).
 func parseWaiterRecord(rec string) (session string, weight int, ok bool) {
 	f := strings.SplitN(rec, "|", 5)
 	if len(f) != 5 || f[0] != "W" || f[1] == "" {
