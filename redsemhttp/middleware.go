@@ -46,9 +46,10 @@ type Options struct {
 	// request tries once first (TryAcquire, which fails with the first
 	// failed dial), so that it is served at once while Redis refuses
 	// connections, the first request after Redis went away included; a
-	// request that finds no slot free (or the rate's window full) then
-	// waits with Acquire up to MaxWait, as without FailOpen: one more call
-	// to Redis for a request that must wait. It never applies to a
+	// request whose try fails otherwise (no slot free, the rate's window
+	// full, a reply slower than the client's read timeout) then waits with
+	// Acquire up to MaxWait, as without FailOpen: one more call to Redis
+	// for a request that must wait. It never applies to a
 	// healthy Redis: a reply slower than MaxWait, a request whose context
 	// ended, a full queue, a closed semaphore or a limit mismatch are
 	// answered 503 whatever FailOpen says.
@@ -161,7 +162,10 @@ func Middleware(opts Options) func(http.Handler) http.Handler {
 					return
 				}
 			}
-			if lease == nil && (!opts.FailOpen || errors.Is(err, redsem.ErrNoSlot) || isRateLimited(err)) {
+			if lease == nil {
+				// As without FailOpen: also after a try that found no slot,
+				// the window full, or a reply slower than the client's read
+				// timeout (a stall Acquire rides out within MaxWait).
 				lease, err = sem.Acquire(waitCtx)
 			}
 			var rl *redsem.RateLimitedError
@@ -193,10 +197,4 @@ func Middleware(opts Options) func(http.Handler) http.Handler {
 			next.ServeHTTP(w, r.WithContext(context.WithValue(ctx, leaseKey{}, lease)))
 		})
 	}
-}
-
-// isRateLimited reports whether err is a *redsem.RateLimitedError.
-func isRateLimited(err error) bool {
-	var rl *redsem.RateLimitedError
-	return errors.As(err, &rl)
 }
