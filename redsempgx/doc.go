@@ -95,7 +95,9 @@
 //   - sslmode=prefer (pgx's default) may dial twice, once for TLS and once
 //     without, each waiting for a slot: say require or disable.
 //
-// The lease is released when the socket closes; PostgreSQL may count the
+// The lease is released when the socket closes (without holding up the
+// pool for more than a moment: a release that Redis does not answer at
+// once goes on in the background); PostgreSQL may count the
 // backend for a moment longer, so keep the limit a little below a hard
 // server-side maximum such as max_connections.
 //

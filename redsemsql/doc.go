@@ -8,7 +8,10 @@
 //
 // Each open connection holds one lease. Connect waits for a slot within its
 // context (database/sql passes the context of the query that needs the
-// connection), and the lease is released when the connection closes. A
+// connection), and the lease is released when the connection closes
+// (without holding up the closer: a release that Redis does not answer at
+// once goes on in the background, the slot back then or at the lease's
+// deadline). A
 // connection whose lease was lost (Redis lost it, the process paused past
 // the lease TTL) answers driver.ErrBadConn on its next use, before sending
 // anything, and reports itself invalid when returned to the pool, so
@@ -16,7 +19,10 @@
 // one closes as soon as the loss is found (at the lease's next renewal),
 // so that the database no longer counts it beside the new holder's. A
 // transaction or *sql.Conn that is using the connection when its lease is
-// lost sees driver.ErrBadConn on its next statement.
+// lost sees driver.ErrBadConn on its next statement (a statement prepared
+// on a *sql.Conn sees sql.ErrConnDone: database/sql closes the *sql.Conn
+// on the driver's ErrBadConn and runs the statement again on it); nothing
+// reaches the database either way.
 //
 // For pgx's own pool (pgxpool), use package redsempgx: the same slots and
 // the same give-back protocol, shared across processes with this package's

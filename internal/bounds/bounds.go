@@ -24,8 +24,16 @@ import (
 const (
 	// Release bounds every release that its caller does not bound itself
 	// (detach.Release): Do after fn returns, the middleware's and the
-	// transport's default ReleaseTimeout, a pool connection that closes.
+	// transport's default ReleaseTimeout.
 	Release = 5 * time.Second
+	// ConnRelease bounds how long a pool connection's close waits for its
+	// lease's release: database/sql and pgx close connections on their
+	// callers' goroutines and without a context (a query that meets a
+	// connection past its lifetime, sql.DB.Close one connection after
+	// another). Past it the lease lets go and its release goes on in the
+	// background (Lease.Release), the slot back then, or at the lease's
+	// deadline.
+	ConnRelease = 50 * time.Millisecond
 	// ReplicaUndo bounds the release of a grant that too few replicas
 	// acknowledged (the engine's confirmReplicas), within the caller's
 	// context while it runs, detached once it ended.

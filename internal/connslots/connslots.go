@@ -580,8 +580,11 @@ func (s *Slot) Closed() (wasGivenBack bool) {
 
 func (s *Slot) release() {
 	s.once.Do(func() {
-		// On failure the slot comes back after the lease TTL.
-		_ = detach.Release(context.Background(), s.lease, bounds.Release)
+		// Briefly: the caller is a pool closing a connection on its own
+		// caller's goroutine. A release that does not finish by then goes
+		// on in the background (the lease's own retries), or the slot
+		// comes back at the lease's deadline.
+		_ = detach.Release(context.Background(), s.lease, bounds.ConnRelease)
 	})
 }
 
