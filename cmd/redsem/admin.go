@@ -12,6 +12,7 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/redis/go-redis/v9"
 	"github.com/redsem/redsem"
 	"github.com/redsem/redsem/cmd/redsem/internal/cli"
 	"github.com/redsem/redsem/internal/core"
@@ -190,12 +191,59 @@ func runPurge(args []string, stdout, stderr io.Writer) int {
 		// Not ss.ctx: the question may have taken longer than cli.OpTimeout.
 		ctx, cancel := cli.OpContext(context.Background())
 		defer cancel()
+		var requeue map[string]string
+		if c.key != "" && len(s.Waiters) > 0 {
+			// The family's sessions live on, so its processes would not
+			// notice that their waiters' entries are gone: each is told to
+			// queue again, as release tells a waiter it removed.
+			var err error
+			if requeue, err = waiterSessions(ctx, client, e.Keys(), s.Waiters); err != nil {
+				return c.Fail(cli.ReachErr(t, err))
+			}
+		}
 		n, err := client.Del(ctx, present...).Result()
 		if err != nil {
 			return c.Fail(cli.ReachErr(t, err))
+		}
+		for id, sid := range requeue {
+			if err := publish(ctx, client, e.Keys().Chan+":s:"+sid, "r "+id); err != nil {
+				return c.Fail(cli.ReachErr(t, err))
+			}
 		}
 		fmt.Fprintf(stdout, "purged %s: deleted %d keys; %d holders lost their leases, %d waiters will queue again\n",
 			c.what(e), n, len(s.Holders), len(s.Waiters))
 		return exitOK
 	})
+}
+
+// waiterSessions returns the session of each of waiters (fair: read from
+// their queue records in the semaphore's meta hash), by waiter id.
+func waiterSessions(ctx context.Context, client redis.UniversalClient, k core.Keys, waiters []waiterInfo) (map[string]string, error) {
+	ids := make([]string, len(waiters))
+	for i, w := range waiters {
+		ids[i] = w.ID
+	}
+	recs, err := client.HMGet(ctx, k.List[core.KeyMeta], ids...).Result()
+	if err != nil {
+		return nil, err
+	}
+	out := make(map[string]string, len(ids))
+	for i, r := range recs {
+		// "W|session|weight|lease_ms|owner" (lua/lib_args.lua)
+		if rec, ok := r.(string); ok {
+			if f := strings.SplitN(rec, "|", 3); len(f) == 3 && f[0] == "W" {
+				out[ids[i]] = f[1]
+			}
+		}
+	}
+	return out, nil
+}
+
+// publish sends msg on channel as the semaphores do: PUBLISH, or SPUBLISH
+// on a cluster.
+func publish(ctx context.Context, client redis.UniversalClient, channel, msg string) error {
+	if _, ok := client.(*redis.ClusterClient); ok {
+		return client.SPublish(ctx, channel, msg).Err()
+	}
+	return client.Publish(ctx, channel, msg).Err()
 }

@@ -1018,3 +1018,59 @@ func TestFamilyTotalStatus(t *testing.T) {
 		t.Fatalf("status --json %s: exit %d:\n%s", fam, code, out)
 	}
 }
+
+// purge --key of a fair family member: its waiters queue again and are
+// served, though the family's sessions (whose key purge keeps: the other
+// members' waiters live by it) never died. (Outside review, 2026-12-07:
+// they waited until their contexts ended, 3 of 3; a purge of a plain fair
+// semaphore, whose sessions key goes with it, was fine.)
+func TestPurgeMemberRequeuesWaiters(t *testing.T) {
+	ctx := redistest.Ctx(t, 30*time.Second)
+	fam := redistest.Name(t)
+	f, err := fair.NewFamily(redistest.Client(t), fam, 1, fair.FamilyOptions{Options: fair.Options{LeaseTTL: 20 * time.Second}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	m, err := f.Get("a")
+	if err != nil {
+		t.Fatal(err)
+	}
+	held, err := m.Acquire(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer held.Release(context.Background())
+	const waiters = 3
+	granted := make(chan error, waiters)
+	for range waiters {
+		go func() {
+			l, err := m.Acquire(ctx)
+			if err == nil {
+				err = l.Release(ctx) // the next one's turn
+			}
+			granted <- err
+		}()
+	}
+	waitFor(t, 5*time.Second, "3 waiters queued", func() bool {
+		st, err := m.Status(ctx)
+		return err == nil && len(st.Waiters) == waiters
+	})
+	code, out, errs := runCmd(t, "purge", fam, "--key", "a", "--yes")
+	if code != exitOK {
+		t.Fatalf("purge --key a: exit %d, stderr %q", code, errs)
+	}
+	t.Log(out)
+	// The holder's lease is gone with the keys: the waiters, queued again,
+	// are each served in turn.
+	for range waiters {
+		select {
+		case err := <-granted:
+			if err != nil {
+				t.Fatalf("a waiter after purge: %v", err)
+			}
+		case <-time.After(10 * time.Second):
+			t.Fatal("a waiter of the purged member still waits 10 s after purge")
+		}
+	}
+}
