@@ -5,7 +5,9 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"net"
 	"net/http"
+	"os"
 	"strconv"
 	"time"
 
@@ -162,7 +164,7 @@ func Middleware(opts Options) func(http.Handler) http.Handler {
 					return
 				}
 			}
-			if lease == nil {
+			if lease == nil && (!opts.FailOpen || waitAfterTry(err)) {
 				// As without FailOpen: also after a try that found no slot,
 				// the window full, or a reply slower than the client's read
 				// timeout (a stall Acquire rides out within MaxWait).
@@ -197,4 +199,17 @@ func Middleware(opts Options) func(http.Handler) http.Handler {
 			next.ServeHTTP(w, r.WithContext(context.WithValue(ctx, leaseKey{}, lease)))
 		})
 	}
+}
+
+// waitAfterTry reports whether a request whose TryAcquire failed with err
+// should wait with Acquire: the try found no slot free or the rate's window
+// full, or Redis answered slower than the client's read timeout (a stall
+// that Acquire rides out). Errors that another call would meet again (a
+// closed semaphore, a limit mismatch, a full queue, an error reply from
+// Redis) are answered at once.
+func waitAfterTry(err error) bool {
+	var rl *redsem.RateLimitedError
+	var ne net.Error
+	return errors.Is(err, redsem.ErrNoSlot) || errors.As(err, &rl) ||
+		errors.Is(err, os.ErrDeadlineExceeded) || (errors.As(err, &ne) && ne.Timeout())
 }
