@@ -34,6 +34,11 @@ const (
 	// background (Lease.Release), the slot back then, or at the lease's
 	// deadline.
 	ConnRelease = 50 * time.Millisecond
+	// ConnReleaseStall is how long after a release outlasted ConnRelease a
+	// pool's next closing connections do not wait for theirs at all (they
+	// go on in the background): a pool closing many connections while
+	// Redis stalls waits ConnRelease once, not once per connection.
+	ConnReleaseStall = time.Second
 	// ReplicaUndo bounds the release of a grant that too few replicas
 	// acknowledged (the engine's confirmReplicas), within the caller's
 	// context while it runs, detached once it ended.

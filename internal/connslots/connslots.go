@@ -34,6 +34,7 @@ import (
 	"fmt"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/redsem/redsem/internal/bounds"
@@ -101,6 +102,10 @@ type Pool struct {
 	timeout time.Duration
 	always  bool          // the timeout bounds every wait, not only those without a deadline
 	minHold time.Duration // 0: give back at once
+	// stalled: until when (unix ns) its connections' releases go on in the
+	// background at once, a release having just outlasted
+	// bounds.ConnRelease (Slot.release).
+	stalled atomic.Int64
 
 	mu        sync.Mutex
 	slots     map[*Slot]struct{}   // open, not given back
@@ -581,10 +586,19 @@ func (s *Slot) Closed() (wasGivenBack bool) {
 func (s *Slot) release() {
 	s.once.Do(func() {
 		// Briefly: the caller is a pool closing a connection on its own
-		// caller's goroutine. A release that does not finish by then goes
-		// on in the background (the lease's own retries), or the slot
-		// comes back at the lease's deadline.
-		_ = detach.Release(context.Background(), s.lease, bounds.ConnRelease)
+		// caller's goroutine (database/sql closes its idle ones one after
+		// another). A release that does not finish by then goes on in the
+		// background (the lease's own retries), or the slot comes back at
+		// the lease's deadline; and while one just did not, the next ones
+		// do not wait at all.
+		d := bounds.ConnRelease
+		if time.Now().UnixNano() < s.pool.stalled.Load() {
+			d = 0
+		}
+		err := detach.Release(context.Background(), s.lease, d)
+		if d > 0 && errors.Is(err, context.DeadlineExceeded) {
+			s.pool.stalled.Store(time.Now().Add(bounds.ConnReleaseStall).UnixNano())
+		}
 	})
 }
 
