@@ -67,8 +67,9 @@ type Semaphore interface {
 	// after its request reached Redis (its context ended, Redis cut off
 	// while the reply was on its way) may still have marked the lease
 	// shared and renewed it there: it then lives in Redis until this
-	// semaphore's LeaseTTL from then, though no handle of it is returned. Resume of an id this semaphore holds already returns
-	// that same lease, renewed. An id with no live lease (released, also
+	// semaphore's LeaseTTL from then, though no handle of it is returned.
+	// Resume of an id this semaphore holds already returns that same
+	// lease, renewed. An id with no live lease (released, also
 	// one this semaphore let go after a Release that failed, expired,
 	// never granted, a queued waiter's) returns an error matching
 	// ErrLeaseLost; an id that cannot be a lease's (empty, too
@@ -77,7 +78,9 @@ type Semaphore interface {
 	// Redis. A member of a family whose client was built without a total,
 	// while the family counts one, gets an error matching
 	// ErrLimitMismatch and changes nothing (its renewals would not keep
-	// the lease counted). After Close it returns ErrClosed.
+	// the lease counted); a member whose client has the total counts a
+	// lease the family did not (granted before it counted one) from then
+	// on. After Close it returns ErrClosed.
 	Resume(ctx context.Context, id string) (Lease, error)
 }
 

@@ -9,7 +9,9 @@
 --       [4] lease id, [5] lease_ms (>= 1),
 --       [6] optional: "resume" (Resume: the reply also carries the lease's
 --           token and slots, from its record, and marks the record
---           shared: "|r" at its end, see lease_shared in lib_slots.lua),
+--           shared: "|r" at its end, see lease_shared in lib_slots.lua;
+--           a member of a family with a total: a lease the family does not
+--           count, granted before it counted one, is counted from now on),
 --       [7] with "resume": the resuming process's owner label (Options.Owner),
 --           which becomes the lease's owner (Status shows who holds it now).
 -- Reply: {1, now, deadline_ms} renewed, deadline_ms the lease's deadline
@@ -76,10 +78,18 @@ end
 load_horizon() -- a live renewal needs only the horizon (extend)
 extend(now, deadline)
 if fam_tot_key then
-  -- A family's total counts the lease until the same deadline.
-  redis.call('ZADD', fam_leases_key, 'XX', fmt(deadline), id)
+  -- A family's total counts the lease until the same deadline. A lease
+  -- granted before the family counted a total (by a client without one)
+  -- is not in the count: resumed by a client with the total, which may
+  -- renew it for good, it is counted from now on.
   fam_load()
-  fam_extend(now, deadline)
+  if resume and not redis.call('ZSCORE', fam_leases_key, id) then
+    local _, slots = parse_lease(rec)
+    fam_add(id, #slots, now, deadline)
+  else
+    redis.call('ZADD', fam_leases_key, 'XX', fmt(deadline), id)
+    fam_extend(now, deadline)
+  end
 end
 if resume then
   -- From now on several processes may hold handles of the lease: a give-up
