@@ -78,9 +78,10 @@ type Semaphore interface {
 	// Redis. A member of a family whose client was built without a total,
 	// while the family counts one, gets an error matching
 	// ErrLimitMismatch and changes nothing (its renewals would not keep
-	// the lease counted); a member whose client has the total counts a
-	// lease the family did not (granted before it counted one) from then
-	// on. After Close it returns ErrClosed.
+	// the lease counted); so does a member whose client has the total, on
+	// a lease the family does not count (granted, before it counted one,
+	// by a client without one: its holders renew and release it without
+	// the family's count). After Close it returns ErrClosed.
 	Resume(ctx context.Context, id string) (Lease, error)
 }
 

@@ -9,9 +9,7 @@
 --       [4] lease id, [5] lease_ms (>= 1),
 --       [6] optional: "resume" (Resume: the reply also carries the lease's
 --           token and slots, from its record, and marks the record
---           shared: "|r" at its end, see lease_shared in lib_slots.lua;
---           a member of a family with a total: a lease the family does not
---           count, granted before it counted one, is counted from now on),
+--           shared: "|r" at its end, see lease_shared in lib_slots.lua),
 --       [7] with "resume": the resuming process's owner label (Options.Owner),
 --           which becomes the lease's owner (Status shows who holds it now).
 -- Reply: {1, now, deadline_ms} renewed, deadline_ms the lease's deadline
@@ -21,7 +19,9 @@
 --        Release in this or another process); {-7, now, total} with
 --        "resume" from a client built without a total (eleven keys) on a
 --        member of a family that counts one (counted_total,
---        lib_family.lua): nothing written.
+--        lib_family.lua): nothing written; {-8, now} with "resume" from a
+--        client with the total on a live lease its family does not count
+--        (granted before it counted one): nothing written.
 local client_limit, err = client_arg()
 if err then return err end
 local id; id, err = id_arg(4, 'id')
@@ -51,6 +51,13 @@ if held and held > now and resume then
   rec = redis.call('HGET', meta_key, id)
   if not rec or string.sub(rec, 1, 1) ~= 'L' then
     held = nil -- listed without a lease record: not a lease to hand out
+  elseif fam_tot_key and not redis.call('ZSCORE', fam_leases_key, id) then
+    -- A lease granted before the family counted a total (by a client
+    -- without one), not in its count: the handles that hold it renew and
+    -- release it without the family's keys, so a handle of this client
+    -- could not keep the count true (the count would outlive a release
+    -- through them, or end while they renew it). Nothing is written.
+    return {-8, now}
   end
 end
 if not held or held <= now then
@@ -78,18 +85,10 @@ end
 load_horizon() -- a live renewal needs only the horizon (extend)
 extend(now, deadline)
 if fam_tot_key then
-  -- A family's total counts the lease until the same deadline. A lease
-  -- granted before the family counted a total (by a client without one)
-  -- is not in the count: resumed by a client with the total, which may
-  -- renew it for good, it is counted from now on.
+  -- A family's total counts the lease until the same deadline.
+  redis.call('ZADD', fam_leases_key, 'XX', fmt(deadline), id)
   fam_load()
-  if resume and not redis.call('ZSCORE', fam_leases_key, id) then
-    local _, slots = parse_lease(rec)
-    fam_add(id, #slots, now, deadline)
-  else
-    redis.call('ZADD', fam_leases_key, 'XX', fmt(deadline), id)
-    fam_extend(now, deadline)
-  end
+  fam_extend(now, deadline)
 end
 if resume then
   -- From now on several processes may hold handles of the lease: a give-up

@@ -65,6 +65,7 @@ const (
 	codeSessionDied = -5 // now: ErrSessionDied (queue mode: the session is not live)
 	codeRateDiffers = -6 // now, "limit/per_ms": *redsem.RateMismatchError
 	codeTotalDiffer = -7 // now, established total: a family's total mismatch (matches redsem.ErrLimitMismatch)
+	codeUncounted   = -8 // now: renew.lua's resume of a lease the family's total does not count (matches redsem.ErrLimitMismatch)
 )
 
 // acquireCodes names every reply code of acquire.lua (calls_test.go
@@ -225,7 +226,8 @@ type RenewReply struct {
 // resume (ARGV[6] "resume", for Resume) the reply carries the lease's
 // token and slots too; a resume by a client without a total, on a member
 // of a family that counts one, fails with a total mismatch (matching
-// redsem.ErrLimitMismatch) and changes nothing.
+// redsem.ErrLimitMismatch) and changes nothing, and so does a resume by a
+// client with the total of a lease its family does not count.
 func (d *Door) Renew(ctx context.Context, c redis.Scripter, id string, resume bool) (RenewReply, error) {
 	args := []any{id, ms(d.LeaseTTL)}
 	if resume {
@@ -256,6 +258,17 @@ func (d *Door) Renew(ctx context.Context, c redis.Scripter, id string, resume bo
 		if r.err == nil {
 			d.clock.observe(sent, now)
 			return RenewReply{}, d.totalMismatch(other)
+		}
+	case codeUncounted:
+		if !resume {
+			r.fail("an uncounted lease answers only a resume")
+			break
+		}
+		if r.err == nil {
+			d.clock.observe(sent, now)
+			return RenewReply{}, Errorf(redsem.ErrLimitMismatch, "redsem: lease %s of family %q was granted before the family "+
+				"counted a total (by a client without one): it is not in the count, and a client with the total "+
+				"cannot take it over; it ends when its holders release it or stop renewing it", id, d.FamName)
 		}
 	default:
 		r.fail("unknown code")
