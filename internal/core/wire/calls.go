@@ -266,9 +266,7 @@ func (d *Door) Renew(ctx context.Context, c redis.Scripter, id string, resume bo
 		}
 		if r.err == nil {
 			d.clock.observe(sent, now)
-			return RenewReply{}, Errorf(redsem.ErrLimitMismatch, "redsem: lease %s of family %q was granted before the family "+
-				"counted a total (by a client without one): it is not in the count, and a client with the total "+
-				"cannot take it over; it ends when its holders release it or stop renewing it", id, d.FamName)
+			return RenewReply{}, d.uncounted(id)
 		}
 	default:
 		r.fail("unknown code")
@@ -281,21 +279,6 @@ func (d *Door) Renew(ctx context.Context, c redis.Scripter, id string, resume bo
 		out.Deadline = expiresBy(sent, out.Until-now)
 	}
 	return out, nil
-}
-
-// totalMismatch is the error of a script's codeTotalDiffer reply, whose
-// established total is other: this client's total differs from the one
-// its family counts, or it has none.
-func (d *Door) totalMismatch(other int64) error {
-	if d.Total == 0 {
-		return Errorf(redsem.ErrLimitMismatch, "redsem: total mismatch for family %q: this client was built without a total "+
-			"(FamilyOptions.Total 0), but the family counts one (%d in force; 0: none, counting goes on): "+
-			"its leases would not be counted; build every client of the family with its Total",
-			d.FamName, other)
-	}
-	return Errorf(redsem.ErrLimitMismatch, "redsem: total mismatch for family %q: this client was built with total %d, "+
-		"but live clients established total %d (use SetTotal to change it for all)",
-		d.FamName, d.Total, other)
 }
 
 // ---- renewmany.lua ----

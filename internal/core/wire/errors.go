@@ -23,7 +23,8 @@ import (
 // noReadOnlyScripts, ...). Classifying has no side effect: the engine
 // raises the alerts and reloads a cluster's topology where a request
 // learnt it (Watch.Answered). The reply codes and the errors they mean are
-// declared with each script's call (calls.go).
+// declared with each script's call (calls.go), but for those of a family's
+// total, at the end of this file (totalMismatch, uncounted).
 //
 // The texts of the library's errors say what happened once, as a person
 // writes it: one "redsem: " prefix, the semaphore named once (a family
@@ -416,4 +417,28 @@ func replyCode(msg string) (code, rest string) {
 		}
 	}
 	return word, rest
+}
+
+// totalMismatch is the error of a script's codeTotalDiffer reply, whose
+// established total is other: this client's total differs from the one
+// its family counts, or it has none.
+func (d *Door) totalMismatch(other int64) error {
+	if d.Total == 0 {
+		return Errorf(redsem.ErrLimitMismatch, "redsem: total mismatch for family %q: this client was built without a total "+
+			"(FamilyOptions.Total 0), but the family counts one (%d in force; 0: none, counting goes on): "+
+			"its leases would not be counted; build every client of the family with its Total",
+			d.FamName, other)
+	}
+	return Errorf(redsem.ErrLimitMismatch, "redsem: total mismatch for family %q: this client was built with total %d, "+
+		"but live clients established total %d (use SetTotal to change it for all)",
+		d.FamName, d.Total, other)
+}
+
+// uncounted is the error of renew.lua's codeUncounted reply: a resume, by
+// a client with its family's total, of lease id, which the family does not
+// count.
+func (d *Door) uncounted(id string) error {
+	return Errorf(redsem.ErrLimitMismatch, "redsem: lease %s of family %q was granted before the family "+
+		"counted a total (by a client without one): it is not in the count, and a client with the total "+
+		"cannot take it over; it ends when its holders release it or stop renewing it", id, d.FamName)
 }
