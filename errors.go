@@ -51,8 +51,9 @@ var (
 	// The slot was released again. The error is a *ReplicationError.
 	ErrNotReplicated = sentinel.New("redsem: grant not acknowledged by enough replicas")
 	// ErrWeight is returned by AcquireN and TryAcquireN for n < 1 or n above
-	// the limit in force, at once and writing nothing; and to a queued
-	// AcquireN whose weight a SetLimit made larger than the new limit.
+	// the limit in force (or, in a family with a total, above the total in
+	// force), at once and writing nothing; and to a queued AcquireN whose
+	// weight a SetLimit (or SetTotal) made larger than the new bound.
 	ErrWeight = sentinel.New("redsem: weight outside [1, limit]")
 	// ErrUnavailable is matched by the error of a call that failed because
 	// Redis could not be reached: a failed dial, a connection refused, reset
