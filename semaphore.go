@@ -69,12 +69,12 @@ type Semaphore interface {
 	// shared and renewed it there: it then lives in Redis until this
 	// semaphore's LeaseTTL from then, though no handle of it is returned.
 	// Resume of an id this semaphore holds already returns that same
-	// lease, renewed, without the checks below (its handle exists). An id with no live lease (released, also
-	// one this semaphore let go after a Release that failed, expired,
-	// never granted, a queued waiter's) returns an error matching
-	// ErrLeaseLost; an id that cannot be a lease's (empty, too
-	// long, other characters than letters, digits and '-') a
-	// *ConfigError (field "id"), at once. Neither leaves anything in
+	// lease, renewed, without the checks below (its handle exists). An id
+	// with no live lease (released, also one this semaphore let go after a
+	// Release that failed, expired, never granted, a queued waiter's)
+	// returns an error matching ErrLeaseLost; an id that cannot be a
+	// lease's (empty, too long, other characters than letters, digits and
+	// '-') a *ConfigError (field "id"), at once. Neither leaves anything in
 	// Redis. A member of a family whose client was built without a total,
 	// while the family counts one, gets an error matching
 	// ErrLimitMismatch and changes nothing (its renewals would not keep
